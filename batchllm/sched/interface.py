@@ -1,0 +1,113 @@
+"""The contract between a scheduling policy (torch-free) and the model runner.
+
+A step's query rows are the concatenation of its chunks, in order. Each chunk is one
+contiguous run of rows: a request's prompt chunk, a request's decode token, or a group's
+common-prefix chunk. Chunks of one prefix-sharing group are adjacent (BatchLLM section 5:
+rows are laid out group by group).
+
+KV addressing of a chunk (the same rule for the KV store and for attention):
+  the chunk sees KV positions [0, start_position + num_tokens).
+  position p <  shared_kv_len -> block_ids[p // B],                 offset p % B
+  position p >= shared_kv_len -> block_ids[ceil(shared_kv_len / B) + (p - shared_kv_len) // B],
+                                  offset (p - shared_kv_len) % B
+  (B = block size). Shared prefix blocks are read-only; a request's own tokens continue at
+  position shared_kv_len in its own blocks, so a prefix that does not end on a block boundary
+  needs no copy-on-write. New rows always have p >= shared_kv_len.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+NO_GROUP = -1
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """One contiguous run of query rows in a step."""
+
+    seq_id: int  # request id, or a group prefix id when is_prefix
+    token_ids: tuple[int, ...]  # input ids of the rows
+    start_position: int  # position of the first row
+    block_ids: tuple[int, ...]  # KV block table: shared prefix blocks first, then own blocks
+    shared_kv_len: int = 0  # leading KV positions held in shared (read-only) prefix blocks
+    is_prefix: bool = False  # rows are a group's common-prefix tokens: nothing is sampled
+    sample: bool = False  # sample the next token from the last row
+    group_id: int = NO_GROUP  # prefix-sharing group, NO_GROUP when the chunk shares nothing
+    is_decode: bool = False  # a single generated token being fed back
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def kv_len(self) -> int:
+        """KV positions visible to the last row after this step's KV is stored."""
+        return self.start_position + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    step_index: int
+    chunks: tuple[ScheduledChunk, ...]
+    num_decode_tokens: int = 0
+    num_distinct_tokens: int = 0  # request-owned prompt tokens (incl. recomputed ones)
+    num_prefix_tokens: int = 0  # group common-prefix tokens
+    num_running_requests: int = 0
+    num_used_blocks: int = 0
+    preempted_request_ids: tuple[int, ...] = ()
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass(frozen=True)
+class FinishedRequest:
+    request_id: int
+    output_token_ids: tuple[int, ...]
+    finish_reason: str  # "stop" | "length"
+    num_cached_prompt_tokens: int = 0  # prompt tokens whose KV was reused, not computed
+
+
+class Scheduler(Protocol):
+    """What every policy (batchllm, vllm, sglang, simple) implements."""
+
+    def add_request(self, request: "SchedRequest") -> None: ...
+
+    def has_unfinished(self) -> bool: ...
+
+    def schedule(self) -> SchedulerOutput: ...
+
+    def update(
+        self,
+        output: SchedulerOutput,
+        sampled_token_ids: dict[int, int],
+        finish_reasons: dict[int, str],
+    ) -> list[FinishedRequest]:
+        """Append each sampled token; finish the requests named in finish_reasons (decided by
+        the engine: EOS, stop ids/strings, max_tokens); free their blocks; return them."""
+        ...
+
+
+@dataclass
+class SchedRequest:
+    """A request as the scheduler sees it: ints only."""
+
+    request_id: int
+    prompt_token_ids: list[int]
+    max_tokens: int
+    output_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids

@@ -1,0 +1,1 @@
+"""Command-line interface: `batchllm run | analyze | simulate | plot | bench`."""

@@ -1,0 +1,57 @@
+"""Entry point of the `batchllm` command.
+
+Each sub-command lives in its own module `batchllm.cli.<name>` exposing
+`add_parser(subparsers)`, which registers its arguments and sets `func` (args -> exit code).
+Modules import their heavy dependencies inside `func`, so `batchllm analyze` on token ids and
+`batchllm simulate` never import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = ("run", "analyze", "simulate", "plot", "bench")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="batchllm",
+        description=(
+            "Offline, throughput-oriented batched LLM inference with global prefix sharing.\n"
+            "Feed it an OpenAI-Batch JSONL file; get one answer line per request."
+        ),
+        epilog="Run `batchllm COMMAND --help` for the options of one command.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    from batchllm import __version__
+
+    parser.add_argument("--version", action="version", version=f"batchllm {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"batchllm.cli.{name}")
+        except ModuleNotFoundError as error:
+            if error.name == f"batchllm.cli.{name}":
+                continue  # command not built yet
+            raise
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

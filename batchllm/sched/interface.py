@@ -78,7 +78,9 @@ class FinishedRequest:
 class Scheduler(Protocol):
     """What every policy (batchllm, vllm, sglang, simple) implements."""
 
-    def add_request(self, request: "SchedRequest") -> None: ...
+    def add_requests(self, requests: list["SchedRequest"]) -> None:
+        """Hand over a batch. Policies that plan globally (batchllm) plan over each batch."""
+        ...
 
     def has_unfinished(self) -> bool: ...
 

@@ -1,0 +1,42 @@
+"""Scheduler configuration (torch-free, frozen)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+POLICIES = ("batchllm", "vllm", "sglang", "simple")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Sizes the scheduler works within. Token counts, not bytes: the engine converts the
+    free GPU memory after the weights into `num_kv_blocks`."""
+
+    policy: str = "batchllm"
+    num_kv_blocks: int = 1024
+    block_size: int = 16
+    # N_chunk (BatchLLM 4.3.3): most tokens in one step.
+    max_num_batched_tokens: int = 2048
+    # Request-count cap (vLLM's max_num_seqs). None = no cap (memory-centric batching).
+    max_num_seqs: int | None = None
+    # M_threshold (BatchLLM 4.3.3) as a fraction of the KV blocks; None = policy default.
+    kv_memory_threshold: float | None = None
+    max_model_len: int = 8192
+    # Paper's Eq. 4 assumes a constant decode length; False uses each request's max_tokens.
+    constant_decode_length: bool = False
+    # Prefix caching for the vllm / sglang policies (LRU). Ignored by batchllm and simple.
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.num_kv_blocks < 1:
+            raise ValueError("num_kv_blocks must be >= 1")
+        if self.block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1 or None")
+        if self.kv_memory_threshold is not None and not (0.0 < self.kv_memory_threshold <= 1.0):
+            raise ValueError("kv_memory_threshold must be in (0, 1]")

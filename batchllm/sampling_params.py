@@ -18,7 +18,7 @@ class SamplingParams:
     how it is batched (the noise is a hash of (seed, output index, vocab id)).
     """
 
-    max_tokens: int = 16
+    max_tokens: int | None = 16  # None: generate up to the model's context length
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1  # -1 (or 0): no top-k cut
@@ -44,7 +44,9 @@ class SamplingParams:
     def validate(self) -> None:
         if self.n != 1:
             raise SamplingParamsError(f"n={self.n} is not supported yet: only n=1 (one completion per request)")
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+        if self.max_tokens is not None and (
+            not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1
+        ):
             raise SamplingParamsError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if not _is_number(self.temperature) or self.temperature < 0 or not math.isfinite(self.temperature):
             raise SamplingParamsError(f"temperature must be a finite number >= 0, got {self.temperature!r}")

@@ -1,0 +1,1 @@
+"""Batch input parsing and output writing (OpenAI Batch format), torch-free."""

@@ -1,0 +1,36 @@
+"""The one frozen engine configuration, built once (CLI or `LLM(...)`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from batchllm.sched.config import SchedulerConfig
+
+ATTENTION_BACKENDS = ("auto", "reference", "triton", "fused")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None  # None: the default SmolLM2-135M-Instruct GGUF
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    device: str = "auto"  # auto: cuda if available, else cpu
+    max_model_len: int | None = None  # None: the model's own limit
+    # KV cache size in tokens; None: sized from free GPU memory (CPU: 32768).
+    kv_cache_tokens: int | None = None
+    gpu_memory_utilization: float = 0.90
+    attention_backend: str = "auto"  # auto: fused Triton on CUDA, reference on CPU
+    seed: int = 0  # seeds requests that have no seed of their own
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < 1:
+            raise ValueError("kv_cache_tokens must be >= 1")
+        if not (0.05 <= self.gpu_memory_utilization <= 1.0):
+            raise ValueError("gpu_memory_utilization must be in [0.05, 1]")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError("max_model_len must be >= 2")

@@ -1,0 +1,1 @@
+"""Execution: SchedulerOutput -> tensors -> model -> sampled token ids."""

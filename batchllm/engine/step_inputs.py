@@ -1,0 +1,79 @@
+"""SchedulerOutput -> flat numpy arrays for one step (vectorised, host side)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from batchllm.sched.interface import SchedulerOutput
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    input_ids: np.ndarray  # [num_tokens] int64
+    positions: np.ndarray  # [num_tokens] int64
+    slot_mapping: np.ndarray  # [num_tokens] int64
+    query_start_loc: np.ndarray  # [num_seqs + 1] int32
+    seq_lens: np.ndarray  # [num_seqs] int32
+    shared_kv_lens: np.ndarray  # [num_seqs] int32
+    block_tables: np.ndarray  # [num_seqs, max_blocks] int32
+    group_ids: np.ndarray  # [num_seqs] int32
+    is_prefix: np.ndarray  # [num_seqs] bool
+    sample_rows: np.ndarray  # [num_samples] int64: last row of each chunk that samples
+    sample_seq_ids: tuple[int, ...]  # seq id of each sample row
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def max_seq_len(self) -> int:
+        return int(self.seq_lens.max()) if self.seq_lens.size else 0
+
+
+def build_step_inputs(output: SchedulerOutput, block_size: int) -> StepInputs:
+    chunks = output.chunks
+    num_seqs = len(chunks)
+    q_lens = np.fromiter((c.num_tokens for c in chunks), dtype=np.int64, count=num_seqs)
+    starts = np.fromiter((c.start_position for c in chunks), dtype=np.int64, count=num_seqs)
+    shared = np.fromiter((c.shared_kv_len for c in chunks), dtype=np.int64, count=num_seqs)
+    query_start_loc = np.zeros(num_seqs + 1, dtype=np.int64)
+    np.cumsum(q_lens, out=query_start_loc[1:])
+    num_tokens = int(query_start_loc[-1])
+    input_ids = np.fromiter((t for c in chunks for t in c.token_ids), dtype=np.int64, count=num_tokens)
+
+    max_blocks = max((len(c.block_ids) for c in chunks), default=0)
+    block_tables = np.zeros((num_seqs, max(max_blocks, 1)), dtype=np.int32)
+    for row, chunk in enumerate(chunks):
+        block_tables[row, : len(chunk.block_ids)] = chunk.block_ids
+
+    # Row -> its seq, and its position inside the seq.
+    seq_of_row = np.repeat(np.arange(num_seqs), q_lens)
+    row_offset = np.arange(num_tokens) - query_start_loc[:-1][seq_of_row]
+    positions = starts[seq_of_row] + row_offset
+    # KV addressing rule (sched/interface.py): new rows are past the shared prefix.
+    own_positions = positions - shared[seq_of_row]
+    if num_tokens and own_positions.min() < 0:
+        raise ValueError("a new row lies inside its shared prefix: the scheduler broke the contract")
+    num_shared_blocks = -(-shared // block_size)
+    block_index = num_shared_blocks[seq_of_row] + own_positions // block_size
+    if num_tokens and int(block_index.max()) >= block_tables.shape[1]:
+        raise ValueError("a chunk's block table is too short for its tokens")
+    slot_mapping = block_tables[seq_of_row, block_index].astype(np.int64) * block_size + own_positions % block_size
+
+    sample_mask = np.fromiter((c.sample for c in chunks), dtype=bool, count=num_seqs)
+    sample_rows = query_start_loc[1:][sample_mask] - 1
+    return StepInputs(
+        input_ids=input_ids,
+        positions=positions,
+        slot_mapping=slot_mapping,
+        query_start_loc=query_start_loc.astype(np.int32),
+        seq_lens=(starts + q_lens).astype(np.int32),
+        shared_kv_lens=shared.astype(np.int32),
+        block_tables=block_tables,
+        group_ids=np.fromiter((c.group_id for c in chunks), dtype=np.int32, count=num_seqs),
+        is_prefix=np.fromiter((c.is_prefix for c in chunks), dtype=bool, count=num_seqs),
+        sample_rows=sample_rows.astype(np.int64),
+        sample_seq_ids=tuple(c.seq_id for c in chunks if c.sample),
+    )

@@ -1,0 +1,122 @@
+"""Token sampling: greedy, temperature, top-k, top-p, min-p, with batch-independent seeds.
+
+Seeded sampling uses the exponential race (argmax of probs / E with E ~ Exp(1)), where the
+uniform behind E is a hash of (seed, output index, vocab id). A request's tokens therefore do
+not depend on which other requests share its step, nor on preemption and recompute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class SamplingBatch:
+    """Per-row sampling settings of the rows being sampled this step (all [num_rows])."""
+
+    temperature: torch.Tensor  # float32
+    top_p: torch.Tensor  # float32
+    top_k: torch.Tensor  # int64, <= 0 means off
+    min_p: torch.Tensor  # float32
+    seeds: torch.Tensor  # int64 (32-bit values)
+    output_index: torch.Tensor  # int64: tokens this request has generated so far
+    all_greedy: bool
+    needs_top_k: bool
+    needs_top_p: bool
+    needs_min_p: bool
+    max_logprobs: int | None  # None: no logprobs asked for
+
+    @classmethod
+    def build(cls, rows: list[tuple], device: torch.device) -> "SamplingBatch":
+        """rows: (temperature, top_p, top_k, min_p, seed, output_index, logprobs) per row."""
+        temperature, top_p, top_k, min_p, seeds, output_index, logprobs = zip(*rows)
+        asked = [n for n in logprobs if n is not None]
+        return cls(
+            temperature=torch.tensor(temperature, dtype=torch.float32, device=device),
+            top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
+            top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
+            min_p=torch.tensor(min_p, dtype=torch.float32, device=device),
+            seeds=torch.tensor([s & _MASK32 for s in seeds], dtype=torch.int64, device=device),
+            output_index=torch.tensor(output_index, dtype=torch.int64, device=device),
+            all_greedy=all(t == 0.0 for t in temperature),
+            needs_top_k=any(k > 0 for k in top_k),
+            needs_top_p=any(p < 1.0 for p in top_p),
+            needs_min_p=any(p > 0.0 for p in min_p),
+            max_logprobs=max(asked) if asked else None,
+        )
+
+
+@dataclass(frozen=True)
+class SamplerOutput:
+    token_ids: torch.Tensor  # [num_rows] int64
+    logprobs: torch.Tensor | None = None  # [num_rows] float32: logprob of the sampled token
+    top_logprobs: torch.Tensor | None = None  # [num_rows, k] float32
+    top_token_ids: torch.Tensor | None = None  # [num_rows, k] int64
+
+
+def _fmix32(x: torch.Tensor) -> torch.Tensor:
+    # MurmurHash3 finaliser on 32-bit values held in int64 (products wrap mod 2^64; the mask
+    # keeps the exact low 32 bits).
+    x = x ^ (x >> 16)
+    x = (x * 0x85EBCA6B) & _MASK32
+    x = x ^ (x >> 13)
+    x = (x * 0xC2B2AE35) & _MASK32
+    return x ^ (x >> 16)
+
+
+def uniform_noise(seeds: torch.Tensor, output_index: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """u in (0, 1): [num_rows, vocab_size] float32, a pure function of (seed, index, vocab id)."""
+    row_key = _fmix32((_fmix32(seeds) ^ (output_index * 0x9E3779B1 & _MASK32)) & _MASK32)  # [num_rows]
+    vocab = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
+    bits = _fmix32((row_key[:, None] ^ _fmix32(vocab + 0x632BE5AB)[None, :]) & _MASK32)
+    return (bits.to(torch.float64) + 0.5).div_(2.0**32).to(torch.float32)
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+    """logits: [num_rows, vocab] float32 -> sampled token ids."""
+    logprobs_full = torch.log_softmax(logits, dim=-1) if batch.max_logprobs is not None else None
+    greedy_ids = logits.argmax(dim=-1)
+    if batch.all_greedy:
+        token_ids = greedy_ids
+    else:
+        token_ids = torch.where(batch.temperature == 0.0, greedy_ids, _sample_random(logits, batch))
+    if logprobs_full is None:
+        return SamplerOutput(token_ids)
+    chosen = logprobs_full.gather(1, token_ids[:, None])[:, 0]
+    top_values, top_ids = (None, None)
+    if batch.max_logprobs > 0:
+        top_values, top_ids = logprobs_full.topk(batch.max_logprobs, dim=-1)
+    return SamplerOutput(token_ids, chosen, top_values, top_ids)
+
+
+def _sample_random(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    temperature = torch.where(batch.temperature > 0, batch.temperature, torch.ones_like(batch.temperature))
+    scaled = logits / temperature[:, None]
+    if batch.needs_top_k or batch.needs_top_p:
+        scaled = _apply_top_k_top_p(scaled, batch)
+    probs = scaled.softmax(dim=-1)
+    if batch.needs_min_p:
+        cutoff = probs.max(dim=-1, keepdim=True).values * batch.min_p[:, None]
+        probs = probs.masked_fill(probs < cutoff, 0.0)
+    exponential = -torch.log(uniform_noise(batch.seeds, batch.output_index, logits.shape[-1]))
+    return (probs / exponential).argmax(dim=-1)
+
+
+def _apply_top_k_top_p(scaled: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    sorted_logits, sorted_ids = scaled.sort(dim=-1, descending=True)
+    vocab_size = scaled.shape[-1]
+    remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if batch.needs_top_k:
+        k = torch.where(batch.top_k > 0, batch.top_k.clamp(max=vocab_size), torch.full_like(batch.top_k, vocab_size))
+        remove |= torch.arange(vocab_size, device=scaled.device)[None, :] >= k[:, None]
+    if batch.needs_top_p:
+        probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(dim=-1)
+        # Keep the smallest set whose mass reaches top_p (the first token always stays).
+        mass_before = probs.cumsum(dim=-1) - probs
+        remove |= mass_before >= batch.top_p[:, None]
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    return torch.empty_like(scaled).scatter_(1, sorted_ids, sorted_logits)

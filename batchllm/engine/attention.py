@@ -1,0 +1,119 @@
+"""The engine's AttentionFn: store the step's K/V in the paged cache, then attend.
+
+Backends (chosen once per engine): `reference` (PyTorch, the CPU path), `triton` (plain paged
+attention kernel) and `fused` (BatchLLM section 5: prefix tiles and distinct tiles in one launch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from batchllm.engine.kv_cache import KVCache
+from batchllm.engine.step_inputs import StepInputs
+from batchllm.ops import reference
+
+
+@dataclass
+class AttentionMetadata:
+    """Device tensors of one step, shared by every layer."""
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32
+    shared_kv_lens: torch.Tensor  # [num_seqs] int32
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
+    max_seq_len: int
+    plan: Any = None  # backend-specific per-step plan (fused work list)
+
+
+class ReferenceBackend:
+    name = "reference"
+
+    def prepare(self, inputs: StepInputs, metadata: AttentionMetadata) -> None:
+        pass
+
+    def store(self, key, value, k_cache, v_cache, metadata: AttentionMetadata) -> None:
+        reference.store_kv_reference(key, value, k_cache, v_cache, metadata.slot_mapping)
+
+    def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
+        return reference.paged_attention_reference(
+            query, k_cache, v_cache, metadata.query_start_loc, metadata.seq_lens,
+            metadata.shared_kv_lens, metadata.block_tables, scale,
+        )
+
+
+class TritonPagedBackend(ReferenceBackend):
+    """Plain paged attention (what the vllm / sglang baseline policies run)."""
+
+    name = "triton"
+
+    def __init__(self) -> None:
+        from batchllm.ops.kv_store import store_kv
+        from batchllm.ops.paged_attention import paged_attention
+
+        self._store_kv = store_kv
+        self._paged_attention = paged_attention
+
+    def store(self, key, value, k_cache, v_cache, metadata: AttentionMetadata) -> None:
+        self._store_kv(key, value, k_cache, v_cache, metadata.slot_mapping)
+
+    def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
+        return self._paged_attention(
+            query, k_cache, v_cache, metadata.query_start_loc, metadata.seq_lens,
+            metadata.shared_kv_lens, metadata.block_tables, scale,
+        )
+
+
+class FusedPrefixBackend(TritonPagedBackend):
+    """BatchLLM section 5: one launch over a host-built work list of prefix and distinct tiles."""
+
+    name = "fused"
+
+    def __init__(self, block_size: int, num_heads: int, num_kv_heads: int, device: torch.device) -> None:
+        super().__init__()
+        from batchllm.ops.prefix_attention import build_prefix_shared_plan, prefix_shared_attention
+
+        self._build_plan = build_prefix_shared_plan
+        self._attention = prefix_shared_attention
+        self.block_size, self.num_heads, self.num_kv_heads, self.device = block_size, num_heads, num_kv_heads, device
+
+    def prepare(self, inputs: StepInputs, metadata: AttentionMetadata) -> None:
+        plan = self._build_plan(
+            inputs.query_start_loc, inputs.seq_lens, inputs.shared_kv_lens, inputs.block_tables,
+            inputs.group_ids, inputs.is_prefix, block_size=self.block_size,
+            num_kv_heads=self.num_kv_heads, num_heads=self.num_heads,
+        )
+        metadata.plan = plan.to(self.device)
+
+    def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
+        return self._attention(query, k_cache, v_cache, metadata.plan, scale)
+
+
+def make_backend(name: str, device: torch.device, block_size: int, num_heads: int, num_kv_heads: int):
+    if name == "auto":
+        name = "fused" if device.type == "cuda" else "reference"
+    if name == "reference":
+        return ReferenceBackend()
+    if name == "triton":
+        return TritonPagedBackend()
+    if name == "fused":
+        return FusedPrefixBackend(block_size, num_heads, num_kv_heads, device)
+    raise ValueError(f"unknown attention backend {name!r}")
+
+
+class PagedAttention:
+    """Implements the model's AttentionFn for one step."""
+
+    def __init__(self, kv_cache: KVCache, metadata: AttentionMetadata, backend, scale: float) -> None:
+        self.kv_cache, self.metadata, self.backend, self.scale = kv_cache, metadata, backend, scale
+
+    def __call__(self, layer_index: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        # query: [num_tokens, num_heads, head_dim]; key/value: [num_tokens, num_kv_heads, head_dim]
+        k_cache, v_cache = self.kv_cache.k[layer_index], self.kv_cache.v[layer_index]
+        # Every row's KV is stored before any row reads (a prefix chunk and its members'
+        # first chunks may share the step: DESIGN.md).
+        self.backend.store(key, value, k_cache, v_cache, self.metadata)
+        return self.backend.attend(query, k_cache, v_cache, self.metadata, self.scale)

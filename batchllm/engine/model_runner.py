@@ -1,0 +1,64 @@
+"""Turns a SchedulerOutput into tensors, runs the model, samples the next tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from batchllm.engine.attention import AttentionMetadata, PagedAttention, make_backend
+from batchllm.engine.kv_cache import KVCache
+from batchllm.engine.sampler import SamplerOutput, SamplingBatch, sample
+from batchllm.engine.step_inputs import StepInputs, build_step_inputs
+from batchllm.sched.interface import SchedulerOutput
+
+
+@dataclass(frozen=True)
+class StepResult:
+    seq_ids: tuple[int, ...]  # one per sampled row
+    sampled: SamplerOutput | None  # None when nothing was sampled this step
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, arch, kv_cache: KVCache, block_size: int,
+                 device: torch.device, attention_backend: str) -> None:
+        self.model = model
+        self.arch = arch
+        self.kv_cache = kv_cache
+        self.block_size = block_size
+        self.device = device
+        self.backend = make_backend(attention_backend, device, block_size, arch.num_heads, arch.num_kv_heads)
+        self.scale = arch.head_dim ** -0.5
+        self._pin = device.type == "cuda"
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        if self._pin:
+            return tensor.pin_memory().to(self.device, non_blocking=True)
+        return tensor
+
+    @torch.inference_mode()
+    def execute(self, output: SchedulerOutput, sampling_rows: list[tuple]) -> StepResult:
+        """sampling_rows: one SamplingBatch.build row per sampled chunk, in chunk order."""
+        inputs = build_step_inputs(output, self.block_size)
+        metadata = AttentionMetadata(
+            slot_mapping=self._to_device(inputs.slot_mapping),
+            query_start_loc=self._to_device(inputs.query_start_loc),
+            seq_lens=self._to_device(inputs.seq_lens),
+            shared_kv_lens=self._to_device(inputs.shared_kv_lens),
+            block_tables=self._to_device(inputs.block_tables),
+            max_seq_len=inputs.max_seq_len,
+        )
+        self.backend.prepare(inputs, metadata)
+        attention = PagedAttention(self.kv_cache, metadata, self.backend, self.scale)
+        hidden = self.model(self._to_device(inputs.input_ids), self._to_device(inputs.positions), attention)
+        if not inputs.sample_seq_ids:
+            return StepResult((), None)
+        # Only the rows that sample pay for the LM head.
+        logits = self.model.compute_logits(hidden[self._to_device(inputs.sample_rows)])
+        batch = SamplingBatch.build(sampling_rows, self.device)
+        return StepResult(inputs.sample_seq_ids, sample(logits, batch))
+
+    def step_inputs(self, output: SchedulerOutput) -> StepInputs:
+        return build_step_inputs(output, self.block_size)

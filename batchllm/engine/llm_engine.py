@@ -1,0 +1,241 @@
+"""The engine: load once, then run batches. The loop is schedule -> execute -> update."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from batchllm.config import EngineConfig
+from batchllm.engine.kv_cache import KVCache, choose_num_kv_tokens, kv_bytes_per_token
+from batchllm.engine.model_runner import ModelRunner
+from batchllm.engine.stop_checker import StopState
+from batchllm.sampling_params import SamplingParams
+from batchllm.sched.interface import FinishedRequest, SchedRequest
+
+_MASK32 = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A tokenized, validated request ready to run."""
+
+    request_id: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class FinishedOutput:
+    request_id: int
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    text: str
+    finish_reason: str
+    logprobs: list[dict[int, float]] | None = None
+    num_cached_prompt_tokens: int = 0
+
+
+@dataclass
+class RunStats:
+    num_requests: int = 0
+    num_steps: int = 0
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    seconds: float = 0.0
+    step_records: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class _Live:
+    sched_request: SchedRequest
+    params: SamplingParams
+    stop: StopState
+    seed: int
+    logprobs: list[dict[int, float]] | None
+
+
+class RequestTooLongError(ValueError):
+    pass
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+def make_scheduler(config):
+    try:
+        from batchllm.sched.factory import make_scheduler as factory
+    except ModuleNotFoundError:
+        from batchllm.sched.simple import SimpleScheduler
+
+        if config.policy != "simple":
+            raise ValueError(f"policy {config.policy!r} is not available in this build; use 'simple'") from None
+        return SimpleScheduler(config)
+    return factory(config)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        from batchllm.models.loader import load_model
+        from batchllm.tokenizer import load_tokenizer
+
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        loaded = load_model(config.model, dtype=self.dtype, device=self.device)
+        self.model, self.arch, self.model_name = loaded.model, loaded.config, loaded.name
+        self.tokenizer = load_tokenizer(loaded.tokenizer_source)
+        limit = self.arch.max_position_embeddings
+        self.max_model_len = min(config.max_model_len or limit, limit)
+        eos = set(self.arch.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = frozenset(eos)
+
+        block_size = config.scheduler.block_size
+        bytes_per_token = kv_bytes_per_token(self.arch.num_layers, self.arch.num_kv_heads, self.arch.head_dim, self.dtype)
+        # Activations of the largest step: hidden states, fused gate-up output, and logits.
+        max_step_tokens = config.scheduler.max_num_batched_tokens
+        element = torch.empty((), dtype=self.dtype).element_size()
+        activation_reserve = max_step_tokens * element * (8 * self.arch.hidden_size + 3 * self.arch.intermediate_size)
+        activation_reserve += 1024 * self.arch.vocab_size * 4 * 3 + (1 << 30)
+        num_kv_tokens = choose_num_kv_tokens(self.device, bytes_per_token, config.kv_cache_tokens,
+                                             config.gpu_memory_utilization, activation_reserve)
+        num_blocks = max(1, num_kv_tokens // block_size)
+        self.kv_cache = KVCache.allocate(self.arch.num_layers, num_blocks, block_size, self.arch.num_kv_heads,
+                                         self.arch.head_dim, self.dtype, self.device)
+        self.scheduler_config = dataclasses.replace(config.scheduler, num_kv_blocks=num_blocks,
+                                                    max_model_len=self.max_model_len)
+        self.runner = ModelRunner(self.model, self.arch, self.kv_cache, block_size, self.device,
+                                  config.attention_backend)
+
+    @property
+    def num_kv_tokens(self) -> int:
+        return self.kv_cache.num_blocks * self.scheduler_config.block_size
+
+    # -- request preparation --------------------------------------------------------------
+
+    def check_length(self, prompt_token_ids: list[int], params: SamplingParams) -> SamplingParams:
+        """Reject prompts that do not fit; clamp max_tokens to the context (documented)."""
+        num_prompt_tokens = len(prompt_token_ids)
+        if num_prompt_tokens == 0:
+            raise RequestTooLongError("the prompt has no tokens")
+        room = min(self.max_model_len, self.num_kv_tokens) - num_prompt_tokens
+        if room < 1:
+            raise RequestTooLongError(
+                f"prompt has {num_prompt_tokens} tokens; the limit is {min(self.max_model_len, self.num_kv_tokens) - 1} "
+                f"(max model length {self.max_model_len}, KV cache {self.num_kv_tokens} tokens)"
+            )
+        if self.arch.vocab_size and max(prompt_token_ids) >= self.arch.vocab_size:
+            raise RequestTooLongError(f"prompt holds token id {max(prompt_token_ids)} >= vocab size {self.arch.vocab_size}")
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        return params if max_tokens == params.max_tokens else dataclasses.replace(params, max_tokens=max_tokens)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(
+        self,
+        requests: list[PreparedRequest],
+        on_step: Callable[[int, int], None] | None = None,
+        stats: RunStats | None = None,
+    ) -> Iterator[FinishedOutput]:
+        """Run a batch; yields each request as it finishes. on_step(num_finished_now, num_new_tokens)."""
+        stats = stats if stats is not None else RunStats()
+        scheduler = make_scheduler(self.scheduler_config)
+        live: dict[int, _Live] = {}
+        for request in requests:
+            params = self.check_length(request.prompt_token_ids, request.params)
+            seed = params.seed if params.seed is not None else _mix_seed(self.config.seed, request.request_id)
+            sched_request = SchedRequest(request.request_id, list(request.prompt_token_ids), params.max_tokens)
+            live[request.request_id] = _Live(
+                sched_request, params, StopState(params, params.max_tokens, self.eos_token_ids), seed,
+                [] if params.logprobs is not None else None,
+            )
+            stats.num_prompt_tokens += len(request.prompt_token_ids)
+        stats.num_requests += len(requests)
+        scheduler.add_requests([state.sched_request for state in live.values()])
+        started = time.perf_counter()
+        while scheduler.has_unfinished():
+            step_started = time.perf_counter()
+            output = scheduler.schedule()
+            if output.is_empty:
+                raise RuntimeError("the scheduler returned an empty step with requests left: a scheduler bug")
+            rows = [self._sampling_row(live[c.seq_id]) for c in output.chunks if c.sample]
+            result = self.runner.execute(output, rows)
+            sampled, finish_reasons = self._check_stops(result, live)
+            finished = scheduler.update(output, sampled, finish_reasons)
+            stats.num_steps += 1
+            stats.num_output_tokens += len(sampled)
+            stats.step_records.append({
+                "step": output.step_index, "decode_tokens": output.num_decode_tokens,
+                "distinct_tokens": output.num_distinct_tokens, "prefix_tokens": output.num_prefix_tokens,
+                "running_requests": output.num_running_requests, "used_blocks": output.num_used_blocks,
+                "seconds": time.perf_counter() - step_started,
+            })
+            for done in finished:
+                yield self._finish(live.pop(done.request_id), done)
+            if on_step is not None:
+                on_step(len(finished), len(sampled))
+        stats.seconds += time.perf_counter() - started
+
+    def _sampling_row(self, state: _Live) -> tuple:
+        p = state.params
+        return (p.temperature, p.top_p, p.top_k, p.min_p, state.seed,
+                len(state.sched_request.output_token_ids), p.logprobs)
+
+    def _check_stops(self, result, live: dict[int, _Live]) -> tuple[dict[int, int], dict[int, str]]:
+        sampled: dict[int, int] = {}
+        finish_reasons: dict[int, str] = {}
+        if result.sampled is None:
+            return sampled, finish_reasons
+        token_ids = result.sampled.token_ids.tolist()
+        chosen = result.sampled.logprobs.tolist() if result.sampled.logprobs is not None else None
+        top_values = result.sampled.top_logprobs.tolist() if result.sampled.top_logprobs is not None else None
+        top_ids = result.sampled.top_token_ids.tolist() if result.sampled.top_token_ids is not None else None
+        for row, (seq_id, token_id) in enumerate(zip(result.seq_ids, token_ids)):
+            state = live[seq_id]
+            sampled[seq_id] = token_id
+            if state.logprobs is not None:
+                entry = {token_id: chosen[row]}
+                if top_ids is not None:
+                    k = state.params.logprobs
+                    entry.update(zip(top_ids[row][:k], top_values[row][:k]))
+                state.logprobs.append(entry)
+            outputs = state.sched_request.output_token_ids + [token_id]
+            reason = state.stop.check(outputs, token_id, self._decode)
+            if reason is not None:
+                finish_reasons[seq_id] = reason
+        return sampled, finish_reasons
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids) if self.tokenizer is not None else ""
+
+    def _finish(self, state: _Live, done: FinishedRequest) -> FinishedOutput:
+        output_ids = list(done.output_token_ids)
+        text_ids = state.stop.final_token_ids_for_text(output_ids, done.finish_reason)
+        text = state.stop.final_text(self._decode(text_ids))
+        return FinishedOutput(
+            request_id=done.request_id,
+            prompt_token_ids=state.sched_request.prompt_token_ids,
+            output_token_ids=output_ids,
+            text=text,
+            finish_reason=done.finish_reason,
+            logprobs=state.logprobs,
+            num_cached_prompt_tokens=done.num_cached_prompt_tokens,
+        )
+
+
+def _mix_seed(base_seed: int, request_id: int) -> int:
+    return ((base_seed & _MASK32) * 0x9E3779B1 + request_id * 0x85EBCA6B + 0x27D4EB2F) & _MASK32

@@ -1,0 +1,125 @@
+"""Python API in the style of vLLM: `LLM(model=...).generate(prompts, SamplingParams(...))`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from batchllm.config import EngineConfig
+from batchllm.engine.llm_engine import FinishedOutput, LLMEngine, PreparedRequest, RunStats
+from batchllm.outputs import CompletionOutput, RequestOutput
+from batchllm.progress import Progress
+from batchllm.sampling_params import SamplingParams
+from batchllm.sched.config import SchedulerConfig
+
+
+class LLM:
+    """Load a model once; answer whole batches, outputs in input order.
+
+    model: None (the default SmolLM2-135M-Instruct GGUF), a .gguf file, a HF model directory, or
+    a random-weight preset such as "random:llama-3.1-8b" (token-id prompts only).
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        dtype: str = "auto",
+        device: str = "auto",
+        max_model_len: int | None = None,
+        kv_cache_tokens: int | None = None,
+        gpu_memory_utilization: float = 0.90,
+        policy: str = "batchllm",
+        block_size: int = 16,
+        max_num_batched_tokens: int = 2048,
+        max_num_seqs: int | None = None,
+        attention_backend: str = "auto",
+        seed: int = 0,
+        config: EngineConfig | None = None,
+    ) -> None:
+        if config is None:
+            scheduler = SchedulerConfig(policy=policy, block_size=block_size,
+                                        max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
+            config = EngineConfig(model=model, dtype=dtype, device=device, max_model_len=max_model_len,
+                                  kv_cache_tokens=kv_cache_tokens, gpu_memory_utilization=gpu_memory_utilization,
+                                  attention_backend=attention_backend, seed=seed, scheduler=scheduler)
+        self.engine = LLMEngine(config)
+        self.last_run_stats: RunStats | None = None
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: str | Sequence[str] | Sequence[Sequence[int]] | Sequence[dict],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """prompts: text, token-id lists, or {"prompt": ...} / {"prompt_token_ids": [...]} dicts."""
+        if isinstance(prompts, str) or isinstance(prompts, dict):
+            prompts = [prompts]
+        if prompts and isinstance(prompts[0], int):
+            prompts = [prompts]  # a single token-id prompt
+        texts: list[str | None] = []
+        token_lists: list[list[int]] = []
+        for prompt in prompts:
+            if isinstance(prompt, dict):
+                if "prompt_token_ids" in prompt:
+                    texts.append(prompt.get("prompt"))
+                    token_lists.append(list(prompt["prompt_token_ids"]))
+                    continue
+                prompt = prompt["prompt"]
+            if isinstance(prompt, str):
+                texts.append(prompt)
+                token_lists.append(self._tokenizer_or_error().encode_prompt(prompt))
+            else:
+                texts.append(None)
+                token_lists.append(list(prompt))
+        return self._run(texts, token_lists, sampling_params, use_tqdm)
+
+    def chat(
+        self,
+        messages: Sequence[dict] | Sequence[Sequence[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """messages: one conversation (list of {"role", "content"}) or a list of them."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        tokenizer = self._tokenizer_or_error()
+        token_lists = [tokenizer.encode_chat(conversation) for conversation in conversations]
+        return self._run([None] * len(token_lists), token_lists, sampling_params, use_tqdm)
+
+    def _tokenizer_or_error(self):
+        if self.engine.tokenizer is None:
+            raise ValueError(f"model {self.engine.model_name} has no tokenizer: pass prompt token ids")
+        return self.engine.tokenizer
+
+    def _run(self, texts, token_lists, sampling_params, use_tqdm) -> list[RequestOutput]:
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(token_lists)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(token_lists):
+                raise ValueError(f"got {len(params_list)} SamplingParams for {len(token_lists)} prompts")
+        requests = [PreparedRequest(index, tokens, params)
+                    for index, (tokens, params) in enumerate(zip(token_lists, params_list))]
+        progress = Progress(len(requests), enabled=use_tqdm)
+        stats = RunStats()
+        finished: dict[int, FinishedOutput] = {}
+        try:
+            for done in self.engine.run(requests, on_step=progress.update, stats=stats):
+                finished[done.request_id] = done
+        finally:
+            progress.close()
+        self.last_run_stats = stats
+        return [_to_request_output(str(i), texts[i], finished[i]) for i in range(len(requests))]
+
+
+def _to_request_output(request_id: str, prompt: str | None, done: FinishedOutput) -> RequestOutput:
+    cumulative = None
+    if done.logprobs is not None:
+        cumulative = float(sum(entry[token] for entry, token in zip(done.logprobs, done.output_token_ids)))
+    completion = CompletionOutput(0, done.text, done.output_token_ids, done.finish_reason, done.logprobs, cumulative)
+    return RequestOutput(request_id, prompt, done.prompt_token_ids, [completion],
+                         num_cached_tokens=done.num_cached_prompt_tokens)

@@ -1,0 +1,182 @@
+"""Load a llama.cpp GGUF file: config from its metadata, weights dequantized at load.
+
+llama.cpp's converter permutes the rows of attn_q / attn_k of "llama"-architecture models
+(interleaved rotary pairs); we undo it exactly as transformers' LlamaTensorProcessor does.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from batchllm.models.build import empty_model
+from batchllm.models.config import ModelArchConfig
+from batchllm.models.llama import LlamaForCausalLM
+
+# GGUF general.architecture -> ours. llama.cpp writes Mistral models as "llama".
+GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral"}
+# Architectures whose q/k rows llama.cpp permuted at conversion.
+_PERMUTED_QK = {"llama", "mistral"}
+
+_LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_LAYER_RENAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_RENAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def _open(path: Path):
+    from gguf import GGUFReader  # imported here: the package is only needed for GGUF files
+
+    return GGUFReader(str(path))
+
+
+def _metadata(reader) -> dict[str, object]:
+    metadata = {}
+    for key, field in reader.fields.items():
+        if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+            continue  # large arrays the config does not need
+        metadata[key] = field.contents()
+    return metadata
+
+
+def gguf_arch_config(reader) -> ModelArchConfig:
+    metadata = _metadata(reader)
+    gguf_arch = metadata.get("general.architecture")
+    if gguf_arch not in GGUF_ARCHITECTURES:
+        raise ValueError(f"GGUF architecture {gguf_arch!r} is not supported; supported: {sorted(GGUF_ARCHITECTURES)}")
+    tensor_names = {tensor.name for tensor in reader.tensors}
+
+    def key(name: str, default: object = None) -> object:
+        value = metadata.get(f"{gguf_arch}.{name}", default)
+        if value is None:
+            raise ValueError(f"GGUF metadata lacks {gguf_arch}.{name}")
+        return value
+
+    hidden_size = int(key("embedding_length"))
+    num_heads = int(key("attention.head_count"))
+    vocab_size = metadata.get(f"{gguf_arch}.vocab_size")
+    if vocab_size is None:
+        vocab_size = len(reader.fields["tokenizer.ggml.tokens"].data)
+    eos_token_ids = []
+    for name in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        token = metadata.get(name)
+        if token is not None and int(token) not in eos_token_ids:
+            eos_token_ids.append(int(token))
+    bos = metadata.get("tokenizer.ggml.bos_token_id")
+    head_dim = int(metadata.get(f"{gguf_arch}.attention.key_length") or hidden_size // num_heads)
+    return ModelArchConfig(
+        architecture=GGUF_ARCHITECTURES[gguf_arch],
+        vocab_size=int(vocab_size),
+        hidden_size=hidden_size,
+        intermediate_size=int(key("feed_forward_length")),
+        num_layers=int(key("block_count")),
+        num_heads=num_heads,
+        num_kv_heads=int(key("attention.head_count_kv", num_heads)),
+        head_dim=head_dim,
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(key("rope.freq_base", 10000.0)),
+        rope_scaling=_rope_scaling(reader, metadata, gguf_arch),
+        max_position_embeddings=int(key("context_length")),
+        tie_word_embeddings="output.weight" not in tensor_names,
+        qkv_bias="blk.0.attn_q.bias" in tensor_names,
+        bos_token_id=None if bos is None else int(bos),
+        eos_token_ids=tuple(eos_token_ids),
+    )
+
+
+def _rope_scaling(reader, metadata: dict, gguf_arch: str) -> dict | None:
+    # Llama-3.x GGUFs carry the llama3 scaling as a precomputed per-pair divisor tensor.
+    for tensor in reader.tensors:
+        if tensor.name == "rope_freqs.weight":
+            factors = np.asarray(tensor.data, dtype=np.float32).reshape(-1)
+            return {"rope_type": "freq_factors", "freq_factors": tuple(float(f) for f in factors)}
+    scaling_type = metadata.get(f"{gguf_arch}.rope.scaling.type")
+    if scaling_type in (None, "none"):
+        return None
+    if scaling_type == "linear":
+        return {"rope_type": "linear", "factor": float(metadata[f"{gguf_arch}.rope.scaling.factor"])}
+    raise NotImplementedError(f"GGUF rope scaling type {scaling_type!r} is not supported")
+
+
+def reverse_permute_qk(weights: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's permute (transformers LlamaTensorProcessor._reverse_permute_weights)."""
+    dim = weights.shape[0] // num_heads // 2
+    w = weights.reshape(num_heads, dim, 2, *weights.shape[1:])
+    return w.swapaxes(2, 1).reshape(weights.shape)
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    if gguf_name in _GLOBAL_RENAMES:
+        return _GLOBAL_RENAMES[gguf_name]
+    if gguf_name == "rope_freqs.weight":
+        return None  # folded into the config's rope_scaling
+    match = _LAYER_TENSOR.match(gguf_name)
+    if match is None or match.group(2) not in _LAYER_RENAMES:
+        raise KeyError(f"unexpected GGUF tensor {gguf_name!r}")
+    layer, kind, suffix = match.groups()
+    return f"model.layers.{layer}.{_LAYER_RENAMES[kind]}.{suffix}"
+
+
+def _dequantized(tensor, config: ModelArchConfig, permute_qk: bool) -> np.ndarray:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    if tensor.tensor_type == GGMLQuantizationType.F32:
+        weights = np.asarray(tensor.data)
+    else:
+        weights = dequantize(tensor.data, tensor.tensor_type)  # numpy float32, [out, in]
+    if permute_qk:
+        if ".attn_q." in tensor.name:
+            weights = reverse_permute_qk(weights, config.num_heads)
+        elif ".attn_k." in tensor.name:
+            weights = reverse_permute_qk(weights, config.num_kv_heads)
+    return weights
+
+
+def iter_gguf_weights(
+    reader, config: ModelArchConfig, gguf_arch: str, num_threads: int = 4
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, float32 tensor) pairs in file order. Dequantization runs on a thread pool (numpy
+    frees the GIL); at most 2 * num_threads tensors are in flight, so memory stays bounded."""
+    permute_qk = gguf_arch in _PERMUTED_QK
+    tensors = [(tensor, _hf_name(tensor.name)) for tensor in reader.tensors]
+    pending: deque = deque()
+    with ThreadPoolExecutor(max_workers=num_threads) as pool:
+        for tensor, name in tensors:
+            if name is None:
+                continue
+            pending.append((name, pool.submit(_dequantized, tensor, config, permute_qk)))
+            if len(pending) >= 2 * num_threads:
+                name, future = pending.popleft()
+                yield name, torch.from_numpy(np.ascontiguousarray(future.result()))
+        while pending:
+            name, future = pending.popleft()
+            yield name, torch.from_numpy(np.ascontiguousarray(future.result()))
+
+
+def load_gguf(path: Path, dtype: torch.dtype, device: torch.device) -> tuple[LlamaForCausalLM, ModelArchConfig]:
+    reader = _open(path)
+    config = gguf_arch_config(reader)
+    model = empty_model(config, dtype, device)
+    gguf_arch = reader.fields["general.architecture"].contents()
+    model.load_hf_weights(iter_gguf_weights(reader, config, gguf_arch))
+    return model, config

@@ -1,0 +1,109 @@
+"""Load a Hugging Face model directory: config.json + *.safetensors (sharded or not)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from batchllm.models.build import empty_model
+from batchllm.models.config import SUPPORTED_ARCHITECTURES, ModelArchConfig
+from batchllm.models.llama import LlamaForCausalLM
+
+
+def is_hf_dir(path: Path) -> bool:
+    return path.is_dir() and (path / "config.json").is_file()
+
+
+def hf_arch_config(model_dir: Path) -> ModelArchConfig:
+    """Translate config.json (transformers v4 `rope_scaling`/`rope_theta` or v5 `rope_parameters`)."""
+    raw = json.loads((model_dir / "config.json").read_text())
+    if "text_config" in raw and "model_type" not in raw.get("text_config", {}):
+        raise ValueError(f"{model_dir}: multimodal configs are not supported")
+    model_type = raw.get("model_type")
+    if model_type not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"{model_dir}: model_type {model_type!r} is not supported; supported: {SUPPORTED_ARCHITECTURES}"
+        )
+    if raw.get("mlp_bias"):
+        raise ValueError(f"{model_dir}: mlp_bias=True is not supported")
+    num_heads = raw["num_attention_heads"]
+    rope_theta, rope_scaling = _rope(raw)
+    max_positions = raw.get("max_position_embeddings", 2048)
+    sliding_window = raw.get("sliding_window")
+    uses_window = model_type == "mistral" or raw.get("use_sliding_window", False)
+    if uses_window and sliding_window is not None and sliding_window < max_positions:
+        warnings.warn(
+            f"{model_dir}: sliding_window={sliding_window} is ignored (full attention); outputs "
+            f"differ from the reference beyond {sliding_window} tokens",
+            stacklevel=3,
+        )
+    generation = _read_json(model_dir / "generation_config.json")
+    eos: list[int] = []
+    for source in (raw, generation):
+        value = source.get("eos_token_id")
+        for token in value if isinstance(value, list) else ([] if value is None else [value]):
+            if token not in eos:
+                eos.append(int(token))
+    bos = raw.get("bos_token_id", generation.get("bos_token_id"))
+    return ModelArchConfig(
+        architecture=model_type,
+        vocab_size=raw["vocab_size"],
+        hidden_size=raw["hidden_size"],
+        intermediate_size=raw["intermediate_size"],
+        num_layers=raw["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=raw.get("num_key_value_heads") or num_heads,
+        head_dim=raw.get("head_dim") or raw["hidden_size"] // num_heads,
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        qkv_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),
+        bos_token_id=None if bos is None else int(bos),
+        eos_token_ids=tuple(eos),
+    )
+
+
+def _rope(raw: dict) -> tuple[float, dict | None]:
+    parameters = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+    theta = float(parameters.pop("rope_theta", raw.get("rope_theta", 10000.0)))
+    if "type" in parameters and "rope_type" not in parameters:
+        parameters["rope_type"] = parameters.pop("type")
+    if parameters.get("rope_type", "default") == "default":
+        return theta, None
+    return theta, parameters
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [model_dir / name for name in sorted(set(weight_map.values()))]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir}: no *.safetensors files (only safetensors checkpoints are supported)")
+    return files
+
+
+def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as handle:
+            for name in handle.keys():
+                yield name, handle.get_tensor(name)
+
+
+def load_hf_dir(model_dir: Path, dtype: torch.dtype, device: torch.device) -> tuple[LlamaForCausalLM, ModelArchConfig]:
+    config = hf_arch_config(model_dir)
+    model = empty_model(config, dtype, device)
+    model.load_hf_weights(iter_safetensors(safetensors_files(model_dir)))
+    return model, config

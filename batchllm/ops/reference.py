@@ -130,3 +130,81 @@ def merge_attention_states_reference(
     w_b = torch.exp(lse_b - safe).nan_to_num(0.0)[..., None]
     out = (out_a.float() * w_a + out_b.float() * w_b).to(out_a.dtype)
     return out, lse
+
+
+def prefix_shared_attention_reference(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,  # [num_seqs + 1]
+    seq_lens: torch.Tensor,  # [num_seqs]
+    shared_kv_lens: torch.Tensor,  # [num_seqs]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks]
+    group_ids: torch.Tensor,  # [num_seqs] int, -1 = no group (groups are contiguous)
+    is_prefix: torch.Tensor,  # [num_seqs] bool: the seq is its group's common-prefix chunk
+    scale: float,
+) -> torch.Tensor:
+    """Prefix-shared attention as two parts merged by log-sum-exp (BatchLLM section 5), float32 math.
+
+    Group g's prefix length P_g = max over its seqs of (seq_len if is_prefix else shared_kv_len),
+    stored in the first ceil(P_g / B) blocks of any member's table. A grouped row at position
+    pos sees prefix positions [0, min(P_g, pos + 1 if is_prefix else shared_kv_len)) there,
+    plus its own KV [shared_kv_len, pos] (none for a prefix seq). Ungrouped seqs: plain paged.
+    Equals paged_attention_reference when the block tables honour the addressing rule.
+    """
+    num_tokens, num_heads, head_dim = query.shape
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    group_size = num_heads // num_kv_heads
+    flat_k = k_cache.view(-1, num_kv_heads, head_dim)
+    flat_v = v_cache.view(-1, num_kv_heads, head_dim)
+    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
+    shared, groups, prefix = shared_kv_lens.tolist(), group_ids.tolist(), is_prefix.tolist()
+    prefix_len: dict[int, int] = {}
+    rep_seq: dict[int, int] = {}
+    for s, g in enumerate(groups):
+        if g >= 0:
+            prefix_len[g] = max(prefix_len.get(g, 0), lens[s] if prefix[s] else shared[s])
+            rep_seq.setdefault(g, s)
+    out = torch.empty_like(query)
+
+    def part(q, slots, positions, q_pos, visible_end):
+        # q: [q_len, H, d]; slots/positions: [kv]; visible: positions < visible_end[row], <= q_pos[row]
+        k = flat_k[slots].float().repeat_interleave(group_size, dim=1)
+        v = flat_v[slots].float().repeat_interleave(group_size, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        mask = (positions[None, :] <= q_pos[:, None]) & (positions[None, :] < visible_end[:, None])
+        scores = scores.masked_fill(~mask, float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)  # [H, q_len]
+        probs = torch.exp(scores - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))[..., None])
+        return torch.einsum("hqk,khd->qhd", probs, v), lse.transpose(0, 1)
+
+    device = query.device
+    for s in range(len(lens)):
+        q_begin, q_end = starts[s], starts[s + 1]
+        q_len = q_end - q_begin
+        if q_len == 0:
+            continue
+        q = query[q_begin:q_end].float()
+        q_pos = torch.arange(lens[s] - q_len, lens[s], device=device)
+        outs, lses = [], []
+        g = groups[s]
+        own_start = shared[s] if g >= 0 else 0
+        if g >= 0 and prefix_len[g] > 0:
+            p_len = prefix_len[g]
+            positions = torch.arange(p_len, device=device)
+            slots = kv_slots_of_seq(block_tables[rep_seq[g]], p_len, 0, block_size)
+            end = q_pos + 1 if prefix[s] else torch.full_like(q_pos, shared[s])
+            o, lse = part(q, slots, positions, q_pos, end.clamp(max=p_len))
+            outs.append(o)
+            lses.append(lse)
+        if not (g >= 0 and prefix[s]) and lens[s] > own_start:
+            slots = kv_slots_of_seq(block_tables[s], lens[s], shared[s], block_size)[own_start:]
+            positions = torch.arange(own_start, lens[s], device=device)
+            o, lse = part(q, slots, positions, q_pos, torch.full_like(q_pos, lens[s]))
+            outs.append(o)
+            lses.append(lse)
+        merged, merged_lse = outs[0], lses[0]
+        for o, lse in zip(outs[1:], lses[1:]):
+            merged, merged_lse = merge_attention_states_reference(merged, merged_lse, o, lse)
+        out[q_begin:q_end] = merged.to(query.dtype)
+    return out

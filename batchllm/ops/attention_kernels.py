@@ -1,0 +1,160 @@
+"""Triton kernels of the paged attention family (BatchLLM section 5).
+
+One program = one work item (see work_list.py) x one KV head. The tile packs rows x the GQA
+query heads of that KV head into the M dimension (m -> row m // GROUP, head m % GROUP, so a
+group of 3 wastes at most one padded slot), streams the item's KV range from the paged cache
+in BLOCK_N steps and runs online softmax with tl.dot (base-2 exponentials; the stored
+partial LSE is base 2, converted only where it leaves the package).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _attend_tile(
+    q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, limit_ptr,
+    q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode, q_pos0, partial_base,
+    kv_head, qk_scale_log2,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table,
+    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row = offs_m // GROUP
+    head = kv_head * GROUP + offs_m % GROUP
+    m_valid = row < q_count
+    token = (q_start + row).to(tl.int64)
+    # q: [BLOCK_M, HEAD_DIM] (rows x packed GQA heads)
+    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=m_valid[:, None], other=0.0)
+    # KV positions each packed row may see: < limit
+    if mask_mode == 1:
+        limit = q_pos0 + row + 1
+    elif mask_mode == 2:
+        limit = tl.load(limit_ptr + token, mask=m_valid, other=0)
+    else:
+        limit = tl.zeros([BLOCK_M], dtype=tl.int32) + kv_end
+    limit = tl.minimum(limit, kv_end)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    table_row = tables_ptr + seq.to(tl.int64) * stride_table
+    head_off = kv_head * stride_ch
+    for n0 in range(kv_start, kv_end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_valid = offs_n < kv_end
+        rel = offs_n - base_pos  # position relative to the range's first block
+        block = tl.load(table_row + base_block + rel // PAGE, mask=n_valid, other=0).to(tl.int64)
+        kv_off = block * stride_cb + (rel % PAGE) * stride_cs + head_off  # [BLOCK_N]
+        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2  # [BLOCK_M, BLOCK_N]
+        s = tl.where(offs_n[None, :] < limit[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    o = acc / l_safe[:, None]
+    if partial_base < 0:
+        tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=m_valid[:, None])
+    else:
+        slot = (partial_base + row).to(tl.int64) * NUM_HEADS + head  # [BLOCK_M]
+        tl.store(part_out_ptr + slot[:, None] * HEAD_DIM + offs_d[None, :], o, mask=m_valid[:, None])
+        lse2 = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
+        tl.store(part_lse_ptr + slot, lse2, mask=m_valid)
+
+
+@triton.jit
+def work_list_attention_kernel(
+    work_ptr,  # [num_items, WORK_FIELDS] int32
+    q_ptr,  # [num_tokens, num_heads, head_dim]
+    out_ptr,  # [num_tokens, num_heads, head_dim]
+    part_out_ptr,  # [num_partial_slots, num_heads, head_dim] float32
+    part_lse_ptr,  # [num_partial_slots, num_heads] float32, base 2
+    k_cache_ptr, v_cache_ptr,  # [num_blocks, PAGE, num_kv_heads, head_dim]
+    tables_ptr,  # [num_seqs, max_blocks] int32
+    limit_ptr,  # [num_tokens] int32: prefix KV positions visible to each row
+    qk_scale_log2,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table,
+    NUM_KV_HEADS: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+    WORK_FIELDS: tl.constexpr,
+    SMALL_M: tl.constexpr, SMALL_N: tl.constexpr, BIG_M: tl.constexpr, BIG_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Heterogeneous work in ONE launch: prefix tiles and distinct tiles from the work list."""
+    pid = tl.program_id(0)
+    item = pid // NUM_KV_HEADS  # KV head fastest: cost order of the list is kept
+    kv_head = pid % NUM_KV_HEADS
+    w = work_ptr + item.to(tl.int64) * WORK_FIELDS
+    q_start = tl.load(w + 0)
+    q_count = tl.load(w + 1)
+    seq = tl.load(w + 2)
+    kv_start = tl.load(w + 3)
+    kv_end = tl.load(w + 4)
+    base_block = tl.load(w + 5)
+    base_pos = tl.load(w + 6)
+    mask_mode = tl.load(w + 7)
+    q_pos0 = tl.load(w + 8)
+    partial_base = tl.load(w + 9)
+    size_class = tl.load(w + 10)
+    GROUP: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
+    if size_class == 0:
+        _attend_tile(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr,
+                     limit_ptr, q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode,
+                     q_pos0, partial_base, kv_head, qk_scale_log2,
+                     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
+                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, SMALL_M, SMALL_N, DOT_PRECISION)
+    else:
+        _attend_tile(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr,
+                     limit_ptr, q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode,
+                     q_pos0, partial_base, kv_head, qk_scale_log2,
+                     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
+                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, BIG_M, BIG_N, DOT_PRECISION)
+
+
+@triton.jit
+def merge_partials_kernel(
+    part_out_ptr,  # [num_partial_slots, NUM_HEADS, HEAD_DIM] float32
+    part_lse_ptr,  # [num_partial_slots, NUM_HEADS] float32, base 2
+    tokens_ptr, offsets_ptr, slots_ptr,  # CSR: row -> its partial slots
+    out_ptr,  # [num_tokens, NUM_HEADS, HEAD_DIM]
+    stride_ot, stride_oh,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """Log-sum-exp merge of a row's partial attentions (all heads of one row per program)."""
+    i = tl.program_id(0)
+    token = tl.load(tokens_ptr + i).to(tl.int64)
+    begin = tl.load(offsets_ptr + i)
+    end = tl.load(offsets_ptr + i + 1)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, HEAD_DIM)
+    h_valid = offs_h < NUM_HEADS
+    m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
+    for j in range(begin, end):
+        slot = tl.load(slots_ptr + j).to(tl.int64)
+        lse = tl.load(part_lse_ptr + slot * NUM_HEADS + offs_h, mask=h_valid, other=float("-inf"))
+        o = tl.load(part_out_ptr + (slot * NUM_HEADS + offs_h)[:, None] * HEAD_DIM + offs_d[None, :],
+                    mask=h_valid[:, None], other=0.0)
+        m_new = tl.maximum(m, lse)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)
+        weight = tl.exp2(lse - m_safe)
+        acc = acc * alpha[:, None] + o * weight[:, None]
+        l = l * alpha + weight
+        m = m_new
+    o = acc / tl.where(l == 0.0, 1.0, l)[:, None]
+    tl.store(out_ptr + token * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=h_valid[:, None])

@@ -1,0 +1,116 @@
+"""Horizontally fused prefix-shared attention over a paged KV cache (BatchLLM section 5).
+
+`prefix_shared_attention` runs ONE launch of heterogeneous work (prefix MatMul tiles of every
+group + distinct tiles of every request, see work_list.py), then a tiny merge kernel
+combines the rows that got several partial results. `prefix_shared_attention_separate` is
+the cascade-style variant of the same math (prefix launch, distinct launch, merge), kept for
+the benchmark.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from batchllm.ops.attention_kernels import merge_partials_kernel, work_list_attention_kernel
+from batchllm.ops.validation import check, next_power_of_2
+from batchllm.ops.work_list import WORK_FIELDS, PrefixSharedPlan, PrefixSharedPlanOnDevice, build_prefix_shared_plan
+
+__all__ = ["build_prefix_shared_plan", "PrefixSharedPlan", "PrefixSharedPlanOnDevice",
+           "prefix_shared_attention", "prefix_shared_attention_separate"]
+
+LOG2_E = 1.4426950408889634
+
+
+def _validate(query, k_cache, v_cache, plan: PrefixSharedPlanOnDevice) -> None:
+    check(isinstance(plan, PrefixSharedPlanOnDevice), "plan must be a PrefixSharedPlan moved with .to(device)")
+    check(query.dim() == 3, f"query must be [num_tokens, num_heads, head_dim], got {tuple(query.shape)}")
+    check(k_cache.dim() == 4 and v_cache.shape == k_cache.shape,
+          f"caches must be [num_blocks, block_size, num_kv_heads, head_dim], got {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
+    num_tokens, num_heads, head_dim = query.shape
+    check(num_tokens == plan.num_tokens, f"query has {num_tokens} rows, the plan {plan.num_tokens}")
+    check(num_heads == plan.num_heads and k_cache.shape[2] == plan.num_kv_heads,
+          f"heads {num_heads}/{k_cache.shape[2]} differ from the plan's {plan.num_heads}/{plan.num_kv_heads}")
+    check(k_cache.shape[1] == plan.block_size, f"cache block size {k_cache.shape[1]} != plan's {plan.block_size}")
+    check(k_cache.shape[3] == head_dim, f"cache head_dim {k_cache.shape[3]} != query's {head_dim}")
+    check(head_dim in (16, 32, 64, 128, 256), f"head_dim must be a power of 2 in [16, 256], got {head_dim}")
+    check(query.dtype in (torch.float16, torch.bfloat16, torch.float32), f"unsupported dtype {query.dtype}")
+    check(k_cache.dtype == query.dtype and v_cache.dtype == query.dtype,
+          f"query/cache dtypes differ: {query.dtype} / {k_cache.dtype} / {v_cache.dtype}")
+    check(query.stride(-1) == 1 and k_cache.stride(-1) == 1, "query and caches must be contiguous in head_dim")
+    check(k_cache.stride() == v_cache.stride(), "k_cache and v_cache must share strides")
+    check(query.device == k_cache.device == plan.work.device, "query, caches and plan must be on one device")
+
+
+def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale) -> None:
+    num_items = work.shape[0]
+    if num_items == 0:
+        return
+    tile = plan.tile
+    head_dim = query.shape[2]
+    grid = (num_items * plan.num_kv_heads,)
+    work_list_attention_kernel[grid](
+        work, query, out, part_out, part_lse, k_cache, v_cache, plan.block_tables, plan.prefix_limit,
+        float(scale) * LOG2_E,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), plan.block_tables.stride(0),
+        NUM_KV_HEADS=plan.num_kv_heads, NUM_HEADS=plan.num_heads, HEAD_DIM=head_dim,
+        PAGE=plan.block_size, WORK_FIELDS=WORK_FIELDS,
+        SMALL_M=tile.small_m, SMALL_N=tile.small_n, BIG_M=tile.big_m, BIG_N=tile.big_n,
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
+    )
+
+
+def _merge(plan, out, part_out, part_lse) -> None:
+    num_merge = plan.merge_tokens.shape[0]
+    if num_merge == 0:
+        return
+    merge_partials_kernel[(num_merge,)](
+        part_out, part_lse, plan.merge_tokens, plan.merge_offsets, plan.merge_slots, out,
+        out.stride(0), out.stride(1),
+        NUM_HEADS=plan.num_heads, HEAD_DIM=out.shape[2], BLOCK_H=next_power_of_2(plan.num_heads),
+        num_warps=4,
+    )
+
+
+def _run(query, k_cache, v_cache, plan, scale, work_lists) -> torch.Tensor:
+    _validate(query, k_cache, v_cache, plan)
+    out = torch.empty_like(query)  # out: [num_tokens, num_heads, head_dim]
+    slots = max(plan.num_partial_slots, 1)
+    part_out = torch.empty((slots, plan.num_heads, query.shape[2]), dtype=torch.float32, device=query.device)
+    part_lse = torch.empty((slots, plan.num_heads), dtype=torch.float32, device=query.device)
+    for work in work_lists:
+        _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale)
+    _merge(plan, out, part_out, part_lse)
+    return out
+
+
+def prefix_shared_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    plan: PrefixSharedPlanOnDevice,
+    scale: float,
+) -> torch.Tensor:
+    """Fused prefix-shared attention: one launch for all prefix and distinct tiles, then merge.
+
+    Returns out [num_tokens, num_heads, head_dim] in the query dtype.
+    """
+    return _run(query, k_cache, v_cache, plan, scale, [plan.work])
+
+
+def prefix_shared_attention_separate(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: PrefixSharedPlanOnDevice,
+    scale: float,
+) -> torch.Tensor:
+    """Cascade-style variant: prefix tiles, then distinct tiles (two launches), then merge."""
+    return _run(query, k_cache, v_cache, plan, scale, [plan.work_prefix, plan.work_distinct])
+
+
+def default_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)

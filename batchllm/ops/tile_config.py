@@ -1,0 +1,61 @@
+"""Per-part tile sizes of the attention kernels: a small hand table keyed on shapes.
+
+Two tile classes live in one launch (BatchLLM section 5, "per-part tile sizes"): SMALL tiles
+for decode-like work (a request's single row x its KV: GQA heads packed into M = 16) and BIG
+tiles for MatMul-like work (a group's rows x its shared prefix, prefill chunks). The host
+assigns each work item a class from its packed row count.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from batchllm.ops.validation import next_power_of_2
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    small_m: int  # packed (token x GQA head) rows of a small tile
+    small_n: int  # KV positions per inner step of a small tile
+    big_m: int
+    big_n: int
+    num_warps: int
+    num_stages: int
+    min_kv_split_tokens: int  # never split a KV range into pieces shorter than this
+
+    @property
+    def kv_split_multiple(self) -> int:
+        return max(self.small_n, self.big_n)
+
+
+def running_in_interpreter() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def default_tile_config(head_dim: int, group_size: int, interpret: bool | None = None) -> TileConfig:
+    """Hand-tuned table; the interpreter (CPU tests) always gets one small config."""
+    if interpret is None:
+        interpret = running_in_interpreter()
+    packed_min = max(16, next_power_of_2(group_size))
+    if interpret:
+        return TileConfig(small_m=packed_min, small_n=16, big_m=max(32, packed_min), big_n=16,
+                          num_warps=4, num_stages=1, min_kv_split_tokens=16)
+    if head_dim <= 64:
+        return TileConfig(small_m=packed_min, small_n=64, big_m=max(64, packed_min), big_n=64,
+                          num_warps=4, num_stages=3, min_kv_split_tokens=256)
+    return TileConfig(small_m=packed_min, small_n=64, big_m=max(64, packed_min), big_n=64,
+                      num_warps=4, num_stages=2, min_kv_split_tokens=256)
+
+
+def candidate_tile_configs(head_dim: int, group_size: int) -> list[TileConfig]:
+    """A few GPU configs the benchmark sweeps (the 'autotune' step, done once per shape)."""
+    base = default_tile_config(head_dim, group_size, interpret=False)
+    packed_min = base.small_m
+    return [
+        base,
+        TileConfig(small_m=packed_min, small_n=128, big_m=max(64, packed_min), big_n=64,
+                   num_warps=4, num_stages=2, min_kv_split_tokens=512),
+        TileConfig(small_m=packed_min, small_n=64, big_m=max(128, packed_min), big_n=64,
+                   num_warps=8, num_stages=2, min_kv_split_tokens=256),
+    ]

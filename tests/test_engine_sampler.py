@@ -1,0 +1,63 @@
+"""Sampler: greedy, filters, and seeded reproducibility independent of the batch."""
+
+import torch
+
+from batchllm.engine.sampler import SamplingBatch, sample, uniform_noise
+
+
+def _row(temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0, seed=0, index=0, logprobs=None):
+    return (temperature, top_p, top_k, min_p, seed, index, logprobs)
+
+
+def test_greedy_is_argmax():
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    out = sample(logits, SamplingBatch.build([_row(temperature=0.0)] * 4, torch.device("cpu")))
+    assert torch.equal(out.token_ids, logits.argmax(-1))
+
+
+def test_seeded_sampling_does_not_depend_on_batch_neighbours():
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 100, generator=gen)
+    alone = sample(logits[1:2], SamplingBatch.build([_row(seed=42, index=5)], torch.device("cpu"))).token_ids
+    batch = SamplingBatch.build([_row(seed=1), _row(seed=42, index=5), _row(temperature=0.0)], torch.device("cpu"))
+    together = sample(logits, batch).token_ids
+    assert together[1] == alone[0]
+    assert together[2] == logits[2].argmax()
+
+
+def test_seeds_give_the_expected_distribution():
+    # Over many seeds, frequencies follow softmax(logits / T).
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    num = 4000
+    rows = [_row(temperature=1.0, seed=s) for s in range(num)]
+    ids = sample(logits.expand(num, 4).contiguous(), SamplingBatch.build(rows, torch.device("cpu"))).token_ids
+    freq = torch.bincount(ids, minlength=4).float() / num
+    assert torch.allclose(freq, logits.softmax(-1)[0], atol=0.03)
+
+
+def test_top_k_top_p_min_p_restrict_the_support():
+    logits = torch.tensor([[3.0, 2.9, 0.0, -5.0, -6.0]]).expand(300, 5).contiguous()
+    device = torch.device("cpu")
+    top_k = sample(logits, SamplingBatch.build([_row(top_k=2, seed=s) for s in range(300)], device)).token_ids
+    assert set(top_k.tolist()) == {0, 1}
+    top_p = sample(logits, SamplingBatch.build([_row(top_p=0.5, seed=s) for s in range(300)], device)).token_ids
+    assert set(top_p.tolist()) == {0}
+    min_p = sample(logits, SamplingBatch.build([_row(min_p=0.5, seed=s) for s in range(300)], device)).token_ids
+    assert set(min_p.tolist()) == {0, 1}
+
+
+def test_uniform_noise_range_and_determinism():
+    u1 = uniform_noise(torch.tensor([7, 8]), torch.tensor([0, 3]), 1000)
+    u2 = uniform_noise(torch.tensor([7, 8]), torch.tensor([0, 3]), 1000)
+    assert torch.equal(u1, u2)
+    assert u1.min() > 0 and u1.max() < 1
+    assert not torch.equal(u1[0], u1[1])
+    assert abs(u1.mean().item() - 0.5) < 0.03
+
+
+def test_logprobs_are_returned():
+    logits = torch.tensor([[1.0, 2.0, 3.0]])
+    out = sample(logits, SamplingBatch.build([_row(temperature=0.0, logprobs=2)], torch.device("cpu")))
+    expected = torch.log_softmax(logits, -1)
+    assert torch.allclose(out.logprobs, expected[:, 2])
+    assert out.top_token_ids.tolist() == [[2, 1]]

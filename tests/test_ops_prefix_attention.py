@@ -1,0 +1,130 @@
+"""Fused prefix-shared attention (and its separate-launch variant) against the references."""
+
+import numpy as np
+import pytest
+import torch
+
+from batchllm.ops.prefix_attention import prefix_shared_attention, prefix_shared_attention_separate
+from batchllm.ops.reference import paged_attention_reference, prefix_shared_attention_reference
+from batchllm.ops.synthetic_batch import SeqSpec, make_batch
+from batchllm.ops.work_list import build_prefix_shared_plan
+
+P = 21  # prefix not a multiple of the block size
+SCENARIOS = {
+    # group 0 has no shared prefix at all (members with shared_kv_len 0)
+    "empty_prefix": [SeqSpec(1, 9, 0, 0), SeqSpec(4, 20, 0, 0), SeqSpec(1, 33)],
+    # a group's prefix chunk alone (second chunk of the prefix, positions 16..36)
+    "prefix_only": [SeqSpec(21, 37, 0, 0, True)],
+    # decode rows of two groups + ungrouped decodes, block-boundary seq lens (16, 32, 48)
+    "decode_only": [SeqSpec(1, P + 1, P, 0), SeqSpec(1, P + 11, P, 0), SeqSpec(1, 48, P, 0),
+                    SeqSpec(1, 33, 32, 1), SeqSpec(1, 64, 32, 1), SeqSpec(1, 16), SeqSpec(1, 45)],
+    # distinct prefill chunks of members (first chunk and a later chunk), ungrouped prefill
+    "prefill_only": [SeqSpec(9, P + 9, P, 0), SeqSpec(7, P + 30, P, 0), SeqSpec(16, 32)],
+    # the prefix prefilled in the same step as its members' first distinct chunks
+    "prefix_with_first_chunk": [SeqSpec(13, P, 0, 0, True), SeqSpec(6, P + 6, P, 0), SeqSpec(3, P + 3, P, 0),
+                                SeqSpec(1, 17)],
+    # ragged mix: prefix chunk + decodes + chunks over groups, an ungrouped seq still reading
+    # shared blocks (shared_kv_len > 0 without a group), a zero-row seq
+    "mixed_ragged": [SeqSpec(5, 16, 0, 3, True), SeqSpec(1, 40, 16, 4), SeqSpec(2, 18, 16, 4),
+                     SeqSpec(0, 20, 16, 4), SeqSpec(1, 67, 16, 4), SeqSpec(11, 30, 0),
+                     SeqSpec(1, 50, 17), SeqSpec(3, P + 5, P, 5), SeqSpec(1, P + 40, P, 5)],
+}
+HEADS = {"gqa3_d64": (9, 3, 64), "gqa4_d32": (8, 2, 32)}
+
+
+def _run_case(seqs, heads, dtype, device, block_size=16, kv_split_tokens=16, separate=False):
+    num_heads, num_kv_heads, head_dim = heads
+    b = make_batch(seqs, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                   block_size=block_size, dtype=dtype, device=device)
+    plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=block_size, num_kv_heads=num_kv_heads,
+                                    num_heads=num_heads, head_dim=head_dim, kv_split_tokens=kv_split_tokens)
+    scale = head_dim ** -0.5
+    fn = prefix_shared_attention_separate if separate else prefix_shared_attention
+    out = fn(b.query, b.k_cache, b.v_cache, plan.to(device), scale)
+    args = (b.query.float(), b.k_cache.float(), b.v_cache.float(), b.query_start_loc, b.seq_lens,
+            b.shared_kv_lens, b.block_tables)
+    ref = prefix_shared_attention_reference(*args, b.group_ids, b.is_prefix, scale)
+    ref_paged = paged_attention_reference(*args, scale)
+    torch.testing.assert_close(ref, ref_paged, atol=1e-5, rtol=1e-5)  # the two oracles agree
+    return out, ref
+
+
+TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fused_matches_reference(device, scenario, dtype):
+    out, ref = _run_case(SCENARIOS[scenario], HEADS["gqa3_d64"], dtype, device)
+    torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("scenario", ["prefix_with_first_chunk", "mixed_ragged"])
+def test_separate_launches_match_reference(device, scenario):
+    out, ref = _run_case(SCENARIOS[scenario], HEADS["gqa4_d32"], torch.float32, device, separate=True)
+    torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("block_size,kv_split_tokens", [(32, None), (16, 32)])
+def test_fused_other_block_sizes_and_splits(device, block_size, kv_split_tokens):
+    out, ref = _run_case(SCENARIOS["mixed_ragged"], HEADS["gqa4_d32"], torch.float16, device,
+                         block_size=block_size, kv_split_tokens=kv_split_tokens)
+    torch.testing.assert_close(out.float(), ref, atol=3e-3, rtol=3e-3)
+
+
+def _random_seqs(rng, max_groups=3):
+    seqs = []
+    for g in range(int(rng.integers(1, max_groups + 1))):
+        p = int(rng.integers(0, 40))
+        if p and rng.random() < 0.4:
+            chunk = int(rng.integers(1, p + 1))
+            seqs.append(SeqSpec(chunk, p, 0, g, True))
+        for _ in range(int(rng.integers(1, 4))):
+            d = int(rng.integers(1, 30))
+            q = 1 if rng.random() < 0.6 else int(rng.integers(1, d + 1))
+            seqs.append(SeqSpec(q, p + d, p, g))
+    for _ in range(int(rng.integers(0, 3))):
+        n = int(rng.integers(1, 50))
+        seqs.append(SeqSpec(int(rng.integers(1, min(n, 8) + 1)), n))
+    return seqs
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_fused_random_batches(device, seed):
+    seqs = _random_seqs(np.random.default_rng(seed))
+    out, ref = _run_case(seqs, HEADS["gqa3_d64"], torch.float32, device, kv_split_tokens=[16, 32, None][seed])
+    torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)
+
+
+def test_rejects_mismatched_plan(device):
+    b = make_batch(SCENARIOS["decode_only"], num_heads=9, num_kv_heads=3, head_dim=64, block_size=16, device=device)
+    plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=3, num_heads=9, head_dim=64)
+    with pytest.raises(ValueError, match="rows"):
+        prefix_shared_attention(b.query[:-1], b.k_cache, b.v_cache, plan.to(device), 0.1)
+    with pytest.raises(ValueError, match="dtypes"):
+        prefix_shared_attention(b.query.half(), b.k_cache, b.v_cache, plan.to(device), 0.1)
+
+
+def _llama_seqs(rng):
+    seqs = [SeqSpec(700, 2000, 0, 0, True)] + [SeqSpec(int(rng.integers(64, 300)), 2000 + 300, 2000, 0)]
+    seqs += [SeqSpec(1, 2000 + int(rng.integers(1, 600)), 2000, 0) for _ in range(40)]
+    for g in range(1, 5):
+        seqs += [SeqSpec(1, 517 + int(rng.integers(1, 300)), 517, g) for _ in range(12)]
+    seqs += [SeqSpec(1, int(rng.integers(100, 3000))) for _ in range(20)] + [SeqSpec(200, 1500)]
+    return seqs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("separate", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_llama_shapes_gpu(separate, dtype):
+    seqs = _llama_seqs(np.random.default_rng(0))
+    out, ref = _run_case(seqs, (32, 8, 128), dtype, "cuda", kv_split_tokens=None, separate=separate)
+    torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_fused_smollm_shapes_gpu(scenario):
+    out, ref = _run_case(SCENARIOS[scenario], HEADS["gqa3_d64"], torch.bfloat16, "cuda", kv_split_tokens=None)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)

@@ -1,0 +1,167 @@
+"""`batchllm analyze`: how much prefill the global prefix plan saves on a batch (BatchLLM 4.2).
+
+Reads the same JSONL as `batchllm run`. Lines with prompt_token_ids need no model and no
+torch; text prompts and chat messages are tokenized with --model's tokenizer and chat template.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "analyze",
+        help="plan prefix sharing for a batch and report the prefill tokens it saves",
+        description=(
+            "Plan the optimal prefix-sharing groups of a batch (no inference) and report logical vs\n"
+            "processed prefill tokens and saving ratios: optimal single-level groups, multi-level\n"
+            "sharing, naive first-level grouping. Lines with prompt_token_ids need no model."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("input", metavar="INPUT.jsonl", help="OpenAI-Batch or short-form request lines")
+    parser.add_argument("--model", default=None,
+                        help="a .gguf file or HF model directory whose tokenizer encodes text prompts")
+    parser.add_argument("--groups", metavar="GROUPS.jsonl", default=None,
+                        help="also write the prefix-sharing groups, one group per line")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.set_defaults(func=analyze_command)
+
+
+class AnalyzeError(ValueError):
+    pass
+
+
+def _tokenizer_source(model: str) -> dict:
+    if model.startswith("random:"):
+        raise AnalyzeError(f"{model} has no tokenizer: text prompts need a real model's tokenizer")
+    if model.endswith(".gguf") and os.path.isfile(model):
+        return {"kind": "gguf", "path": model}
+    if os.path.isdir(model):
+        return {"kind": "hf_dir", "path": model}
+    raise AnalyzeError(f"--model {model!r}: not a .gguf file or a model directory")
+
+
+def _read_token_ids(path: str, model: str | None) -> tuple[list[str], list[list[int]], list[str]]:
+    """(custom_ids, token ids, error lines). Text is tokenized only if some line needs it."""
+    from batchllm.io.batch_input import BatchError, read_batch_file
+
+    custom_ids: list[str] = []
+    prompts: list = []
+    errors: list[str] = []
+    tokenizer = None
+    for item in read_batch_file(path):
+        if isinstance(item, BatchError):
+            errors.append(f"line {item.line_number}: {item.code}: {item.message}")
+            continue
+        if item.prompt_token_ids is not None:
+            token_ids = list(item.prompt_token_ids)
+        else:
+            if tokenizer is None:
+                if model is None:
+                    raise AnalyzeError(
+                        f"line {item.line_number}: text prompts need --model / tokenizer support "
+                        "(or give prompt_token_ids)"
+                    )
+                from batchllm.tokenizer import load_tokenizer
+
+                tokenizer = load_tokenizer(_tokenizer_source(model))
+                if tokenizer is None:
+                    raise AnalyzeError(f"--model {model!r} has no tokenizer")
+            if item.messages is not None:
+                token_ids = tokenizer.encode_chat(item.messages)
+            else:
+                token_ids = tokenizer.encode_prompt(item.prompt)
+            if not token_ids:
+                errors.append(f"line {item.line_number}: empty_prompt: the prompt encodes to 0 tokens")
+                continue
+        custom_ids.append(item.custom_id)
+        prompts.append(token_ids)
+    return custom_ids, prompts, errors
+
+
+def _summary(stats, num_invalid_lines: int) -> dict:
+    summary = {
+        "requests": stats.num_requests,
+        "invalid_lines": num_invalid_lines,
+        "logical_prefill_tokens": stats.logical_prefill_tokens,
+        "processed_prefill_tokens": stats.processed_prefill_tokens,
+        "saved_prefill_tokens": stats.saved_prefill_tokens,
+        "saving_ratio": stats.saving_ratio,
+        "processed_prefill_tokens_multi_level": stats.processed_prefill_tokens_multi_level,
+        "saving_ratio_multi_level": stats.saving_ratio_multi_level,
+        "processed_prefill_tokens_naive_first_level": stats.processed_prefill_tokens_naive_first_level,
+        "saving_ratio_naive_first_level": stats.saving_ratio_naive_first_level,
+        "saving_ratio_no_sharing": stats.saving_ratio_no_sharing,
+        "groups": stats.num_groups,
+        "shared_groups": stats.num_shared_groups,
+        "singletons": stats.num_singletons,
+        "sharing_degree": stats.to_dict()["sharing_degree"],
+        "prefix_num_tokens": stats.to_dict()["prefix_num_tokens"],
+        "seconds": stats.planning_seconds,
+    }
+    return summary
+
+
+def _table(summary: dict) -> str:
+    logical = summary["logical_prefill_tokens"]
+    rows = [
+        ("no sharing", logical, summary["saving_ratio_no_sharing"]),
+        ("naive first-level groups", summary["processed_prefill_tokens_naive_first_level"],
+         summary["saving_ratio_naive_first_level"]),
+        ("optimal single-level groups", summary["processed_prefill_tokens"], summary["saving_ratio"]),
+        ("multi-level (upper bound)", summary["processed_prefill_tokens_multi_level"],
+         summary["saving_ratio_multi_level"]),
+    ]
+    lines = [
+        f"requests                 {summary['requests']}"
+        + (f"   ({summary['invalid_lines']} invalid lines skipped)" if summary["invalid_lines"] else ""),
+        f"logical prefill tokens   {logical}",
+        "",
+        f"{'sharing':<30}{'processed tokens':>18}{'saving ratio':>14}",
+    ]
+    lines += [f"{name:<30}{processed:>18}{100 * ratio:>13.1f}%" for name, processed, ratio in rows]
+    degree, prefix = summary["sharing_degree"], summary["prefix_num_tokens"]
+    lines += [
+        "",
+        f"groups                   {summary['groups']} ({summary['shared_groups']} shared, "
+        f"{summary['singletons']} singletons)",
+        f"sharing degree           min {degree['min']:.0f}  mean {degree['mean']:.2f}  p50 {degree['p50']:.0f}"
+        f"  p90 {degree['p90']:.0f}  max {degree['max']:.0f}",
+        f"prefix tokens            min {prefix['min']:.0f}  mean {prefix['mean']:.1f}  p50 {prefix['p50']:.0f}"
+        f"  p90 {prefix['p90']:.0f}  max {prefix['max']:.0f}",
+        f"planning seconds         {summary['seconds']:.3f}",
+    ]
+    return "\n".join(lines)
+
+
+def analyze_command(args) -> int:
+    from batchllm.prefix import PromptError, plan_prefix_arrays, plan_prefix_groups, write_groups_jsonl
+
+    try:
+        custom_ids, prompts, errors = _read_token_ids(args.input, args.model)
+    except (AnalyzeError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for message in errors:
+        print(f"error: {message}", file=sys.stderr)
+    try:
+        if args.groups:
+            plan = plan_prefix_groups(prompts)
+            with open(args.groups, "w", encoding="utf-8") as stream:
+                write_groups_jsonl(plan, custom_ids, stream)
+        else:
+            plan = plan_prefix_arrays(prompts)
+    except (PromptError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    summary = _summary(plan.stats, len(errors))
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(_table(summary))
+    return 1 if errors else 0

@@ -26,6 +26,10 @@ class SchedulerConfig:
     constant_decode_length: bool = False
     # Prefix caching for the vllm / sglang policies (LRU). Ignored by batchllm and simple.
     enable_prefix_caching: bool = True
+    # batchllm policy: fraction of each request's max_tokens whose KV blocks are reserved when
+    # its group is admitted (1.0 = admitted requests can always decode to max_tokens without
+    # preemption; lower values admit more aggressively and rely on recompute preemption).
+    decode_reserve_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -40,3 +44,5 @@ class SchedulerConfig:
             raise ValueError("max_num_seqs must be >= 1 or None")
         if self.kv_memory_threshold is not None and not (0.0 < self.kv_memory_threshold <= 1.0):
             raise ValueError("kv_memory_threshold must be in (0, 1]")
+        if not (0.0 <= self.decode_reserve_ratio <= 1.0):
+            raise ValueError("decode_reserve_ratio must be in [0, 1]")

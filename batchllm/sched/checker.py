@@ -1,0 +1,137 @@
+"""Replays a SchedulerOutput stream into a fake paged KV store and checks the contract of
+interface.py (used by the tests and `simulate --check`; torch-free).
+
+For every step: chunks of one group are adjacent, a group's prefix chunk comes first; the
+prefix is fully stored before a member reads it; start positions continue what is stored
+(or, on a fresh start, sit on cached/shared KV); every row is written through the block
+table; then every chunk reads back [0, kv_len) through its block table and must see exactly
+its logical token sequence (so a wrong block id, a block freed and overwritten while still
+in use, or a stale cached block is caught).
+"""
+
+from __future__ import annotations
+
+from batchllm.sched.interface import NO_GROUP, SchedRequest, SchedulerOutput, ScheduledChunk
+
+
+class ContractError(AssertionError):
+    pass
+
+
+class ChunkStreamChecker:
+    def __init__(self, requests: list[SchedRequest], block_size: int) -> None:
+        self.block_size = block_size
+        self.prompts = {r.request_id: list(r.prompt_token_ids) for r in requests}
+        self.outputs: dict[int, list[int]] = {r.request_id: [] for r in requests}
+        self.blocks: dict[int, list[int | None]] = {}  # block id -> slot contents
+        self.stored: dict[int, int | None] = {r.request_id: None for r in requests}  # None: fresh
+        self.prefix_contents: dict[int, list[int]] = {}  # prefix id -> tokens stored so far
+        self.group_prefix_id: dict[int, int] = {}
+        self.finished: set[int] = set()
+
+    def check_step(self, output: SchedulerOutput) -> dict[int, tuple[int, ...]]:
+        """Validate one step; returns, for each sampling chunk, the token sequence it sees."""
+        for request_id in output.preempted_request_ids:
+            self.stored[request_id] = None
+        self._check_layout(output.chunks)
+        for chunk in output.chunks:
+            self._write(chunk)
+        seen: dict[int, tuple[int, ...]] = {}
+        for chunk in output.chunks:
+            visible = self._read(chunk)
+            if chunk.is_prefix:
+                expected = self.prefix_contents[chunk.seq_id][: chunk.kv_len]
+                if chunk.sample:
+                    raise ContractError(f"prefix chunk {chunk.seq_id} asks to sample")
+            else:
+                logical = self.prompts[chunk.seq_id] + self.outputs[chunk.seq_id]
+                expected = logical[: chunk.kv_len]
+                if chunk.sample != (chunk.kv_len == len(logical)):
+                    raise ContractError(f"request {chunk.seq_id}: sample={chunk.sample} at kv_len {chunk.kv_len} of {len(logical)}")
+            if list(visible) != list(expected):
+                raise ContractError(f"seq {chunk.seq_id} step {output.step_index}: KV read-back differs from its tokens")
+            if chunk.sample:
+                seen[chunk.seq_id] = tuple(visible)
+        return seen
+
+    def record(self, sampled_token_ids: dict[int, int], finished_ids: list[int]) -> None:
+        for request_id, token in sampled_token_ids.items():
+            self.outputs[request_id].append(token)
+        for request_id in finished_ids:
+            if request_id in self.finished:
+                raise ContractError(f"request {request_id} finished twice")
+            self.finished.add(request_id)
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _check_layout(self, chunks: tuple[ScheduledChunk, ...]) -> None:
+        closed: set[int] = set()
+        current = None
+        members_seen: set[int] = set()
+        for chunk in chunks:
+            group = chunk.group_id
+            if group != current:
+                if current is not None and current != NO_GROUP:
+                    closed.add(current)
+                if group in closed:
+                    raise ContractError(f"chunks of group {group} are not adjacent")
+                current = group
+            if chunk.is_prefix:
+                if group == NO_GROUP:
+                    raise ContractError("prefix chunk without a group")
+                if group in members_seen:
+                    raise ContractError(f"group {group}: prefix chunk after a member chunk")
+                known = self.group_prefix_id.setdefault(group, chunk.seq_id)
+                if known != chunk.seq_id or chunk.seq_id in self.prompts:
+                    raise ContractError(f"group {group}: bad prefix id {chunk.seq_id}")
+            else:
+                members_seen.add(group)
+                if chunk.seq_id not in self.prompts or chunk.seq_id in self.finished:
+                    raise ContractError(f"chunk for unknown or finished request {chunk.seq_id}")
+
+    def _write(self, chunk: ScheduledChunk) -> None:
+        if chunk.is_prefix:
+            content = self.prefix_contents.setdefault(chunk.seq_id, [])
+            if chunk.shared_kv_len != 0:
+                raise ContractError("prefix chunk with shared_kv_len")
+            if chunk.start_position == 0:
+                del content[:]  # a prefix recomputed after its group was preempted
+            if chunk.start_position != len(content):
+                raise ContractError(f"prefix {chunk.seq_id}: start {chunk.start_position}, stored {len(content)}")
+            content.extend(chunk.token_ids)
+        else:
+            stored = self.stored[chunk.seq_id]
+            if chunk.shared_kv_len:
+                prefix_id = self.group_prefix_id.get(chunk.group_id)
+                if prefix_id is None or len(self.prefix_contents.get(prefix_id, ())) < chunk.shared_kv_len:
+                    raise ContractError(f"request {chunk.seq_id} runs before its group's prefix is stored")
+            if stored is None:
+                if chunk.shared_kv_len and chunk.start_position != chunk.shared_kv_len:
+                    raise ContractError(f"request {chunk.seq_id}: own tokens must start at the prefix length")
+            elif chunk.start_position != stored:
+                raise ContractError(f"request {chunk.seq_id}: start {chunk.start_position}, stored {stored}")
+            if chunk.start_position < chunk.shared_kv_len:
+                raise ContractError(f"request {chunk.seq_id} writes into shared prefix blocks")
+            self.stored[chunk.seq_id] = chunk.kv_len
+        for offset, token in enumerate(chunk.token_ids):
+            block_id, slot = self._address(chunk, chunk.start_position + offset)
+            self.blocks.setdefault(block_id, [None] * self.block_size)[slot] = token
+
+    def _read(self, chunk: ScheduledChunk) -> list[int | None]:
+        visible = []
+        for position in range(chunk.kv_len):
+            block_id, slot = self._address(chunk, position)
+            visible.append(self.blocks.get(block_id, [None] * self.block_size)[slot])
+        return visible
+
+    def _address(self, chunk: ScheduledChunk, position: int) -> tuple[int, int]:
+        size = self.block_size
+        shared = chunk.shared_kv_len
+        if position < shared:
+            index, slot = position // size, position % size
+        else:
+            index = -(-shared // size) + (position - shared) // size
+            slot = (position - shared) % size
+        if index >= len(chunk.block_ids):
+            raise ContractError(f"seq {chunk.seq_id}: position {position} beyond its {len(chunk.block_ids)} blocks")
+        return chunk.block_ids[index], slot

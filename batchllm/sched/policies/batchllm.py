@@ -1,0 +1,485 @@
+"""`batchllm` policy: prefix-group scheduling, R_group reordering and memory-centric token
+batching (BatchLLM section 4.3).
+
+KV layout (interface.py): a group's common prefix is stored once in prefix blocks
+(read-only, one allocation per group); each member's own tokens (distinct prompt, then
+generated tokens) continue at position len(prefix) in its own blocks.
+
+Memory policy (BatchLLM 4.3.3 + our admission reservation):
+  * M_threshold = kv_memory_threshold x num_kv_blocks (default 1.0: the engine already sized
+    num_kv_blocks from free memory). No step ever takes the used blocks above it: prefill
+    chunks shrink to what fits, decodes that cannot grow trigger preemption.
+  * The paper only checks the KV memory *after the step*. Admitting prefills on that rule
+    alone fills memory with prompts whose decodes then cannot grow: preemption, recompute,
+    thrashing. So admission reserves: a group (or a preempted member) is started only if
+    used blocks + every running request's outstanding growth (up to its distinct prompt +
+    decode_reserve_ratio x max_tokens) + the newcomer's full need stays <= M_threshold.
+    With ratio 1.0 and requests stopping by max_tokens, nothing is ever preempted; the cost
+    is memory held for decodes that end early (EOS), which the ratio trades off.
+  * Preemption when decode growth still outruns memory (ratio < 1, forced admission): the
+    most recently admitted running member loses its own blocks and recomputes later (its
+    prefix stays, the group is alive); if that is not enough, a whole group other than the
+    requester's (prefix included) goes back to the head of the group queue; last resort,
+    the requester itself waits. Nothing is dropped: outputs are kept and re-prefilled.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from batchllm.sched.block_pool import BlockPool
+from batchllm.sched.config import SchedulerConfig
+from batchllm.sched.interface import (
+    NO_GROUP,
+    FinishedRequest,
+    ScheduledChunk,
+    SchedRequest,
+    SchedulerOutput,
+)
+
+
+@dataclass(eq=False)
+class _Member:
+    request: SchedRequest
+    group: "_Group"
+    distinct_token_ids: list[int]  # prompt minus the group prefix (>= 1 token)
+    block_ids: list[int] = field(default_factory=list)  # own blocks: distinct + generated
+    num_computed_tokens: int = 0  # own tokens stored (positions len(prefix)...)
+    waiting: bool = False  # preempted or deferred at admission: recompute when resumed
+    finished: bool = False
+
+    @property
+    def num_own_tokens(self) -> int:
+        return len(self.distinct_token_ids) + len(self.request.output_token_ids)
+
+    @property
+    def num_pending_tokens(self) -> int:
+        return self.num_own_tokens - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        return bool(self.request.output_token_ids) and self.num_pending_tokens == 1
+
+    @property
+    def is_running(self) -> bool:
+        return self.group.active and not (self.finished or self.waiting)
+
+    def own_token_slice(self, start: int, end: int) -> tuple[int, ...]:
+        num_distinct = len(self.distinct_token_ids)
+        outputs = self.request.output_token_ids
+        if start >= num_distinct:
+            return tuple(outputs[start - num_distinct:end - num_distinct])
+        return tuple(self.distinct_token_ids[start:end]) + tuple(outputs[:max(0, end - num_distinct)])
+
+
+@dataclass(eq=False)
+class _Group:
+    group_id: int
+    prefix_token_ids: tuple[int, ...]  # empty: singleton, shares nothing
+    members: list[_Member] = field(default_factory=list)
+    prefix_block_ids: list[int] = field(default_factory=list)
+    prefix_num_computed: int = 0
+    r_group: float = 0.0  # BatchLLM Eq. 3-4
+    active: bool = False  # admitted (its prefix blocks are, or are being, stored)
+
+    @property
+    def prefix_id(self) -> int:
+        return -(self.group_id + 1)  # never collides with request ids (>= 0)
+
+    @property
+    def prefix_done(self) -> bool:
+        return self.prefix_num_computed == len(self.prefix_token_ids)
+
+    @property
+    def chunk_group_id(self) -> int:
+        return self.group_id if self.prefix_token_ids else NO_GROUP
+
+
+class BatchLLMScheduler:
+    """config.max_num_seqs is ignored on purpose: BatchLLM 4.3.3 caps a step by tokens and KV
+    memory, never by the number of requests."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.pool = BlockPool(config.num_kv_blocks, config.block_size)
+        threshold = config.kv_memory_threshold if config.kv_memory_threshold is not None else 1.0
+        # M_threshold (BatchLLM 4.3.3), in blocks.
+        self.threshold_blocks = max(1, int(threshold * config.num_kv_blocks))
+        self.pending_groups: deque[_Group] = deque()  # not admitted, best R_group first
+        self.active_groups: list[_Group] = []  # admitted, in admission order
+        self._members: dict[int, _Member] = {}
+        self._groups_by_prefix_id: dict[int, _Group] = {}
+        self._next_group_id = 0
+        self.step_index = 0
+        self.num_preemptions = 0
+        self.planned_saved_tokens = 0  # planner's optimum, for reporting
+
+    # -- Scheduler protocol -----------------------------------------------------------
+
+    def add_requests(self, requests: list[SchedRequest]) -> None:
+        """Plan prefix-sharing groups over this batch (BatchLLM 4.2) and queue them."""
+        if not requests:
+            return
+        from batchllm.prefix.planner import plan_prefix_groups
+
+        for request in requests:
+            if request.request_id < 0 or request.request_id in self._members:
+                raise ValueError(f"request ids must be unique and >= 0, got {request.request_id}")
+        plan = plan_prefix_groups([r.prompt_token_ids for r in requests])
+        self.planned_saved_tokens += plan.stats.saved_prefill_tokens
+        groups = []
+        for planned in plan.groups:
+            group = _Group(self._next_group_id, tuple(planned.prefix_token_ids))
+            self._next_group_id += 1
+            num_prefix = len(group.prefix_token_ids)
+            for index in planned.request_indices:
+                request = requests[index]
+                member = _Member(request, group, list(request.prompt_token_ids[num_prefix:]))
+                self._check_fits(group, member)
+                group.members.append(member)
+                self._members[request.request_id] = member
+            group.r_group = self._r_group(group)
+            groups.append(group)
+            if group.prefix_token_ids:
+                self._groups_by_prefix_id[group.prefix_id] = group
+        # BatchLLM 4.3.2: larger R_group first (decode-heavy groups early, so that later long
+        # prefills mix with their decodes). Stable: input order among equals.
+        groups.sort(key=lambda g: -g.r_group)
+        self.pending_groups.extend(groups)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.pending_groups or self.active_groups)
+
+    def schedule(self) -> SchedulerOutput:
+        step = _Step(budget=self.config.max_num_batched_tokens)
+        # Queue 1: decode tokens (BatchLLM 4.3.1: decodes first so they mix with prefills).
+        for member in list(self._running_members()):
+            if step.budget <= 0:
+                break
+            if not member.is_decoding or not member.is_running:
+                continue
+            if self._grow_or_preempt(member, step):
+                step.add_member(member, 1)
+        # Queue 2: distinct-prompt chunks of active requests (including recomputation), so
+        # active requests finish before new ones start.
+        for group in list(self.active_groups):
+            if step.budget <= 0:
+                break
+            if group.prefix_done:
+                self._schedule_distinct(group, step)
+        # Queue 3: common-prefix chunks: unfinished prefixes of admitted groups, then new
+        # groups in R_group order. A prefix completed in this step lets its members' distinct
+        # chunks follow right away (prefix no later than its first distinct chunk).
+        for group in list(self.active_groups):
+            if step.budget <= 0:
+                break
+            if not group.prefix_done and group.group_id not in step.prefix_scheduled:
+                self._schedule_prefix(group, step)
+        while step.budget > 0 and self.pending_groups and not self._any_waiting_member():
+            if not self._admit(self.pending_groups[0], force=not self._anything_running()):
+                break
+            group = self.pending_groups.popleft()
+            self._schedule_prefix(group, step)
+        return self._build_output(step)
+
+    def update(
+        self,
+        output: SchedulerOutput,
+        sampled_token_ids: dict[int, int],
+        finish_reasons: dict[int, str],
+    ) -> list[FinishedRequest]:
+        finished: list[FinishedRequest] = []
+        for chunk in output.chunks:
+            if chunk.is_prefix:
+                self._groups_by_prefix_id[chunk.seq_id].prefix_num_computed += chunk.num_tokens
+                continue
+            member = self._members[chunk.seq_id]
+            member.num_computed_tokens += chunk.num_tokens
+            if chunk.sample:
+                member.request.output_token_ids.append(sampled_token_ids[chunk.seq_id])
+            reason = finish_reasons.get(chunk.seq_id)
+            if reason is not None:
+                finished.append(self._finish(member, reason))
+        self.step_index += 1
+        return finished
+
+    # -- admission and reservation ----------------------------------------------------
+
+    def _r_group(self, group: _Group) -> float:
+        prefill = len(group.prefix_token_ids) + sum(len(m.distinct_token_ids) for m in group.members)
+        if self.config.constant_decode_length:
+            return 1.0 / prefill  # Eq. 4: decode length normalised to 1
+        return sum(m.request.max_tokens for m in group.members) / prefill  # Eq. 3 per group
+
+    def _member_need_blocks(self, member: _Member) -> int:
+        reserved_decode = int(self.config.decode_reserve_ratio * member.request.max_tokens + 0.999999)
+        num_tokens = max(member.num_own_tokens, len(member.distinct_token_ids) + reserved_decode)
+        return self.pool.blocks_for_tokens(num_tokens)
+
+    def _committed_blocks(self) -> int:
+        """Used blocks + the growth already promised to running requests and prefixes."""
+        committed = self.pool.num_used_blocks
+        for group in self.active_groups:
+            committed += self.pool.blocks_for_tokens(len(group.prefix_token_ids)) - len(group.prefix_block_ids)
+            for member in group.members:
+                if member.is_running:
+                    committed += max(0, self._member_need_blocks(member) - len(member.block_ids))
+        return committed
+
+    def _check_fits(self, group: _Group, member: _Member) -> None:
+        num_tokens = len(group.prefix_token_ids) + len(member.distinct_token_ids) + member.request.max_tokens
+        needed = self.pool.blocks_for_tokens(len(group.prefix_token_ids)) + self.pool.blocks_for_tokens(
+            len(member.distinct_token_ids) + member.request.max_tokens
+        )
+        if needed > self.threshold_blocks:
+            raise ValueError(
+                f"request {member.request.request_id} needs {needed} KV blocks at full length "
+                f"({num_tokens} tokens incl. max_tokens), M_threshold allows {self.threshold_blocks}"
+            )
+
+    def _admit(self, group: _Group, force: bool) -> bool:
+        """Start a group if its prefix + at least its first member fit the reservation;
+        members beyond what fits are deferred (they start as memory frees, before any new
+        group). force: nothing is running, start it regardless (progress guarantee)."""
+        room = self.threshold_blocks - self._committed_blocks()
+        room -= self.pool.blocks_for_tokens(len(group.prefix_token_ids))
+        first_need = self._member_need_blocks(group.members[0])
+        if room < first_need and not force:
+            return False
+        for member in group.members:
+            need = self._member_need_blocks(member)
+            if need <= room or member is group.members[0]:
+                room -= need
+            else:
+                member.waiting = True
+        group.active = True
+        self.active_groups.append(group)
+        return True
+
+    def _any_waiting_member(self) -> bool:
+        return any(m.waiting for g in self.active_groups for m in g.members)
+
+    def _anything_running(self) -> bool:
+        return any(m.is_running for g in self.active_groups for m in g.members)
+
+    def _running_members(self):
+        for group in self.active_groups:
+            for member in group.members:
+                if member.is_running:
+                    yield member
+
+    # -- building a step ----------------------------------------------------------------
+
+    def _schedule_distinct(self, group: _Group, step: "_Step") -> None:
+        for member in group.members:
+            if step.budget <= 0:
+                return
+            if member.finished or id(member) in step.scheduled:
+                continue
+            if member.waiting:
+                if member.request.request_id in step.preempted:
+                    continue  # never resume in the step that preempted it (no ping-pong)
+                fits = self._committed_blocks() + self._member_need_blocks(member) <= self.threshold_blocks
+                if not fits and self._anything_running():
+                    continue
+                member.waiting = False  # resume: recompute distinct + generated tokens
+            if member.num_pending_tokens <= 0 or member.is_decoding:
+                continue
+            num_tokens = min(member.num_pending_tokens, step.budget, self._own_room_tokens(member))
+            if num_tokens <= 0:
+                return  # memory full for prefill this step (BatchLLM 4.3.3)
+            self._grow(member.block_ids, member.num_computed_tokens + num_tokens)
+            step.add_member(member, num_tokens)
+
+    def _schedule_prefix(self, group: _Group, step: "_Step") -> None:
+        remaining = len(group.prefix_token_ids) - group.prefix_num_computed
+        if remaining > 0:
+            free_blocks = self.threshold_blocks - self.pool.num_used_blocks
+            room = (len(group.prefix_block_ids) + max(0, free_blocks)) * self.pool.block_size - group.prefix_num_computed
+            num_tokens = min(remaining, step.budget, room)
+            if num_tokens <= 0:
+                return
+            self._grow(group.prefix_block_ids, group.prefix_num_computed + num_tokens)
+            step.add_prefix(group, num_tokens)
+            if num_tokens < remaining:
+                return
+        # Prefix stored by the end of this step's KV write: its distinct chunks may follow.
+        step.prefix_complete.add(group.group_id)
+        self._schedule_distinct_after_prefix(group, step)
+
+    def _schedule_distinct_after_prefix(self, group: _Group, step: "_Step") -> None:
+        if step.budget > 0:
+            self._schedule_distinct(group, step)
+
+    def _own_room_tokens(self, member: _Member) -> int:
+        free_blocks = max(0, self.threshold_blocks - self.pool.num_used_blocks)
+        return (len(member.block_ids) + free_blocks) * self.pool.block_size - member.num_computed_tokens
+
+    def _grow(self, block_ids: list[int], num_tokens: int) -> None:
+        needed = self.pool.blocks_for_tokens(num_tokens) - len(block_ids)
+        if needed > 0:
+            block_ids.extend(self.pool.allocate(needed))
+
+    def _grow_or_preempt(self, member: _Member, step: "_Step") -> bool:
+        """Room for one more decode token of `member` under M_threshold, preempting if need be."""
+        while True:
+            needed = self.pool.blocks_for_tokens(member.num_computed_tokens + 1) - len(member.block_ids)
+            if needed <= 0 or self.pool.num_used_blocks + needed <= self.threshold_blocks:
+                self._grow(member.block_ids, member.num_computed_tokens + 1)
+                return True
+            victim = self._pick_victim_member(member, step)
+            if victim is not None:
+                self._preempt_member(victim, step)
+                continue
+            victim_group = self._pick_victim_group(member, step)
+            if victim_group is not None:
+                self._preempt_group(victim_group, step)
+                continue
+            self._preempt_member(member, step)
+            return False
+
+    def _pick_victim_member(self, requester: _Member, step: "_Step") -> _Member | None:
+        for group in reversed(self.active_groups):
+            for member in reversed(group.members):
+                if member is requester or not member.is_running or not member.block_ids:
+                    continue
+                if id(member) not in step.scheduled:
+                    return member
+        return None
+
+    def _pick_victim_group(self, requester: _Member, step: "_Step") -> _Group | None:
+        for group in reversed(self.active_groups):
+            if group is requester.group or not group.prefix_block_ids:
+                continue
+            if not any(id(m) in step.scheduled for m in group.members):
+                return group
+        return None
+
+    def _preempt_member(self, member: _Member, step: "_Step") -> None:
+        self.pool.free(member.block_ids)
+        member.block_ids = []
+        member.num_computed_tokens = 0
+        member.waiting = True
+        step.preempted.append(member.request.request_id)
+        self.num_preemptions += 1
+
+    def _preempt_group(self, group: _Group, step: "_Step") -> None:
+        """Whole group back to the head of the queue; its prefix is recomputed later."""
+        for member in group.members:
+            if member.finished:
+                continue
+            if member.block_ids or member.is_running:
+                step.preempted.append(member.request.request_id)
+                self.num_preemptions += 1
+            self.pool.free(member.block_ids)
+            member.block_ids = []
+            member.num_computed_tokens = 0
+            member.waiting = False
+        self.pool.free(group.prefix_block_ids)
+        group.prefix_block_ids = []
+        group.prefix_num_computed = 0
+        group.active = False
+        self.active_groups.remove(group)
+        group.members = [m for m in group.members if not m.finished] or group.members
+        self.pending_groups.appendleft(group)
+
+    def _finish(self, member: _Member, reason: str) -> FinishedRequest:
+        group = member.group
+        self.pool.free(member.block_ids)
+        member.block_ids = []
+        member.finished = True
+        del self._members[member.request.request_id]
+        # Every member but the first reused the prefix KV instead of computing it.
+        num_cached = len(group.prefix_token_ids) if member is not group.members[0] else 0
+        if all(m.finished for m in group.members):
+            # BatchLLM 4.3.1: the prefix's memory is released as soon as its group is done.
+            self.pool.free(group.prefix_block_ids)
+            group.prefix_block_ids = []
+            group.active = False
+            self.active_groups.remove(group)
+            self._groups_by_prefix_id.pop(group.prefix_id, None)
+        return FinishedRequest(member.request.request_id, tuple(member.request.output_token_ids), reason, num_cached)
+
+    def _build_output(self, step: "_Step") -> SchedulerOutput:
+        # Rows group by group (BatchLLM 5): a group's prefix chunk, then its members' chunks.
+        chunks: list[ScheduledChunk] = []
+        num_decode = num_distinct = num_prefix = 0
+        for group in step.group_order:
+            num_prefix_tokens = len(group.prefix_token_ids)
+            prefix_tokens = step.prefix_tokens.get(group.group_id, 0)
+            if prefix_tokens:
+                start = group.prefix_num_computed
+                chunks.append(
+                    ScheduledChunk(
+                        seq_id=group.prefix_id,
+                        token_ids=group.prefix_token_ids[start:start + prefix_tokens],
+                        start_position=start,
+                        block_ids=tuple(group.prefix_block_ids),
+                        shared_kv_len=0,
+                        is_prefix=True,
+                        sample=False,
+                        group_id=group.group_id,
+                    )
+                )
+                num_prefix += prefix_tokens
+            for member, num_tokens in step.member_tokens.get(group.group_id, ()):
+                start = member.num_computed_tokens
+                is_decode = member.is_decoding
+                chunks.append(
+                    ScheduledChunk(
+                        seq_id=member.request.request_id,
+                        token_ids=member.own_token_slice(start, start + num_tokens),
+                        start_position=num_prefix_tokens + start,
+                        block_ids=tuple(group.prefix_block_ids) + tuple(member.block_ids),
+                        shared_kv_len=num_prefix_tokens,
+                        sample=start + num_tokens == member.num_own_tokens,
+                        group_id=group.chunk_group_id,
+                        is_decode=is_decode,
+                    )
+                )
+                if is_decode:
+                    num_decode += 1
+                else:
+                    num_distinct += num_tokens
+        return SchedulerOutput(
+            step_index=self.step_index,
+            chunks=tuple(chunks),
+            num_decode_tokens=num_decode,
+            num_distinct_tokens=num_distinct,
+            num_prefix_tokens=num_prefix,
+            num_running_requests=sum(1 for _ in self._running_members()),
+            num_used_blocks=self.pool.num_used_blocks,
+            preempted_request_ids=tuple(step.preempted),
+        )
+
+
+@dataclass
+class _Step:
+    """What one step has taken so far."""
+
+    budget: int  # tokens left (N_chunk)
+    group_order: list[_Group] = field(default_factory=list)
+    member_tokens: dict[int, list[tuple[_Member, int]]] = field(default_factory=dict)
+    prefix_tokens: dict[int, int] = field(default_factory=dict)
+    scheduled: set[int] = field(default_factory=set)  # id(member)
+    prefix_scheduled: set[int] = field(default_factory=set)
+    prefix_complete: set[int] = field(default_factory=set)
+    preempted: list[int] = field(default_factory=list)
+
+    def _touch(self, group: _Group) -> None:
+        if group.group_id not in self.member_tokens:
+            self.member_tokens[group.group_id] = []
+            self.group_order.append(group)
+
+    def add_member(self, member: _Member, num_tokens: int) -> None:
+        self._touch(member.group)
+        self.member_tokens[member.group.group_id].append((member, num_tokens))
+        self.scheduled.add(id(member))
+        self.budget -= num_tokens
+
+    def add_prefix(self, group: _Group, num_tokens: int) -> None:
+        self._touch(group)
+        self.prefix_tokens[group.group_id] = num_tokens
+        self.prefix_scheduled.add(group.group_id)
+        self.budget -= num_tokens

@@ -1,0 +1,209 @@
+"""Shared machinery of the per-request baselines (vllm, sglang): a request's KV = cached full
+prefix blocks (reused from the LRU prefix cache, at the front of block_ids) + blocks it
+computes itself; shared_kv_len is always 0, start_position = tokens already in the cache."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from batchllm.sched.block_pool import BlockPool
+from batchllm.sched.config import SchedulerConfig
+from batchllm.sched.interface import FinishedRequest, ScheduledChunk, SchedRequest, SchedulerOutput
+from batchllm.sched.prefix_cache import BlockPrefixCache, CacheNode
+
+
+@dataclass
+class CachedSeq:
+    request: SchedRequest
+    block_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose KV is stored (cached hits included)
+    # Cache node of each leading full block (the chain used to key the next block).
+    nodes: list[CacheNode] = field(default_factory=list)
+    num_cached_prompt_tokens: int | None = None  # prompt tokens reused at first admission
+
+    @property
+    def num_total_tokens(self) -> int:
+        return len(self.request.prompt_token_ids) + len(self.request.output_token_ids)
+
+    @property
+    def num_pending_tokens(self) -> int:
+        return self.num_total_tokens - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        return bool(self.request.output_token_ids) and self.num_pending_tokens == 1
+
+
+def token_slice(request: SchedRequest, start: int, end: int) -> tuple[int, ...]:
+    """request.all_token_ids[start:end] without building the whole list (decode steps)."""
+    num_prompt = len(request.prompt_token_ids)
+    if start >= num_prompt:
+        return tuple(request.output_token_ids[start - num_prompt:end - num_prompt])
+    if end <= num_prompt:
+        return tuple(request.prompt_token_ids[start:end])
+    return tuple(request.prompt_token_ids[start:]) + tuple(request.output_token_ids[:end - num_prompt])
+
+
+class CachedPolicyBase:
+    """Block allocation through the prefix cache, recompute preemption and update()."""
+
+    def __init__(self, config: SchedulerConfig, leaf_only_eviction: bool) -> None:
+        self.config = config
+        self.pool = BlockPool(config.num_kv_blocks, config.block_size)
+        self.cache = BlockPrefixCache(self.pool, leaf_only_eviction) if config.enable_prefix_caching else None
+        self.waiting: deque[CachedSeq] = deque()
+        self.running: list[CachedSeq] = []
+        self.step_index = 0
+        self.num_preemptions = 0
+
+    # -- Scheduler protocol -----------------------------------------------------------
+
+    def add_requests(self, requests: list[SchedRequest]) -> None:
+        for request in requests:
+            needed = self.pool.blocks_for_tokens(request.num_prompt_tokens + request.max_tokens)
+            if needed > self.pool.num_blocks:
+                raise ValueError(
+                    f"request {request.request_id} needs {needed} KV blocks at full length "
+                    f"({request.num_prompt_tokens} prompt + {request.max_tokens} max_tokens), "
+                    f"the cache has {self.pool.num_blocks}"
+                )
+            self.waiting.append(CachedSeq(request))
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def update(
+        self,
+        output: SchedulerOutput,
+        sampled_token_ids: dict[int, int],
+        finish_reasons: dict[int, str],
+    ) -> list[FinishedRequest]:
+        by_id = {seq.request.request_id: seq for seq in self.running}
+        finished: list[FinishedRequest] = []
+        for chunk in output.chunks:
+            seq = by_id[chunk.seq_id]
+            seq.num_computed_tokens += chunk.num_tokens
+            if chunk.sample:
+                seq.request.output_token_ids.append(sampled_token_ids[chunk.seq_id])
+            self._cache_full_blocks(seq)
+            reason = finish_reasons.get(chunk.seq_id)
+            if reason is not None:
+                self._release(seq)
+                self.running.remove(seq)
+                finished.append(
+                    FinishedRequest(
+                        chunk.seq_id, tuple(seq.request.output_token_ids), reason,
+                        num_cached_prompt_tokens=seq.num_cached_prompt_tokens or 0,
+                    )
+                )
+        self.step_index += 1
+        if not self.has_unfinished() and self.cache is not None:
+            self.cache.clear()  # end of the batch: no block outlives it
+        return finished
+
+    # -- helpers for the policies -----------------------------------------------------
+
+    @property
+    def num_available_blocks(self) -> int:
+        evictable = self.cache.num_evictable_blocks if self.cache is not None else 0
+        return self.pool.num_free_blocks + evictable
+
+    @property
+    def num_active_blocks(self) -> int:
+        """Blocks some request holds (cached-but-unreferenced blocks are free memory)."""
+        evictable = self.cache.num_evictable_blocks if self.cache is not None else 0
+        return self.pool.num_used_blocks - evictable
+
+    def match_cached(self, seq: CachedSeq) -> list[CacheNode]:
+        if self.cache is None:
+            return []
+        token_ids = seq.request.all_token_ids
+        # Keep >= 1 token to compute: its logits give the next token.
+        return self.cache.match(token_ids, (len(token_ids) - 1) // self.pool.block_size)
+
+    def start_with_cached(self, seq: CachedSeq, nodes: list[CacheNode]) -> None:
+        """(Re)admit: take references on the cached prefix blocks, skip their tokens."""
+        seq.block_ids = self.cache.acquire(nodes) if nodes else []
+        seq.nodes = list(nodes)
+        seq.num_computed_tokens = len(nodes) * self.pool.block_size
+        if seq.num_cached_prompt_tokens is None:
+            seq.num_cached_prompt_tokens = min(seq.num_computed_tokens, seq.request.num_prompt_tokens)
+
+    def allocate(self, num_blocks: int) -> list[int] | None:
+        """Free blocks first, then evict LRU cached blocks nobody holds."""
+        if num_blocks > self.num_available_blocks:
+            return None
+        while self.pool.num_free_blocks < num_blocks:
+            if not self.cache.evict_one():
+                raise AssertionError("prefix cache evictable count out of sync")
+        return self.pool.allocate(num_blocks)
+
+    def grow(self, seq: CachedSeq, num_tokens: int) -> bool:
+        needed = self.pool.blocks_for_tokens(seq.num_computed_tokens + num_tokens) - len(seq.block_ids)
+        if needed <= 0:
+            return True
+        block_ids = self.allocate(needed)
+        if block_ids is None:
+            return False
+        seq.block_ids.extend(block_ids)
+        return True
+
+    def preempt(self, seq: CachedSeq) -> None:
+        """Recompute preemption: free the KV (full blocks stay cached), keep the outputs."""
+        self._release(seq)
+        seq.num_computed_tokens = 0
+        self.num_preemptions += 1
+
+    def build_output(self, scheduled: list[tuple[CachedSeq, int]], preempted: list[int]) -> SchedulerOutput:
+        chunks = []
+        num_decode = num_prefill = 0
+        for seq, num_tokens in scheduled:
+            start = seq.num_computed_tokens
+            is_decode = seq.is_decoding
+            chunks.append(
+                ScheduledChunk(
+                    seq_id=seq.request.request_id,
+                    token_ids=token_slice(seq.request, start, start + num_tokens),
+                    start_position=start,
+                    block_ids=tuple(seq.block_ids),
+                    sample=start + num_tokens == seq.num_total_tokens,
+                    is_decode=is_decode,
+                )
+            )
+            if is_decode:
+                num_decode += 1
+            else:
+                num_prefill += num_tokens
+        return SchedulerOutput(
+            step_index=self.step_index,
+            chunks=tuple(chunks),
+            num_decode_tokens=num_decode,
+            num_distinct_tokens=num_prefill,
+            num_running_requests=len(self.running),
+            num_used_blocks=self.num_active_blocks,
+            preempted_request_ids=tuple(preempted),
+        )
+
+    def _release(self, seq: CachedSeq) -> None:
+        if self.cache is not None:
+            self.cache.release(seq.block_ids)
+        else:
+            self.pool.free(seq.block_ids)
+        seq.block_ids = []
+        seq.nodes = []
+
+    def _cache_full_blocks(self, seq: CachedSeq) -> None:
+        """Register blocks that just became full (prompt and generated tokens alike, as
+        vLLM v0.6 and SGLang do), so later requests and recomputation can hit them."""
+        if self.cache is None:
+            return
+        size = self.pool.block_size
+        num_full = seq.num_computed_tokens // size
+        if len(seq.nodes) >= num_full:
+            return
+        token_ids = seq.request.all_token_ids
+        for index in range(len(seq.nodes), num_full):
+            parent = seq.nodes[index - 1] if index else None
+            node = self.cache.insert(parent, tuple(token_ids[index * size:(index + 1) * size]), seq.block_ids[index])
+            seq.nodes.append(node)

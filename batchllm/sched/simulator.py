@@ -1,0 +1,172 @@
+"""Drive a scheduling policy without a model: fake sampling + a linear cost model (torch-free).
+
+Fake model: request r's i-th output token is a fixed function of (r, i) and every request
+runs to its max_tokens ("length"), so all policies produce the same outputs and the same
+amount of decode work; only the schedule differs. With check=True the stream also goes
+through ChunkStreamChecker and the next token is a hash of the KV the request actually
+reads (any KV mistake changes the outputs).
+
+Cost model (rough, documented, for comparing schedules, not for absolute claims): one step
+of Llama-3.1-8B in bf16 on an H200 costs
+    max(weights_read_s, num_tokens * token_compute_s) + kv_tokens_read * kv_token_read_s
+  weights_read_s  = 16 GB of weights / 4.8 TB/s            ~ 3.4 ms (decode-bound floor)
+  token_compute_s = 2 * 8e9 FLOP / ~600 TFLOP/s             ~ 27 us per token
+  kv_token_read_s = 128 KiB of KV per token / 4.8 TB/s      ~ 27 ns per KV token a chunk reads
+KV read per step: each chunk reads its own KV once; a group's shared prefix is read once per
+group per step (BatchLLM's fused prefix tile), not once per member.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+from batchllm.sched.checker import ChunkStreamChecker
+from batchllm.sched.config import SchedulerConfig
+from batchllm.sched.factory import make_scheduler
+from batchllm.sched.interface import SchedRequest, SchedulerOutput
+from batchllm.sched.trace import StepRecord, Trace
+
+FAKE_VOCAB_SIZE = 32000
+MAX_EMPTY_STEPS = 3
+
+
+@dataclass(frozen=True)
+class CostModel:
+    weights_read_s: float = 3.4e-3
+    token_compute_s: float = 2.7e-5
+    kv_token_read_s: float = 2.7e-8
+
+    def step_time_s(self, output: SchedulerOutput) -> float:
+        num_tokens = output.num_tokens
+        kv_tokens_read = 0
+        shared_seen: set[tuple[int, int]] = set()
+        for chunk in output.chunks:
+            kv_tokens_read += chunk.kv_len - chunk.shared_kv_len
+            if chunk.shared_kv_len and (chunk.group_id, chunk.shared_kv_len) not in shared_seen:
+                shared_seen.add((chunk.group_id, chunk.shared_kv_len))
+                kv_tokens_read += chunk.shared_kv_len
+        return max(self.weights_read_s, num_tokens * self.token_compute_s) + kv_tokens_read * self.kv_token_read_s
+
+
+@dataclass(frozen=True)
+class SimRequest:
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class SimResult:
+    policy: str
+    num_requests: int
+    finished_requests: int
+    steps: int
+    total_tokens: int
+    mean_tokens_per_step: float
+    valley_steps: int  # steps with fewer than half of max_num_batched_tokens
+    logical_prefill_tokens: int  # sum of prompt lengths
+    processed_prefill_tokens: int  # prompt/prefix tokens actually computed (recompute included)
+    saving_ratio: float  # BatchLLM Eq. 2: (logical - processed) / logical
+    decode_tokens: int
+    peak_kv_blocks: int
+    peak_kv_tokens: int
+    preemptions: int
+    estimated_time_s: float
+    max_num_batched_tokens: int
+    num_kv_blocks: int
+    block_size: int
+
+    def to_json_obj(self) -> dict:
+        return asdict(self)
+
+
+def fake_token(request_id: int, output_index: int) -> int:
+    return (request_id * 7919 + output_index * 104729 + 17) % FAKE_VOCAB_SIZE
+
+
+def simulate(
+    requests: Sequence[SimRequest],
+    config: SchedulerConfig,
+    cost_model: CostModel | None = None,
+    trace_label: str | None = None,
+    check: bool = False,
+) -> tuple[SimResult, Trace | None, dict[int, tuple[int, ...]]]:
+    """Run the whole batch; returns (result, trace or None, outputs per request index)."""
+    cost_model = cost_model or CostModel()
+    sched_requests = [SchedRequest(i, list(r.prompt_token_ids), r.max_tokens) for i, r in enumerate(requests)]
+    max_tokens = {r.request_id: r.max_tokens for r in sched_requests}
+    checker = ChunkStreamChecker(sched_requests, config.block_size) if check else None
+    scheduler = make_scheduler(config)
+    scheduler.add_requests(sched_requests)
+    trace = (
+        Trace(config.policy, config.max_num_batched_tokens, config.num_kv_blocks, config.block_size, trace_label)
+        if trace_label is not None
+        else None
+    )
+    outputs: dict[int, tuple[int, ...]] = {}
+    num_outputs = {r.request_id: 0 for r in sched_requests}
+    steps = total_tokens = valleys = processed_prefill = decode_tokens = 0
+    peak_blocks = preemptions = empty_steps = 0
+    time_s = 0.0
+    half_budget = config.max_num_batched_tokens / 2
+    while scheduler.has_unfinished():
+        output = scheduler.schedule()
+        preemptions += len(output.preempted_request_ids)
+        if output.is_empty:
+            empty_steps += 1
+            if empty_steps > MAX_EMPTY_STEPS:
+                raise RuntimeError(f"policy {config.policy!r} stalled: {MAX_EMPTY_STEPS} empty steps with work left")
+        else:
+            empty_steps = 0
+        seen = checker.check_step(output) if checker is not None else None
+        sampled: dict[int, int] = {}
+        finish: dict[int, str] = {}
+        for chunk in output.chunks:
+            if not chunk.sample:
+                continue
+            rid = chunk.seq_id
+            sampled[rid] = hash(seen[rid]) % FAKE_VOCAB_SIZE if seen is not None else fake_token(rid, num_outputs[rid])
+            num_outputs[rid] += 1
+            if num_outputs[rid] >= max_tokens[rid]:
+                finish[rid] = "length"
+        finished = scheduler.update(output, sampled, finish)
+        if checker is not None:
+            checker.record(sampled, [f.request_id for f in finished])
+        for item in finished:
+            if item.request_id in outputs:
+                raise RuntimeError(f"request {item.request_id} finished twice")
+            outputs[item.request_id] = item.output_token_ids
+        step_time = cost_model.step_time_s(output)
+        num_tokens = output.num_tokens
+        if num_tokens:
+            steps += 1
+            total_tokens += num_tokens
+            valleys += num_tokens < half_budget
+        processed_prefill += output.num_distinct_tokens + output.num_prefix_tokens
+        decode_tokens += output.num_decode_tokens
+        peak_blocks = max(peak_blocks, output.num_used_blocks)
+        time_s += step_time if num_tokens else 0.0
+        if trace is not None and num_tokens:
+            trace.steps.append(StepRecord.from_output(output, step_time))
+    logical = sum(len(r.prompt_token_ids) for r in requests)
+    result = SimResult(
+        policy=config.policy,
+        num_requests=len(requests),
+        finished_requests=len(outputs),
+        steps=steps,
+        total_tokens=total_tokens,
+        mean_tokens_per_step=total_tokens / steps if steps else 0.0,
+        valley_steps=valleys,
+        logical_prefill_tokens=logical,
+        processed_prefill_tokens=processed_prefill,
+        saving_ratio=(logical - processed_prefill) / logical if logical else 0.0,
+        decode_tokens=decode_tokens,
+        peak_kv_blocks=peak_blocks,
+        peak_kv_tokens=peak_blocks * config.block_size,
+        preemptions=preemptions,
+        estimated_time_s=time_s,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        num_kv_blocks=config.num_kv_blocks,
+        block_size=config.block_size,
+    )
+    return result, trace, outputs

@@ -93,10 +93,10 @@ def make_batch(seqs: list[SeqSpec], *, num_heads: int, num_kv_heads: int, head_d
         for p in range(s.seq_len - s.q_len, s.seq_len):
             rel = p - shared
             slots.append(table[own0 + rel // block_size] * block_size + rel % block_size)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
 
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen).to(dtype).to(device)
+    def randn(*shape):  # generated on the device: benchmark caches are GBs
+        return torch.randn(*shape, generator=gen, device=device).to(dtype)
 
     cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
     as_t = lambda a, dt: torch.as_tensor(np.asarray(a), dtype=dt, device=device)  # noqa: E731

@@ -81,3 +81,12 @@ def test_deep_chain_of_nested_prompts():
     pairs = sum(k for k in range(1, 401, 2))
     assert plan.saved_num_tokens >= max(399, pairs)
     assert plan.stats.processed_prefill_tokens_multi_level == 400 + 400
+
+
+def test_too_deep_tree_fails_clearly():
+    import pytest
+    from batchllm.prefix.optimal import PrefixTreeTooDeepError, solve_optimal
+
+    _, tree = _tree_of([list(range(1, k + 2)) for k in range(1, 60)])
+    with pytest.raises(PrefixTreeTooDeepError, match="too deep"):
+        solve_optimal(tree, max_table_entries=100)

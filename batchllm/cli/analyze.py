@@ -140,7 +140,7 @@ def _table(summary: dict) -> str:
 
 
 def analyze_command(args) -> int:
-    from batchllm.prefix import PromptError, plan_prefix_arrays, plan_prefix_groups, write_groups_jsonl
+    from batchllm.prefix import plan_prefix_arrays, plan_prefix_groups, write_groups_jsonl
 
     try:
         custom_ids, prompts, errors = _read_token_ids(args.input, args.model)
@@ -156,7 +156,7 @@ def analyze_command(args) -> int:
                 write_groups_jsonl(plan, custom_ids, stream)
         else:
             plan = plan_prefix_arrays(prompts)
-    except (PromptError, OSError) as error:
+    except (ValueError, OSError) as error:  # PromptError, PrefixTreeTooDeepError, file errors
         print(f"error: {error}", file=sys.stderr)
         return 2
     summary = _summary(plan.stats, len(errors))

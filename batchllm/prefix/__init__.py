@@ -5,6 +5,7 @@ Torch-free by contract (a test imports this package with torch blocked).
 
 from batchllm.prefix.groups import PrefixGroup, PrefixPlan, read_groups_jsonl, write_groups_jsonl
 from batchllm.prefix.keys import PromptError
+from batchllm.prefix.optimal import PrefixTreeTooDeepError
 from batchllm.prefix.planner import PlanArrays, plan_prefix_arrays, plan_prefix_groups
 from batchllm.prefix.stats import Distribution, PlanStats
 
@@ -14,6 +15,7 @@ __all__ = [
     "PlanStats",
     "PrefixGroup",
     "PrefixPlan",
+    "PrefixTreeTooDeepError",
     "PromptError",
     "plan_prefix_arrays",
     "plan_prefix_groups",

@@ -27,13 +27,27 @@ import numpy as np
 from batchllm.prefix.tree import CompactPrefixTree
 
 
+# DP table entries (sum over nodes of their level) allowed: ~3 int64 tables -> ~1.2 GB.
+MAX_TABLE_ENTRIES = 50_000_000
+
+
+class PrefixTreeTooDeepError(ValueError):
+    """The exact DP table would not fit in memory (prompts nested thousands of levels deep)."""
+
+
 @dataclass(frozen=True)
 class OptimalAssignment:
     saved_num_tokens: int  # the exact optimum of the objective
     request_group_node: np.ndarray  # [num_requests] int64: tree node of the request's group, -1 = singleton
 
 
-def solve_optimal(tree: CompactPrefixTree) -> OptimalAssignment:
+def solve_optimal(tree: CompactPrefixTree, max_table_entries: int = MAX_TABLE_ENTRIES) -> OptimalAssignment:
+    table_entries = int(tree.level.sum())
+    if table_entries > max_table_entries:
+        raise PrefixTreeTooDeepError(
+            f"prefix tree too deep for the exact planner: {table_entries} DP entries "
+            f"(limit {max_table_entries}); prompts are nested {int(tree.level.max())} levels deep"
+        )
     levels = tree.nodes_by_level()  # levels[0] == [root]
     depth = tree.depth_num_tokens
     ends = tree.num_key_ends

@@ -7,6 +7,7 @@ llama.cpp's converter permutes the rows of attn_q / attn_k of "llama"-architectu
 from __future__ import annotations
 
 import re
+import warnings
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +18,7 @@ import torch
 
 from batchllm.models.build import empty_model
 from batchllm.models.config import ModelArchConfig
+from batchllm.models.gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
 from batchllm.models.llama import LlamaForCausalLM
 
 # GGUF general.architecture -> ours. llama.cpp writes Mistral models as "llama".
@@ -43,27 +45,12 @@ _GLOBAL_RENAMES = {
 }
 
 
-def _open(path: Path):
-    from gguf import GGUFReader  # imported here: the package is only needed for GGUF files
-
-    return GGUFReader(str(path))
-
-
-def _metadata(reader) -> dict[str, object]:
-    metadata = {}
-    for key, field in reader.fields.items():
-        if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
-            continue  # large arrays the config does not need
-        metadata[key] = field.contents()
-    return metadata
-
-
-def gguf_arch_config(reader) -> ModelArchConfig:
-    metadata = _metadata(reader)
+def gguf_arch_config(gguf: GGUFFile) -> ModelArchConfig:
+    metadata = gguf.metadata
     gguf_arch = metadata.get("general.architecture")
     if gguf_arch not in GGUF_ARCHITECTURES:
         raise ValueError(f"GGUF architecture {gguf_arch!r} is not supported; supported: {sorted(GGUF_ARCHITECTURES)}")
-    tensor_names = {tensor.name for tensor in reader.tensors}
+    tensor_names = gguf.tensor_names()
 
     def key(name: str, default: object = None) -> object:
         value = metadata.get(f"{gguf_arch}.{name}", default)
@@ -75,7 +62,7 @@ def gguf_arch_config(reader) -> ModelArchConfig:
     num_heads = int(key("attention.head_count"))
     vocab_size = metadata.get(f"{gguf_arch}.vocab_size")
     if vocab_size is None:
-        vocab_size = len(reader.fields["tokenizer.ggml.tokens"].data)
+        vocab_size = len(metadata["tokenizer.ggml.tokens"])
     eos_token_ids = []
     for name in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
         token = metadata.get(name)
@@ -94,7 +81,7 @@ def gguf_arch_config(reader) -> ModelArchConfig:
         head_dim=head_dim,
         rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
         rope_theta=float(key("rope.freq_base", 10000.0)),
-        rope_scaling=_rope_scaling(reader, metadata, gguf_arch),
+        rope_scaling=_rope_scaling(gguf, gguf_arch),
         max_position_embeddings=int(key("context_length")),
         tie_word_embeddings="output.weight" not in tensor_names,
         qkv_bias="blk.0.attn_q.bias" in tensor_names,
@@ -103,9 +90,10 @@ def gguf_arch_config(reader) -> ModelArchConfig:
     )
 
 
-def _rope_scaling(reader, metadata: dict, gguf_arch: str) -> dict | None:
+def _rope_scaling(gguf: GGUFFile, gguf_arch: str) -> dict | None:
+    metadata = gguf.metadata
     # Llama-3.x GGUFs carry the llama3 scaling as a precomputed per-pair divisor tensor.
-    for tensor in reader.tensors:
+    for tensor in gguf.tensors:
         if tensor.name == "rope_freqs.weight":
             factors = np.asarray(tensor.data, dtype=np.float32).reshape(-1)
             return {"rope_type": "freq_factors", "freq_factors": tuple(float(f) for f in factors)}
@@ -136,14 +124,14 @@ def _hf_name(gguf_name: str) -> str | None:
     return f"model.layers.{layer}.{_LAYER_RENAMES[kind]}.{suffix}"
 
 
-def _dequantized(tensor, config: ModelArchConfig, permute_qk: bool) -> np.ndarray:
+def _dequantized(tensor: GGUFTensorInfo, config: ModelArchConfig, permute_qk: bool) -> np.ndarray:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    if tensor.tensor_type == GGMLQuantizationType.F32:
-        weights = np.asarray(tensor.data)
+    if tensor.ggml_type == GGMLQuantizationType.F32:
+        weights = tensor.data  # read-only memmap view; copied into the parameter
     else:
-        weights = dequantize(tensor.data, tensor.tensor_type)  # numpy float32, [out, in]
+        weights = dequantize(tensor.data, GGMLQuantizationType(tensor.ggml_type))  # float32 [out, in]
     if permute_qk:
         if ".attn_q." in tensor.name:
             weights = reverse_permute_qk(weights, config.num_heads)
@@ -153,12 +141,12 @@ def _dequantized(tensor, config: ModelArchConfig, permute_qk: bool) -> np.ndarra
 
 
 def iter_gguf_weights(
-    reader, config: ModelArchConfig, gguf_arch: str, num_threads: int = 4
+    gguf: GGUFFile, config: ModelArchConfig, gguf_arch: str, num_threads: int = 4
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, float32 tensor) pairs in file order. Dequantization runs on a thread pool (numpy
     frees the GIL); at most 2 * num_threads tensors are in flight, so memory stays bounded."""
     permute_qk = gguf_arch in _PERMUTED_QK
-    tensors = [(tensor, _hf_name(tensor.name)) for tensor in reader.tensors]
+    tensors = [(tensor, _hf_name(tensor.name)) for tensor in gguf.tensors]
     pending: deque = deque()
     with ThreadPoolExecutor(max_workers=num_threads) as pool:
         for tensor, name in tensors:
@@ -167,16 +155,23 @@ def iter_gguf_weights(
             pending.append((name, pool.submit(_dequantized, tensor, config, permute_qk)))
             if len(pending) >= 2 * num_threads:
                 name, future = pending.popleft()
-                yield name, torch.from_numpy(np.ascontiguousarray(future.result()))
+                yield name, _as_tensor(future.result())
         while pending:
             name, future = pending.popleft()
-            yield name, torch.from_numpy(np.ascontiguousarray(future.result()))
+            yield name, _as_tensor(future.result())
+
+
+def _as_tensor(array: np.ndarray) -> torch.Tensor:
+    array = np.ascontiguousarray(array)
+    with warnings.catch_warnings():
+        # F32 tensors are read-only memmap views; torch only reads them (copy_ into the parameter).
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
 
 
 def load_gguf(path: Path, dtype: torch.dtype, device: torch.device) -> tuple[LlamaForCausalLM, ModelArchConfig]:
-    reader = _open(path)
-    config = gguf_arch_config(reader)
+    gguf = read_gguf(path)
+    config = gguf_arch_config(gguf)
     model = empty_model(config, dtype, device)
-    gguf_arch = reader.fields["general.architecture"].contents()
-    model.load_hf_weights(iter_gguf_weights(reader, config, gguf_arch))
+    model.load_hf_weights(iter_gguf_weights(gguf, config, str(gguf.metadata["general.architecture"])))
     return model, config

@@ -92,10 +92,16 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    """Parameters are not meaningfully initialised here: build it through
+    batchllm.models.load_model (checkpoints or seeded random presets)."""
+
     def __init__(self, config: ModelArchConfig):
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # _weight skips nn.Embedding's normal_ init, whose first call on "meta" costs a ~1 s
+        # import; loaders and presets fill every parameter anyway.
+        embedding = torch.empty(config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=embedding)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # Tied: no lm_head module, compute_logits reads embed_tokens.weight (no tie to lose on

@@ -16,7 +16,8 @@ from batchllm.models.config import ModelArchConfig
 def rope_inverse_frequencies(config: ModelArchConfig) -> torch.Tensor:
     """Per-pair angular frequency (radians per position), float32 [head_dim // 2]."""
     head_dim = config.head_dim
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
+    # explicit CPU: the model may be built under a torch.device("meta") context
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").to(torch.float32) / head_dim
     inv_freq = 1.0 / (config.rope_theta**exponents)
     scaling = config.rope_scaling
     if scaling is None:
@@ -29,7 +30,7 @@ def rope_inverse_frequencies(config: ModelArchConfig) -> torch.Tensor:
     if rope_type == "llama3":
         return _llama3_inverse_frequencies(inv_freq, scaling)
     if rope_type == "freq_factors":
-        factors = torch.tensor(scaling["freq_factors"], dtype=torch.float32)
+        factors = torch.tensor(scaling["freq_factors"], dtype=torch.float32, device="cpu")
         if factors.shape != inv_freq.shape:
             raise ValueError(f"rope freq_factors has shape {tuple(factors.shape)}, expected {tuple(inv_freq.shape)}")
         return inv_freq / factors

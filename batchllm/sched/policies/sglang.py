@@ -62,9 +62,11 @@ class SglangScheduler(CachedPolicyBase):
             scheduled.append((seq, num_tokens))
             budget -= num_tokens
             reserved_tokens += seq.num_pending_tokens - num_tokens + seq.request.max_tokens
-            if num_tokens < seq.num_pending_tokens or budget <= 0:
+            if num_tokens < seq.num_pending_tokens:
+                return scheduled  # still not done: at most one chunked request
+            self.chunked = None  # its last chunk runs now; it decodes from the next step
+            if budget <= 0:
                 return scheduled
-            self.chunked = None
         # Longest prefix match first (stable: input order among equals).
         matches = {id(seq): self.match_cached(seq) for seq in self.waiting}
         order = sorted(self.waiting, key=lambda s: -len(matches[id(s)]))

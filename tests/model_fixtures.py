@@ -16,6 +16,7 @@ import torch
 
 from model_helpers import default_gguf_path
 
+
 @pytest.fixture(scope="session")
 def default_model():
     """Our LoadedModel of the default GGUF (SmolLM2-135M-Instruct Q4_1), float32 on CPU."""

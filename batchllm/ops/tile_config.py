@@ -44,16 +44,18 @@ def default_tile_config(head_dim: int, group_size: int, interpret: bool | None =
     if head_dim <= 64:
         return TileConfig(small_m=packed_min, small_n=64, big_m=max(64, packed_min), big_n=64,
                           num_warps=4, num_stages=3, min_kv_split_tokens=256)
-    return TileConfig(small_m=packed_min, small_n=64, big_m=max(64, packed_min), big_n=64,
-                      num_warps=4, num_stages=2, min_kv_split_tokens=256)
+    # H200, Llama-3.1-8B heads, bf16: best of candidate_tile_configs on every setting of
+    # benchmarks/attention.py (benchmarks/results/attention.json, config "cfg1")
+    return TileConfig(small_m=packed_min, small_n=128, big_m=max(64, packed_min), big_n=64,
+                      num_warps=4, num_stages=2, min_kv_split_tokens=512)
 
 
 def candidate_tile_configs(head_dim: int, group_size: int) -> list[TileConfig]:
     """A few GPU configs the benchmark sweeps (the 'autotune' step, done once per shape)."""
-    base = default_tile_config(head_dim, group_size, interpret=False)
-    packed_min = base.small_m
+    packed_min = max(16, next_power_of_2(group_size))
     return [
-        base,
+        TileConfig(small_m=packed_min, small_n=64, big_m=max(64, packed_min), big_n=64,
+                   num_warps=4, num_stages=2, min_kv_split_tokens=256),
         TileConfig(small_m=packed_min, small_n=128, big_m=max(64, packed_min), big_n=64,
                    num_warps=4, num_stages=2, min_kv_split_tokens=512),
         TileConfig(small_m=packed_min, small_n=64, big_m=max(128, packed_min), big_n=64,

@@ -74,6 +74,9 @@ class BlockPrefixCache:
             parent_id = node.node_id
         return nodes
 
+    def has_first_block(self, token_ids: tuple[int, ...]) -> bool:
+        return (ROOT_NODE_ID, token_ids) in self._nodes
+
     def num_evictable_in(self, nodes: list[CacheNode]) -> int:
         return sum(1 for node in nodes if self.pool.ref_count(node.block_id) == 1)
 

@@ -13,7 +13,7 @@ from batchllm.sched.interface import FinishedRequest, ScheduledChunk, SchedReque
 from batchllm.sched.prefix_cache import BlockPrefixCache, CacheNode
 
 
-@dataclass
+@dataclass(eq=False)
 class CachedSeq:
     request: SchedRequest
     block_ids: list[int] = field(default_factory=list)
@@ -21,6 +21,7 @@ class CachedSeq:
     # Cache node of each leading full block (the chain used to key the next block).
     nodes: list[CacheNode] = field(default_factory=list)
     num_cached_prompt_tokens: int | None = None  # prompt tokens reused at first admission
+    first_block_token_ids: tuple[int, ...] | None = None  # memo: cheap cache-miss test
 
     @property
     def num_total_tokens(self) -> int:
@@ -118,7 +119,12 @@ class CachedPolicyBase:
     def match_cached(self, seq: CachedSeq) -> list[CacheNode]:
         if self.cache is None:
             return []
-        token_ids = seq.request.all_token_ids
+        request = seq.request
+        if seq.first_block_token_ids is None:
+            seq.first_block_token_ids = tuple(request.prompt_token_ids[: self.pool.block_size])
+        if not self.cache.has_first_block(seq.first_block_token_ids):
+            return []  # most waiting requests of a big batch: one dict lookup, no slicing
+        token_ids = request.all_token_ids if request.output_token_ids else request.prompt_token_ids
         # Keep >= 1 token to compute: its logits give the next token.
         return self.cache.match(token_ids, (len(token_ids) - 1) // self.pool.block_size)
 

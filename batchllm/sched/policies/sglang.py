@@ -123,7 +123,8 @@ class SglangScheduler(CachedPolicyBase):
             total_decoded = sum(len(s.request.output_token_ids) for s in batch)
             total_max_new = sum(s.request.max_tokens for s in batch) or 1
             self.new_token_ratio = min(1.0, (total_decoded + RETRACT_DECODE_STEPS * len(batch)) / total_max_new)
-            batch.sort(key=lambda s: self.running.index(s))
+            position = {id(s): i for i, s in enumerate(self.running)}
+            batch.sort(key=lambda s: position[id(s)])
         else:
             self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
         scheduled = []

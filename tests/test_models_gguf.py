@@ -39,13 +39,40 @@ def test_gguf_logits_match_hf(default_model, hf_default_model):
         assert torch.equal(logits.argmax(-1), reference.argmax(-1))
 
 
-def test_gguf_positions_offset(default_model, hf_default_model):
-    # a sequence split into prefix + suffix steps cannot be run without a KV cache here, but
-    # positions that do not start at 0 must still rotate consistently: same logits when the
-    # whole sequence is the step.
+class CachedAttention:
+    """One sequence with a growing per-layer KV cache: rows of a step sit after the cached ones."""
+
+    def __init__(self):
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+
+    def __call__(self, layer_index, query, key, value):
+        # query: [T, num_heads, head_dim]; key, value: [T, num_kv_heads, head_dim]
+        past = self.keys[layer_index].shape[0] if layer_index in self.keys else 0
+        self.keys[layer_index] = torch.cat([self.keys.get(layer_index, key[:0]), key])
+        self.values[layer_index] = torch.cat([self.values.get(layer_index, value[:0]), value])
+        group = query.shape[1] // key.shape[1]
+        keys = self.keys[layer_index].repeat_interleave(group, dim=1)  # [past + T, num_heads, head_dim]
+        values = self.values[layer_index].repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", query, keys) / query.shape[-1] ** 0.5
+        rows = torch.arange(query.shape[0])[:, None] + past
+        scores = scores.masked_fill(torch.arange(keys.shape[0])[None, :] > rows, float("-inf"))
+        return torch.einsum("hqk,khd->qhd", scores.softmax(-1), values)
+
+
+def test_gguf_chunked_prefill_and_decode(default_model, hf_default_model):
+    # prefix chunk, then a chunk at positions 5.., then one-token decode steps: the engine's
+    # usage pattern. Logits of each step equal the matching rows of one full-sequence run.
     prompt = PROMPTS[1]
-    (ours,) = run_flat(default_model, [prompt])
-    assert torch.equal(ours.argmax(-1), hf_logits(hf_default_model, prompt).argmax(-1))
+    model = default_model.model
+    attention = CachedAttention()
+    steps = [(0, 5), (5, 14), (14, 15), (15, 16), (16, len(prompt))]
+    with torch.no_grad():
+        ours = torch.cat([
+            model.compute_logits(model(torch.tensor(prompt[a:b]), torch.arange(a, b), attention))
+            for a, b in steps
+        ])
+    torch.testing.assert_close(ours, hf_logits(hf_default_model, prompt), atol=1e-3, rtol=1e-4)
 
 
 def test_gguf_load_time(default_model):

@@ -22,8 +22,6 @@ def is_hf_dir(path: Path) -> bool:
 def hf_arch_config(model_dir: Path) -> ModelArchConfig:
     """Translate config.json (transformers v4 `rope_scaling`/`rope_theta` or v5 `rope_parameters`)."""
     raw = json.loads((model_dir / "config.json").read_text())
-    if "text_config" in raw and "model_type" not in raw.get("text_config", {}):
-        raise ValueError(f"{model_dir}: multimodal configs are not supported")
     model_type = raw.get("model_type")
     if model_type not in SUPPORTED_ARCHITECTURES:
         raise ValueError(

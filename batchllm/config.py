@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from batchllm.sched.config import SchedulerConfig
 
-ATTENTION_BACKENDS = ("auto", "reference", "triton", "fused")
+ATTENTION_BACKENDS = ("auto", "reference", "torch", "triton", "fused")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
@@ -19,7 +19,7 @@ class EngineConfig:
     # KV cache size in tokens; None: sized from free GPU memory (CPU: 32768).
     kv_cache_tokens: int | None = None
     gpu_memory_utilization: float = 0.90
-    attention_backend: str = "auto"  # auto: fused Triton on CUDA, reference on CPU
+    attention_backend: str = "auto"  # auto: fused Triton on CUDA, batched PyTorch on CPU
     seed: int = 0  # seeds requests that have no seed of their own
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 

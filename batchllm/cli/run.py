@@ -44,7 +44,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one step")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="request cap per step (default: none)")
     parser.add_argument("--block-size", type=int, default=16, help="KV block size in tokens")
-    parser.add_argument("--attention-backend", default="auto", choices=["auto", "reference", "triton", "fused"])
+    parser.add_argument("--attention-backend", default="auto", choices=["auto", "reference", "torch", "triton", "fused"],
+                        help="attention implementation (auto: fused Triton kernel on GPU, batched PyTorch on CPU)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.90)
     parser.add_argument("--seed", type=int, default=0, help="seed for requests without their own")
 

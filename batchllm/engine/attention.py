@@ -1,6 +1,7 @@
 """The engine's AttentionFn: store the step's K/V in the paged cache, then attend.
 
-Backends (chosen once per engine): `reference` (PyTorch, the CPU path), `triton` (plain paged
+Backends (chosen once per engine): `reference` (PyTorch oracle, one seq at a time), `torch`
+(the same math batched: the CPU default), `triton` (plain paged
 attention kernel) and `fused` (BatchLLM section 5: prefix tiles and distinct tiles in one launch).
 """
 
@@ -46,61 +47,68 @@ class ReferenceBackend:
 
 
 class TritonPagedBackend(ReferenceBackend):
-    """Plain paged attention (what the vllm / sglang baseline policies run)."""
+    """Plain paged attention (what the vllm / sglang baseline policies run): every seq reads its
+    whole block table; no knowledge of prefix-sharing groups."""
 
     name = "triton"
 
-    def __init__(self) -> None:
+    def __init__(self, block_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 device: torch.device) -> None:
         from batchllm.ops.kv_store import store_kv
-        from batchllm.ops.paged_attention import paged_attention
+        from batchllm.ops.prefix_attention import prefix_shared_attention
 
         self._store_kv = store_kv
-        self._paged_attention = paged_attention
+        self._attention = prefix_shared_attention
+        self.block_size, self.num_heads, self.num_kv_heads = block_size, num_heads, num_kv_heads
+        self.head_dim, self.device = head_dim, device
+
+    def prepare(self, inputs: StepInputs, metadata: AttentionMetadata) -> None:
+        from batchllm.ops.paged_attention import build_paged_plan
+
+        # One host-built work list per step, shared by every layer.
+        metadata.plan = build_paged_plan(
+            inputs.query_start_loc, inputs.seq_lens, inputs.shared_kv_lens, inputs.block_tables,
+            block_size=self.block_size, num_kv_heads=self.num_kv_heads, num_heads=self.num_heads,
+            head_dim=self.head_dim,
+        ).to(self.device)
 
     def store(self, key, value, k_cache, v_cache, metadata: AttentionMetadata) -> None:
         self._store_kv(key, value, k_cache, v_cache, metadata.slot_mapping)
 
     def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
-        return self._paged_attention(
-            query, k_cache, v_cache, metadata.query_start_loc, metadata.seq_lens,
-            metadata.shared_kv_lens, metadata.block_tables, scale,
-        )
-
-
-class FusedPrefixBackend(TritonPagedBackend):
-    """BatchLLM section 5: one launch over a host-built work list of prefix and distinct tiles."""
-
-    name = "fused"
-
-    def __init__(self, block_size: int, num_heads: int, num_kv_heads: int, device: torch.device) -> None:
-        super().__init__()
-        from batchllm.ops.prefix_attention import build_prefix_shared_plan, prefix_shared_attention
-
-        self._build_plan = build_prefix_shared_plan
-        self._attention = prefix_shared_attention
-        self.block_size, self.num_heads, self.num_kv_heads, self.device = block_size, num_heads, num_kv_heads, device
-
-    def prepare(self, inputs: StepInputs, metadata: AttentionMetadata) -> None:
-        plan = self._build_plan(
-            inputs.query_start_loc, inputs.seq_lens, inputs.shared_kv_lens, inputs.block_tables,
-            inputs.group_ids, inputs.is_prefix, block_size=self.block_size,
-            num_kv_heads=self.num_kv_heads, num_heads=self.num_heads,
-        )
-        metadata.plan = plan.to(self.device)
-
-    def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
         return self._attention(query, k_cache, v_cache, metadata.plan, scale)
 
 
-def make_backend(name: str, device: torch.device, block_size: int, num_heads: int, num_kv_heads: int):
+class FusedPrefixBackend(TritonPagedBackend):
+    """BatchLLM section 5: prefix tiles (a group's rows x its shared prefix KV, a MatMul) and
+    distinct tiles in one launch over a host-built work list."""
+
+    name = "fused"
+
+    def prepare(self, inputs: StepInputs, metadata: AttentionMetadata) -> None:
+        from batchllm.ops.work_list import build_prefix_shared_plan
+
+        metadata.plan = build_prefix_shared_plan(
+            inputs.query_start_loc, inputs.seq_lens, inputs.shared_kv_lens, inputs.block_tables,
+            inputs.group_ids, inputs.is_prefix, block_size=self.block_size,
+            num_kv_heads=self.num_kv_heads, num_heads=self.num_heads, head_dim=self.head_dim,
+        ).to(self.device)
+
+
+def make_backend(name: str, device: torch.device, block_size: int, num_heads: int, num_kv_heads: int,
+                 head_dim: int):
     if name == "auto":
-        name = "fused" if device.type == "cuda" else "reference"
+        name = "fused" if device.type == "cuda" else "torch"
     if name == "reference":
         return ReferenceBackend()
+    if name == "torch":
+        from batchllm.engine.cpu_attention import BatchedTorchBackend
+
+        return BatchedTorchBackend(block_size)
     if name == "triton":
-        return TritonPagedBackend()
+        return TritonPagedBackend(block_size, num_heads, num_kv_heads, head_dim, device)
     if name == "fused":
-        return FusedPrefixBackend(block_size, num_heads, num_kv_heads, device)
+        return FusedPrefixBackend(block_size, num_heads, num_kv_heads, head_dim, device)
     raise ValueError(f"unknown attention backend {name!r}")
 
 

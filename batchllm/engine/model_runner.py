@@ -28,7 +28,8 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.device = device
-        self.backend = make_backend(attention_backend, device, block_size, arch.num_heads, arch.num_kv_heads)
+        self.backend = make_backend(attention_backend, device, block_size, arch.num_heads, arch.num_kv_heads,
+                                    arch.head_dim)
         self.scale = arch.head_dim ** -0.5
         self._pin = device.type == "cuda"
 

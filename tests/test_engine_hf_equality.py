@@ -1,0 +1,98 @@
+"""End to end: greedy outputs of the engine equal HF transformers `generate`, token for token.
+
+Both run the default model (SmolLM2-135M-Instruct, the same dequantized GGUF weights) in
+float32. The engine runs all prompts as ONE batch (continuous batching, chunked prefill, shared
+prefixes); HF runs each prompt alone without padding.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from batchllm import LLM, SamplingParams
+
+pytest_plugins = ["model_fixtures"]
+
+DOCUMENT = (
+    "The Great Barrier Reef is the world's largest coral reef system, composed of over 2,900 individual "
+    "reefs and 900 islands stretching for over 2,300 kilometres over an area of approximately 344,400 square "
+    "kilometres. The reef is located in the Coral Sea, off the coast of Queensland, Australia. It can be seen "
+    "from outer space and is the world's biggest single structure made by living organisms."
+)
+COMPLETIONS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    ",
+    "Once upon a time, in a small village by the sea, there lived",
+    "1, 2, 3, 4,",
+    DOCUMENT + "\n\nQuestion: Where is the reef located?\nAnswer:",
+    DOCUMENT + "\n\nQuestion: How many islands does it have?\nAnswer:",
+    DOCUMENT + "\n\nQuestion: Can it be seen from space?\nAnswer:",
+]
+CHATS = [
+    [{"role": "user", "content": "What is 2 + 2?"}],
+    [{"role": "system", "content": "Use the document.\n" + DOCUMENT}, {"role": "user", "content": "Summarise it."}],
+    [{"role": "system", "content": "Use the document.\n" + DOCUMENT}, {"role": "user", "content": "How long is it?"}],
+    [{"role": "system", "content": "Use the document.\n" + DOCUMENT}, {"role": "user", "content": "Who made it?"}],
+    [{"role": "user", "content": "Name three colours."}],
+]
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def prompt_token_ids(hf_default_model):
+    from transformers import AutoTokenizer
+
+    from model_helpers import default_gguf_path
+
+    path = default_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    ids = [tokenizer(text).input_ids for text in COMPLETIONS]
+    for messages in CHATS:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids.append(tokenizer(text, add_special_tokens=False).input_ids)
+    return ids
+
+
+@pytest.fixture(scope="module")
+def hf_outputs(hf_default_model, prompt_token_ids):
+    outputs = []
+    eos = hf_default_model.generation_config.eos_token_id
+    for ids in prompt_token_ids:
+        input_ids = torch.tensor([ids])
+        with torch.no_grad():
+            generated = hf_default_model.generate(
+                input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=MAX_TOKENS,
+                do_sample=False, pad_token_id=eos if isinstance(eos, int) else eos[0],
+            )
+        outputs.append(generated[0, len(ids):].tolist())
+    return outputs
+
+
+@pytest.fixture(scope="module")
+def llm():
+    # A small token budget forces chunked prefill across steps; a tight KV cache is not the point here.
+    return LLM(dtype="float32", device="cpu", max_num_batched_tokens=96, kv_cache_tokens=8192)
+
+
+def _engine_outputs(llm, prompt_token_ids, policy):
+    llm.engine.scheduler_config = dataclasses.replace(llm.engine.scheduler_config, policy=policy)
+    results = llm.generate(prompt_token_ids, SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)
+    return [r.outputs[0].token_ids for r in results]
+
+
+def test_prompts_really_share_prefixes(prompt_token_ids):
+    assert len(prompt_token_ids) >= 10
+    assert prompt_token_ids[4][:60] == prompt_token_ids[5][:60] == prompt_token_ids[6][:60]
+    assert prompt_token_ids[8][:60] == prompt_token_ids[9][:60] == prompt_token_ids[10][:60]
+    lengths = sorted(len(ids) for ids in prompt_token_ids)
+    assert lengths[0] < 10 and lengths[-1] > 100
+
+
+@pytest.mark.parametrize("policy", ["batchllm", "simple", "vllm", "sglang"])
+def test_greedy_tokens_equal_hf_generate(llm, prompt_token_ids, hf_outputs, policy):
+    ours = _engine_outputs(llm, prompt_token_ids, policy)
+    for index, (mine, theirs) in enumerate(zip(ours, hf_outputs)):
+        assert mine == theirs, f"prompt {index} differs under policy {policy}"
+    if policy == "batchllm":
+        assert llm.last_run_stats.num_prompt_tokens == sum(len(ids) for ids in prompt_token_ids)

@@ -211,5 +211,13 @@ class CachedPolicyBase:
         token_ids = seq.request.all_token_ids
         for index in range(len(seq.nodes), num_full):
             parent = seq.nodes[index - 1] if index else None
-            node = self.cache.insert(parent, tuple(token_ids[index * size:(index + 1) * size]), seq.block_ids[index])
+            own_block_id = seq.block_ids[index]
+            node = self.cache.insert(parent, tuple(token_ids[index * size:(index + 1) * size]), own_block_id)
+            if node.block_id != own_block_id:
+                # Same content already cached (computed concurrently): switch to the cached
+                # block and free the duplicate, as vLLM v0.6 (promote_to_immutable) and SGLang
+                # (radix insert) do. Keeps "holding a node => holding its ancestors".
+                self.cache.acquire([node])
+                self.pool.free([own_block_id])
+                seq.block_ids[index] = node.block_id
             seq.nodes.append(node)

@@ -5,8 +5,6 @@ float32. The engine runs all prompts as ONE batch (continuous batching, chunked 
 prefixes); HF runs each prompt alone without padding.
 """
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -76,7 +74,7 @@ def llm():
 
 
 def _engine_outputs(llm, prompt_token_ids, policy):
-    llm.engine.scheduler_config = dataclasses.replace(llm.engine.scheduler_config, policy=policy)
+    llm.engine.configure_scheduler(policy=policy)
     results = llm.generate(prompt_token_ids, SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)
     return [r.outputs[0].token_ids for r in results]
 

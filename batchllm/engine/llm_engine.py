@@ -123,6 +123,11 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.arch, self.kv_cache, block_size, self.device,
                                   config.attention_backend)
 
+    def configure_scheduler(self, **changes) -> None:
+        """Change scheduling settings between runs (policy, token budget, ...); the model and
+        the KV cache stay as they are."""
+        self.scheduler_config = dataclasses.replace(self.scheduler_config, **changes)
+
     @property
     def num_kv_tokens(self) -> int:
         return self.kv_cache.num_blocks * self.scheduler_config.block_size

@@ -1,0 +1,136 @@
+"""End-to-end throughput: several policies in ONE process on the same model, side by side.
+
+    PYTHONPATH=. python benchmarks/e2e.py --model random:llama-3.1-8b --workload micro:2000:200:16 \
+        --requests 512 --policies batchllm,vllm,sglang --out benchmarks/results/e2e.json
+
+Outputs are forced to a fixed length (ignore_eos). Each policy runs after a warm-up batch (Triton
+compilation excluded). Time / FLOP bound uses the optimal-sharing FLOPs (benchmarks/flop_bound.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from flop_bound import flop_bound_seconds  # noqa: E402
+
+
+def make_workload(spec: str, num_requests: int, output_tokens: int, vocab_size: int, seed: int):
+    from batchllm.workloads import industrial_workload, micro_workload
+
+    kind, *values = spec.split(":")
+    if kind == "micro":
+        prefix, distinct, degree = (int(v) for v in values)
+        return micro_workload(prefix, distinct, degree, num_requests=num_requests, output_num_tokens=output_tokens,
+                              vocab_size=vocab_size, seed=seed)
+    if kind == "industrial":
+        return industrial_workload(num_requests=num_requests, output_num_tokens=output_tokens, vocab_size=vocab_size,
+                                   seed=seed)
+    raise SystemExit(f"unknown workload {spec!r}: micro:P:D:SD or industrial")
+
+
+def parse_policy(text: str) -> tuple[str, str, dict]:
+    """'vllm@1024/16384' -> ('vllm@1024/16384', 'vllm', {max_num_seqs: 1024, max_num_batched_tokens: 16384});
+    'batchllm@8192' -> token budget 8192."""
+    name, _, setting = text.partition("@")
+    changes: dict = {"policy": name}
+    if setting:
+        parts = setting.split("/")
+        if len(parts) == 2:
+            changes["max_num_seqs"], changes["max_num_batched_tokens"] = int(parts[0]), int(parts[1])
+        else:
+            changes["max_num_batched_tokens"] = int(parts[0])
+    return text, name, changes
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="random:llama-3.1-8b")
+    parser.add_argument("--workload", action="append", default=None,
+                        help="micro:P:D:SD or industrial (repeatable; default micro:2000:200:16)")
+    parser.add_argument("--requests", type=int, default=512)
+    parser.add_argument("--output-tokens", type=int, default=100)
+    parser.add_argument("--policies", default="batchllm,vllm,sglang",
+                        help="comma list; NAME@TOKENS or NAME@SEQS/TOKENS sets the budget")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--attention-backend", default="auto")
+    parser.add_argument("--kv-cache-tokens", type=int, default=None)
+    parser.add_argument("--out", default="benchmarks/results/e2e.json")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    import torch
+
+    from batchllm import LLM, SamplingParams
+    from batchllm.prefix.planner import plan_prefix_groups
+
+    llm = LLM(model=args.model, attention_backend=args.attention_backend, kv_cache_tokens=args.kv_cache_tokens,
+              max_num_batched_tokens=args.max_num_batched_tokens)
+    engine = llm.engine
+    arch = engine.arch
+    print(f"model {args.model}: {arch.num_layers} layers, hidden {arch.hidden_size}, KV cache {engine.num_kv_tokens} tokens,"
+          f" device {engine.device}", flush=True)
+    base_config = engine.scheduler_config
+    rows = []
+    for spec in args.workload or ["micro:2000:200:16"]:
+        workload = make_workload(spec, args.requests, args.output_tokens, arch.vocab_size, args.seed)
+        prompts = [p.tolist() for p in workload.prompts]
+        plan = plan_prefix_groups(prompts)
+        groups = [(len(g.prefix_token_ids), [len(d) for d in g.distinct_token_ids], g.request_indices) for g in plan.groups]
+        bound = flop_bound_seconds(arch, groups, workload.max_tokens)
+        params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in workload.max_tokens]
+        num_prompt_tokens = sum(len(p) for p in prompts)
+        for policy_text in args.policies.split(","):
+            label, name, changes = parse_policy(policy_text)
+            engine.scheduler_config = base_config
+            engine.configure_scheduler(**changes)
+            llm.generate(prompts[:8], params[:8], use_tqdm=False)  # warm-up: compile kernels
+            if engine.device.type == "cuda":
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+            if engine.device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - started
+            stats = llm.last_run_stats
+            num_output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+            assert num_output_tokens == sum(workload.max_tokens), "a request did not produce its fixed length"
+            steps = stats.step_records
+            computed_prefill = sum(s["distinct_tokens"] + s["prefix_tokens"] for s in steps)
+            budget = engine.scheduler_config.max_num_batched_tokens
+            tokens_per_step = [s["decode_tokens"] + s["distinct_tokens"] + s["prefix_tokens"] for s in steps]
+            row = {
+                "workload": spec, "requests": len(prompts), "model": args.model, "policy": label,
+                "seconds": round(seconds, 3), "req_per_s": round(len(prompts) / seconds, 2),
+                "input_tok_per_s": round(num_prompt_tokens / seconds, 1),
+                "output_tok_per_s": round(num_output_tokens / seconds, 1),
+                "processed_prefill_tokens": computed_prefill,
+                "saving_ratio": round(1 - computed_prefill / num_prompt_tokens, 4),
+                "optimal_saving_ratio": round(plan.stats.saving_ratio, 4),
+                "steps": len(steps), "mean_tokens_per_step": round(sum(tokens_per_step) / max(len(steps), 1), 1),
+                "valley_steps": sum(1 for t in tokens_per_step if t < budget / 2),
+                "peak_kv_blocks": max((s["used_blocks"] for s in steps), default=0),
+                "mean_step_ms": round(1000 * sum(s["seconds"] for s in steps) / max(len(steps), 1), 2),
+                "flop_bound_s": round(bound, 3), "time_over_bound": round(seconds / bound, 2),
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    result = {"device": device, "date": datetime.date.today().isoformat(), "git_commit": commit or None, "rows": rows}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as handle:
+        json.dump(result, handle, indent=1)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

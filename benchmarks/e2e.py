@@ -103,9 +103,9 @@ def main() -> int:
             num_output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
             assert num_output_tokens == sum(workload.max_tokens), "a request did not produce its fixed length"
             steps = stats.step_records
-            computed_prefill = sum(s["distinct_tokens"] + s["prefix_tokens"] for s in steps)
+            computed_prefill = sum(s.num_distinct_tokens + s.num_prefix_tokens for s in steps)
             budget = engine.scheduler_config.max_num_batched_tokens
-            tokens_per_step = [s["decode_tokens"] + s["distinct_tokens"] + s["prefix_tokens"] for s in steps]
+            tokens_per_step = [s.num_tokens for s in steps]
             row = {
                 "workload": spec, "requests": len(prompts), "model": args.model, "policy": label,
                 "seconds": round(seconds, 3), "req_per_s": round(len(prompts) / seconds, 2),
@@ -116,8 +116,11 @@ def main() -> int:
                 "optimal_saving_ratio": round(plan.stats.saving_ratio, 4),
                 "steps": len(steps), "mean_tokens_per_step": round(sum(tokens_per_step) / max(len(steps), 1), 1),
                 "valley_steps": sum(1 for t in tokens_per_step if t < budget / 2),
-                "peak_kv_blocks": max((s["used_blocks"] for s in steps), default=0),
-                "mean_step_ms": round(1000 * sum(s["seconds"] for s in steps) / max(len(steps), 1), 2),
+                "peak_kv_blocks": max((s.num_used_blocks for s in steps), default=0),
+                "mean_step_ms": round(1000 * sum(s.step_time_s for s in steps) / max(len(steps), 1), 2),
+                "schedule_ms_per_step": round(1000 * sum(s.schedule_time_s for s in steps) / max(len(steps), 1), 2),
+                "launch_ms_per_step": round(1000 * sum(s.launch_time_s for s in steps) / max(len(steps), 1), 2),
+                "wait_ms_per_step": round(1000 * sum(s.wait_time_s for s in steps) / max(len(steps), 1), 2),
                 "flop_bound_s": round(bound, 3), "time_over_bound": round(seconds / bound, 2),
             }
             rows.append(row)

@@ -29,4 +29,4 @@ def test_backends_agree_with_the_torch_path(prompts, device, backend, policy):
     assert all(len(tokens) == 4 for tokens in got)
     if policy == "batchllm":
         # the planner's groups were used: some steps carried common-prefix tokens
-        assert sum(step["prefix_tokens"] for step in stats.step_records) == 2 * 40
+        assert sum(step.num_prefix_tokens for step in stats.step_records) == 2 * 40

@@ -15,6 +15,7 @@ from batchllm.engine.model_runner import ModelRunner
 from batchllm.engine.stop_checker import StopState
 from batchllm.sampling_params import SamplingParams
 from batchllm.sched.interface import FinishedRequest, SchedRequest
+from batchllm.sched.trace import StepRecord
 
 _MASK32 = 0xFFFFFFFF
 
@@ -46,7 +47,7 @@ class RunStats:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     seconds: float = 0.0
-    step_records: list[dict] = field(default_factory=list)
+    step_records: list[StepRecord] = field(default_factory=list)
 
 
 @dataclass
@@ -179,18 +180,21 @@ class LLMEngine:
             output = scheduler.schedule()
             if output.is_empty:
                 raise RuntimeError("the scheduler returned an empty step with requests left: a scheduler bug")
+            scheduled = time.perf_counter()
             rows = [self._sampling_row(live[c.seq_id]) for c in output.chunks if c.sample]
             result = self.runner.execute(output, rows)
-            sampled, finish_reasons = self._check_stops(result, live)
+            launched = time.perf_counter()
+            token_ids = result.token_ids_list()  # the step's only device sync
+            waited = time.perf_counter()
+            sampled, finish_reasons = self._check_stops(result, token_ids, live)
             finished = scheduler.update(output, sampled, finish_reasons)
             stats.num_steps += 1
             stats.num_output_tokens += len(sampled)
-            stats.step_records.append({
-                "step": output.step_index, "decode_tokens": output.num_decode_tokens,
-                "distinct_tokens": output.num_distinct_tokens, "prefix_tokens": output.num_prefix_tokens,
-                "running_requests": output.num_running_requests, "used_blocks": output.num_used_blocks,
-                "seconds": time.perf_counter() - step_started,
-            })
+            stats.step_records.append(dataclasses.replace(
+                StepRecord.from_output(output, time.perf_counter() - step_started),
+                schedule_time_s=scheduled - step_started, launch_time_s=launched - scheduled,
+                wait_time_s=waited - launched,
+            ))
             for done in finished:
                 yield self._finish(live.pop(done.request_id), done)
             if on_step is not None:
@@ -202,12 +206,11 @@ class LLMEngine:
         return (p.temperature, p.top_p, p.top_k, p.min_p, state.seed,
                 len(state.sched_request.output_token_ids), p.logprobs)
 
-    def _check_stops(self, result, live: dict[int, _Live]) -> tuple[dict[int, int], dict[int, str]]:
+    def _check_stops(self, result, token_ids: list[int], live: dict[int, _Live]) -> tuple[dict[int, int], dict[int, str]]:
         sampled: dict[int, int] = {}
         finish_reasons: dict[int, str] = {}
         if result.sampled is None:
             return sampled, finish_reasons
-        token_ids = result.sampled.token_ids.tolist()
         chosen = result.sampled.logprobs.tolist() if result.sampled.logprobs is not None else None
         top_values = result.sampled.top_logprobs.tolist() if result.sampled.top_logprobs is not None else None
         top_ids = result.sampled.top_token_ids.tolist() if result.sampled.top_token_ids is not None else None

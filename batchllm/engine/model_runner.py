@@ -19,6 +19,10 @@ class StepResult:
     seq_ids: tuple[int, ...]  # one per sampled row
     sampled: SamplerOutput | None  # None when nothing was sampled this step
 
+    def token_ids_list(self) -> list[int]:
+        """The sampled ids on the host (waits for the device)."""
+        return self.sampled.token_ids.tolist() if self.sampled is not None else []
+
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, arch, kv_cache: KVCache, block_size: int,

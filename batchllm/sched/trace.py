@@ -20,6 +20,12 @@ class StepRecord:
     num_used_blocks: int  # KV blocks held by requests/groups after scheduling the step
     step_time_s: float  # measured (engine) or estimated by the cost model (simulator)
     num_preempted_requests: int = 0
+    # Engine only: where the step's wall time went on the host. schedule: the policy;
+    # launch: building inputs and enqueuing the model (asynchronous on GPU); wait: blocked on
+    # the device for the sampled tokens (GPU time not hidden behind the host work).
+    schedule_time_s: float = 0.0
+    launch_time_s: float = 0.0
+    wait_time_s: float = 0.0
 
     @property
     def num_tokens(self) -> int:

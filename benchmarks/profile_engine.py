@@ -1,0 +1,96 @@
+"""Where a step's time goes: host phases per step, and GPU kernel totals by torch.profiler.
+
+    PYTHONPATH=. python3 benchmarks/profile_engine.py --model random:llama-3.1-8b \
+        --workload micro:2000:200:16 --requests 256 --out $OUT/profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from e2e import make_workload  # noqa: E402
+
+
+def _phase_summary(steps) -> dict:
+    def total(attr):
+        return round(sum(getattr(s, attr) for s in steps), 3)
+
+    decode_only = [s for s in steps if s.num_distinct_tokens + s.num_prefix_tokens == 0]
+    mixed = [s for s in steps if s.num_distinct_tokens + s.num_prefix_tokens > 0]
+    out = {"steps": len(steps), "wall_s": total("step_time_s"), "schedule_s": total("schedule_time_s"),
+           "launch_s": total("launch_time_s"), "wait_s": total("wait_time_s")}
+    for name, group in (("decode_only", decode_only), ("with_prefill", mixed)):
+        if group:
+            n = len(group)
+            out[name] = {
+                "steps": n,
+                "mean_tokens": round(sum(s.num_tokens for s in group) / n, 1),
+                "mean_step_ms": round(1000 * sum(s.step_time_s for s in group) / n, 2),
+                "mean_schedule_ms": round(1000 * sum(s.schedule_time_s for s in group) / n, 2),
+                "mean_launch_ms": round(1000 * sum(s.launch_time_s for s in group) / n, 2),
+                "mean_wait_ms": round(1000 * sum(s.wait_time_s for s in group) / n, 2),
+                "mean_running_requests": round(sum(s.num_running_requests for s in group) / n, 1),
+            }
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="random:llama-3.1-8b")
+    parser.add_argument("--workload", default="micro:2000:200:16")
+    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--output-tokens", type=int, default=100)
+    parser.add_argument("--policy", default="batchllm")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--profile-requests", type=int, default=64, help="requests in the torch.profiler run")
+    parser.add_argument("--out", default="profile.json")
+    args = parser.parse_args()
+
+    import torch
+
+    from batchllm import LLM, SamplingParams
+
+    llm = LLM(model=args.model, policy=args.policy, max_num_batched_tokens=args.max_num_batched_tokens)
+    arch = llm.engine.arch
+    workload = make_workload(args.workload, args.requests, args.output_tokens, arch.vocab_size, 0)
+    prompts = [p.tolist() for p in workload.prompts]
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in workload.max_tokens]
+    llm.generate(prompts[:8], params[:8], use_tqdm=False)  # compile
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    torch.cuda.synchronize()
+    result = {"model": args.model, "workload": args.workload, "requests": len(prompts), "policy": args.policy,
+              "seconds": round(time.perf_counter() - started, 3),
+              "phases": _phase_summary(llm.last_run_stats.step_records)}
+    print(json.dumps(result, indent=1), flush=True)
+
+    from torch.profiler import ProfilerActivity, profile
+
+    count = args.profile_requests
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        llm.generate(prompts[:count], params[:count], use_tqdm=False)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70)
+    print(table)
+    kernels = []
+    for event in prof.key_averages():
+        device_us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+        if device_us:
+            kernels.append({"name": event.key[:120], "calls": event.count, "device_ms": round(device_us / 1000, 3)})
+    kernels.sort(key=lambda k: -k["device_ms"])
+    result["profile_requests"] = count
+    result["kernels"] = kernels[:40]
+    with open(args.out, "w") as handle:
+        json.dump(result, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

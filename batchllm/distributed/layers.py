@@ -1,0 +1,76 @@
+"""Tensor-parallel layers (Megatron-LM style) and the sharded Llama model.
+
+A shard of LlamaForCausalLM is the same module tree built from the *shard* architecture
+(num_heads / tp, num_kv_heads / tp, intermediate_size / tp, vocab / tp), so the column-parallel
+layers (fused qkv_proj, fused gate_up_proj) are plain nn.Linear of the shard's width. Three
+modules differ:
+- o_proj, down_proj: RowParallelLinear (input features split, partial sums all-reduced);
+- embed_tokens: VocabParallelEmbedding (rows of one vocabulary slice, others zero, all-reduced);
+- compute_logits: the local vocabulary slice of the logits, all-gathered along the vocabulary.
+Parameter names are unchanged, so checkpoint tensors map onto the shard by name.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from batchllm.models.config import ModelArchConfig
+from batchllm.models.llama import LlamaForCausalLM
+
+
+class RowParallelLinear(nn.Linear):
+    """y = all_reduce(x_shard @ W[:, shard].T): input features split across ranks (no bias)."""
+
+    def __init__(self, in_features_per_rank: int, out_features: int, group) -> None:
+        super().__init__(in_features_per_rank, out_features, bias=False)
+        self.group = group
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = F.linear(x, self.weight)  # [T, out_features], a partial sum
+        dist.all_reduce(out, group=self.group)
+        return out
+
+
+class VocabParallelEmbedding(nn.Embedding):
+    """Rows [vocab_start, vocab_start + num_embeddings) of the table; other ids give zeros,
+    and the all-reduce sums the one rank that holds each id."""
+
+    def __init__(self, num_embeddings_per_rank: int, embedding_dim: int, vocab_start: int, group) -> None:
+        super().__init__(num_embeddings_per_rank, embedding_dim, _weight=torch.empty(num_embeddings_per_rank, embedding_dim))
+        self.vocab_start = vocab_start
+        self.group = group
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        local = input_ids - self.vocab_start  # [T]
+        outside = (local < 0) | (local >= self.num_embeddings)
+        hidden = F.embedding(local.masked_fill(outside, 0), self.weight)  # [T, hidden]
+        hidden = hidden.masked_fill(outside[:, None], 0)
+        dist.all_reduce(hidden, group=self.group)
+        return hidden
+
+
+class TensorParallelLlama(LlamaForCausalLM):
+    """One rank's shard. forward is LlamaForCausalLM's; compute_logits gathers the vocabulary."""
+
+    def __init__(self, shard_config: ModelArchConfig, full_vocab_size: int, rank: int, world_size: int,
+                 group) -> None:
+        super().__init__(shard_config)
+        self.full_vocab_size = full_vocab_size
+        self.rank, self.world_size, self.group = rank, world_size, group
+        vocab_per_rank = shard_config.vocab_size
+        self.embed_tokens = VocabParallelEmbedding(vocab_per_rank, shard_config.hidden_size,
+                                                   rank * vocab_per_rank, group)
+        for layer in self.layers:
+            layer.self_attn.o_proj = RowParallelLinear(shard_config.q_size, shard_config.hidden_size, group)
+            layer.mlp.down_proj = RowParallelLinear(shard_config.intermediate_size, shard_config.hidden_size, group)
+
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        """hidden [N, hidden_size] -> logits [N, full_vocab_size] float32 on every rank."""
+        local = F.linear(hidden, self.output_weight())  # [N, vocab_per_rank], model dtype
+        parts = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(parts, local.contiguous(), group=self.group)
+        # Rounding to float32 after the gather gives the unsharded model's values exactly.
+        return torch.cat(parts, dim=-1)[:, : self.full_vocab_size].float()

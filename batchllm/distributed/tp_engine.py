@@ -1,0 +1,187 @@
+"""Tensor-parallel engine: one process per GPU on one host; this process is rank 0.
+
+Rank 0 is an LLMEngine (scheduler, stop checks, sampling, outputs unchanged) whose model is its
+shard and whose runner broadcasts each step's inputs before running the forward. Ranks 1..N-1
+are spawned processes (torch.multiprocessing, "spawn") that load their shard, allocate their
+slice of the KV cache and run the same forward on every step they receive. Collectives: NCCL
+(GPU) or gloo (CPU) for activations, a gloo group for the per-step control messages.
+
+    engine = create_engine(EngineConfig(model="random:qwen2.5-14b"), tensor_parallel_size=2)
+    for out in engine.run(requests): ...
+    engine.shutdown()  # or `with engine:`; also done at interpreter exit
+
+A script that builds a TPEngine must guard its top level with `if __name__ == "__main__":`
+(spawned workers import the main module).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import socket
+import sys
+import traceback
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from batchllm.config import EngineConfig
+from batchllm.distributed.config import TensorParallelConfig
+from batchllm.distributed.sharding import LoadedShard, ShardLayout, load_shard
+from batchllm.distributed.step_broadcast import StepBroadcaster
+from batchllm.distributed.tp_runner import TPModelRunner
+from batchllm.engine.kv_cache import KVCache, choose_num_kv_tokens, kv_bytes_per_token
+from batchllm.engine.llm_engine import LLMEngine, resolve_device, resolve_dtype
+
+
+def free_tcp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rank_device(config: EngineConfig, rank: int) -> torch.device:
+    device = resolve_device(config.device)
+    if device.type == "cuda":
+        if rank >= torch.cuda.device_count():
+            raise RuntimeError(f"tensor parallel rank {rank} needs GPU {rank}; {torch.cuda.device_count()} visible")
+        torch.cuda.set_device(rank)
+        return torch.device("cuda", rank)
+    return device
+
+
+@dataclass
+class RankState:
+    """What one rank holds after start-up."""
+
+    device: torch.device
+    dtype: torch.dtype
+    shard: LoadedShard
+    kv_cache: KVCache
+    max_model_len: int
+    tensor_group: object  # None: the default group
+    control_group: object
+
+    @property
+    def layout(self) -> ShardLayout:
+        return self.shard.layout
+
+
+def start_rank(config: EngineConfig, tp: TensorParallelConfig, rank: int, port: int) -> RankState:
+    """Every rank, in the same order: join the group, load the shard, agree on the KV size."""
+    world_size = tp.tensor_parallel_size
+    device = rank_device(config, rank)
+    dtype = resolve_dtype(config.dtype, device)
+    backend = tp.resolve_backend(device.type)
+    timeout = datetime.timedelta(seconds=tp.timeout_s)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                            timeout=timeout)
+    control_group = None if backend == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
+    shard = load_shard(config.model, dtype, device, rank, world_size, group=None)
+    full, local = shard.layout.full, shard.layout.shard
+    limit = full.max_position_embeddings
+    max_model_len = min(config.max_model_len or limit, limit)
+    shard.model.rotary.ensure_capacity(max_model_len, device)
+    # The same reserve as LLMEngine, on the full widths (conservative for a shard).
+    element = torch.empty((), dtype=dtype).element_size()
+    reserve = config.scheduler.max_num_batched_tokens * element * (8 * full.hidden_size + 3 * full.intermediate_size)
+    reserve += 1024 * full.vocab_size * 4 * 3 + (1 << 30)
+    bytes_per_token = kv_bytes_per_token(local.num_layers, local.num_kv_heads, local.head_dim, dtype)
+    num_kv_tokens = choose_num_kv_tokens(device, bytes_per_token, config.kv_cache_tokens,
+                                         config.gpu_memory_utilization, reserve)
+    # Rank 0 schedules for every rank: all must hold the same number of blocks (the smallest).
+    agreed = torch.tensor([num_kv_tokens], dtype=torch.int64)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=control_group)
+    num_blocks = max(1, int(agreed.item()) // config.scheduler.block_size)
+    kv_cache = KVCache.allocate(local.num_layers, num_blocks, config.scheduler.block_size, local.num_kv_heads,
+                                local.head_dim, dtype, device)
+    return RankState(device, dtype, shard, kv_cache, max_model_len, None, control_group)
+
+
+def make_runner(state: RankState, config: EngineConfig) -> TPModelRunner:
+    return TPModelRunner(state.shard.model, state.layout.shard, state.kv_cache, config.scheduler.block_size,
+                         state.device, config.attention_backend,
+                         broadcaster=StepBroadcaster(state.control_group, src_rank=0))
+
+
+def _worker_main(rank: int, port: int, config: EngineConfig, tp: TensorParallelConfig) -> None:
+    try:
+        state = start_rank(config, tp, rank, port)
+        make_runner(state, config).serve()
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - report, then die loudly so rank 0 times out
+        print(f"tensor parallel worker rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        raise
+
+
+def _stop(broadcaster: StepBroadcaster, processes: list, timeout_s: float) -> None:
+    """Tell the workers to stop, wait for them, leave the process group (idempotent)."""
+    if dist.is_initialized():
+        try:
+            broadcaster.send_stop()
+        finally:
+            for process in processes:
+                process.join(timeout=timeout_s)
+                if process.is_alive():
+                    process.terminate()
+            dist.destroy_process_group()
+
+
+class TPEngine(LLMEngine):
+    """LLMEngine whose model is split over tensor_parallel_size processes (this one is rank 0)."""
+
+    def __init__(self, config: EngineConfig, tp: TensorParallelConfig) -> None:  # noqa: D107
+        # Deliberately not LLMEngine.__init__ (it would load the full model on one device);
+        # the attributes set below are the ones LLMEngine.run reads.
+        from batchllm.tokenizer import load_tokenizer
+
+        if dist.is_initialized():
+            raise RuntimeError("a torch.distributed process group already exists in this process: "
+                               "one TPEngine per process")
+        self.config, self.tp = config, tp
+        port = tp.master_port or free_tcp_port()
+        context = mp.get_context("spawn")
+        self._workers = [context.Process(target=_worker_main, args=(rank, port, config, tp), daemon=True,
+                                         name=f"batchllm-tp-rank{rank}")
+                         for rank in range(1, tp.tensor_parallel_size)]
+        for process in self._workers:
+            process.start()
+        state = start_rank(config, tp, 0, port)
+        self.device, self.dtype = state.device, state.dtype
+        self.layout = state.layout
+        self.model, self.arch, self.model_name = state.shard.model, state.layout.full, state.shard.name
+        self.tokenizer = load_tokenizer(state.shard.tokenizer_source)
+        self.max_model_len = state.max_model_len
+        eos = set(self.arch.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = frozenset(eos)
+        self.kv_cache = state.kv_cache
+        self.scheduler_config = dataclasses.replace(config.scheduler, num_kv_blocks=state.kv_cache.num_blocks,
+                                                    max_model_len=self.max_model_len)
+        self.runner = make_runner(state, config)
+        self._finalizer = weakref.finalize(self, _stop, self.runner.broadcaster, self._workers, 60.0)
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.tp.tensor_parallel_size
+
+    def shutdown(self) -> None:
+        """Stop the workers and leave the process group (also runs at exit)."""
+        self._finalizer()
+
+    def __enter__(self) -> "TPEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+def create_engine(config: EngineConfig, tensor_parallel_size: int = 1, **tp_options) -> LLMEngine:
+    """The hook for LLM(...) and `batchllm run`: a plain LLMEngine for 1, a TPEngine above."""
+    if tensor_parallel_size == 1:
+        return LLMEngine(config)
+    return TPEngine(config, TensorParallelConfig(tensor_parallel_size=tensor_parallel_size, **tp_options))

@@ -1,0 +1,57 @@
+"""The model runner of a tensor-parallel rank: rank 0 broadcasts each step's inputs, then every
+rank runs the same forward on its shard; only rank 0 samples."""
+
+from __future__ import annotations
+
+import torch
+
+from batchllm.distributed.step_broadcast import StepBroadcaster
+from batchllm.engine.attention import AttentionMetadata, PagedAttention
+from batchllm.engine.model_runner import ModelRunner, StepResult
+from batchllm.engine.sampler import SamplingBatch, sample
+from batchllm.engine.step_inputs import StepInputs, build_step_inputs
+from batchllm.sched.interface import SchedulerOutput
+
+
+class TPModelRunner(ModelRunner):
+    """ModelRunner over a shard (arch = the shard's architecture: heads and KV heads per rank)."""
+
+    def __init__(self, *args, broadcaster: StepBroadcaster, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.broadcaster = broadcaster
+
+    @torch.inference_mode()
+    def forward_logits(self, inputs: StepInputs) -> torch.Tensor | None:
+        """Every rank: the shard forward (all-reduces inside); full-vocab logits of the sampled rows."""
+        metadata = AttentionMetadata(
+            slot_mapping=self._to_device(inputs.slot_mapping),
+            query_start_loc=self._to_device(inputs.query_start_loc),
+            seq_lens=self._to_device(inputs.seq_lens),
+            shared_kv_lens=self._to_device(inputs.shared_kv_lens),
+            block_tables=self._to_device(inputs.block_tables),
+            max_seq_len=inputs.max_seq_len,
+        )
+        self.backend.prepare(inputs, metadata)
+        attention = PagedAttention(self.kv_cache, metadata, self.backend, self.scale)
+        hidden = self.model(self._to_device(inputs.input_ids), self._to_device(inputs.positions), attention)
+        if inputs.sample_rows.size == 0:
+            return None
+        return self.model.compute_logits(hidden[self._to_device(inputs.sample_rows)])  # all-gather
+
+    @torch.inference_mode()
+    def execute(self, output: SchedulerOutput, sampling_rows: list[tuple]) -> StepResult:
+        """Rank 0 only."""
+        inputs = build_step_inputs(output, self.block_size)
+        self.broadcaster.send(inputs)
+        logits = self.forward_logits(inputs)
+        if logits is None:
+            return StepResult((), None)
+        return StepResult(inputs.sample_seq_ids, sample(logits, SamplingBatch.build(sampling_rows, self.device)))
+
+    def serve(self) -> int:
+        """Workers: run steps until rank 0 says stop; returns the number of steps run."""
+        num_steps = 0
+        while (inputs := self.broadcaster.receive()) is not None:
+            self.forward_logits(inputs)
+            num_steps += 1
+        return num_steps

@@ -16,7 +16,11 @@ def add_parser(subparsers) -> None:
             '  {"custom_id": "q1", "method": "POST", "url": "/v1/chat/completions",\n'
             '   "body": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 64}}\n'
             'or the short form {"custom_id": "q1", "prompt": "...", "max_tokens": 64}\n'
-            '(also "messages" or "prompt_token_ids"). A bad line becomes an error record; the rest run.'
+            '(also "messages" or "prompt_token_ids"). A bad line becomes an error record; the rest run.\n\n'
+            "Finished requests are journaled to OUTPUT.jsonl.partial as they finish; after a crash or\n"
+            "Ctrl-C, running the same command again resumes where it stopped (--restart: start over).\n"
+            "Exit codes: 0 done (per-line errors are records in the output), 2 nothing could run,\n"
+            "130/143 stopped by SIGINT/SIGTERM after saving (run the same command to resume)."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -24,6 +28,14 @@ def add_parser(subparsers) -> None:
     parser.add_argument("-o", "--output", metavar="OUTPUT.jsonl", required=True, help="where the answers go")
     add_engine_arguments(parser)
     parser.add_argument("--errors", metavar="FILE", help="also write the error records to FILE")
+    parser.add_argument("--order", default="input", choices=["input", "finish"],
+                        help="output order: input (default; the file is rewritten at the end) or finish "
+                             "(completion order)")
+    parser.add_argument("--window", type=int, default=None, metavar="N",
+                        help="plan and run N requests at a time (bounded memory on huge inputs; prefixes are "
+                             "only shared within a window). Default: the whole file at once")
+    parser.add_argument("--restart", action="store_true",
+                        help="ignore OUTPUT.jsonl.partial from an interrupted run and start over")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run_command)
 
@@ -62,25 +74,90 @@ def engine_config_from_args(args):
 
 
 def run_command(args) -> int:
-    import os
+    """Exit codes: 0 the job completed (per-line errors included), 2 nothing could run (unreadable
+    input, bad model, unwritable output, journal of another job), 130 / 143 stopped by SIGINT /
+    SIGTERM after saving what was done (run the same command again to resume)."""
+    from batchllm.batch_job import BatchJobOptions, StopRequest
 
-    if not os.path.isfile(args.input):
-        print(f"error: input file {args.input!r} not found", file=sys.stderr)
+    problem = _input_problem(args.input)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
         config = engine_config_from_args(args)
+        options = BatchJobOptions(errors_path=args.errors, order=args.order, window_num_requests=args.window,
+                                  restart=args.restart, show_progress=not args.no_progress)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     from batchllm.batch_job import run_batch_file
     from batchllm.engine.llm_engine import LLMEngine
+    from batchllm.io.journal import JournalMismatchError
 
     print(f"loading model {args.model or 'SmolLM2-135M-Instruct (default)'} ...", file=sys.stderr)
     try:
         engine = LLMEngine(config)
-    except (FileNotFoundError, ValueError) as error:
-        print(f"error: cannot load the model: {error}", file=sys.stderr)
+    except (FileNotFoundError, ValueError, OSError) as error:
+        print(f"error: cannot load the model {args.model or '(default)'}: {error} "
+              "(fix: pass --model a .gguf file, a HF model directory or random:PRESET)", file=sys.stderr)
         return 2
-    summary = run_batch_file(engine, args.input, args.output, args.errors, show_progress=not args.no_progress)
+    stop = StopRequest()
+    previous = _install_stop_handlers(stop)
+    try:
+        summary = run_batch_file(engine, args.input, args.output, options=options, stop=stop)
+    except JournalMismatchError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        print(f"error: cannot write the output: {error} (fix: choose a writable -o path)", file=sys.stderr)
+        return 2
+    finally:
+        _restore_handlers(previous)
+    if summary.interrupted_by:
+        print(summary.describe(), file=sys.stderr)
+        return stop.exit_code
     print(summary.describe())
     return 0
+
+
+def _input_problem(path: str) -> str | None:
+    import os
+
+    if not os.path.exists(path):
+        return f"input file {path!r} not found (fix: check the path)"
+    if not os.path.isfile(path):
+        return f"input {path!r} is not a file (fix: give a JSONL file)"
+    try:
+        with open(path, "rb") as handle:
+            handle.read(1)
+    except OSError as error:
+        return f"cannot read input file {path!r}: {error.strerror} (fix: check its permissions)"
+    return None
+
+
+def _install_stop_handlers(stop) -> dict:
+    """SIGINT/SIGTERM: finish the current step, save, exit 128 + signal number. A second
+    signal stops at once (the journal still holds every record written so far)."""
+    import signal
+
+    def handler(signum, frame):
+        if stop.requested:
+            raise KeyboardInterrupt
+        stop.signal_name = signal.Signals(signum).name
+        stop.exit_code = 128 + signum
+        print(f"\n{stop.signal_name}: stopping after the current step, saving what is done ...", file=sys.stderr)
+
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            previous[signum] = signal.signal(signum, handler)
+        except ValueError:  # not the main thread (e.g. called from a library)
+            pass
+    return previous
+
+
+def _restore_handlers(previous: dict) -> None:
+    import signal
+
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)

@@ -19,6 +19,7 @@ from batchllm.sampling_params import SamplingParams, SamplingParamsError
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 ENDPOINTS = {CHAT_URL: "chat", COMPLETIONS_URL: "completion"}
+MAX_TOKEN_ID = (1 << 31) - 1  # token ids are held as int32
 
 # Body fields we read; anything else is ignored with a warning.
 _SAMPLING_FIELDS = {
@@ -129,8 +130,9 @@ def _parse_prompt(body: dict, endpoint: str):
         raise RequestError("invalid_request", f"{key} must be a string or a list of token ids")
     if not value:
         raise RequestError("empty_prompt", f"{key} is empty")
-    if any(t < 0 for t in value):
-        raise RequestError("invalid_request", f"{key} holds a negative token id")
+    if any(t < 0 or t > MAX_TOKEN_ID for t in value):
+        bad = next(t for t in value if t < 0 or t > MAX_TOKEN_ID)
+        raise RequestError("invalid_request", f"{key} holds token id {bad}, outside [0, {MAX_TOKEN_ID}]")
     return None, None, tuple(value)
 
 
@@ -214,6 +216,11 @@ def parse_lines(lines: Iterable[bytes | str], start_line: int = 1) -> Iterator[B
             continue
         custom_id = obj.get("custom_id") if isinstance(obj, dict) else None
         custom_id = str(custom_id) if isinstance(custom_id, (str, int)) and not isinstance(custom_id, bool) else None
+        if "\\u" in text and _has_lone_surrogate(obj):
+            # JSON escapes such as "\ud800" decode to text that cannot be written as UTF-8.
+            yield BatchError(line_number, "invalid_unicode", "line holds a lone UTF-16 surrogate escape "
+                             "(e.g. \\ud800): not valid Unicode", None if _has_lone_surrogate(custom_id) else custom_id)
+            continue
         try:
             request = parse_request_object(obj, line_number)
         except RequestError as error:
@@ -225,6 +232,24 @@ def parse_lines(lines: Iterable[bytes | str], start_line: int = 1) -> Iterator[B
             continue
         seen.add(request.custom_id)
         yield request
+
+
+def _has_lone_surrogate(value: object) -> bool:
+    """True if any string (key or value) inside value cannot be encoded as UTF-8."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def read_batch_file(path: str) -> Iterator[BatchRequest | BatchError]:

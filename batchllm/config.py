@@ -21,6 +21,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.90
     attention_backend: str = "auto"  # auto: fused Triton on CUDA, batched PyTorch on CPU
     seed: int = 0  # seeds requests that have no seed of their own
+    # Triton kernels for RMSNorm / RoPE / SwiGLU; None: on for CUDA, off on CPU.
+    fused_kernels: bool | None = None
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:

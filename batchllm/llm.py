@@ -34,6 +34,7 @@ class LLM:
         max_num_seqs: int | None = None,
         attention_backend: str = "auto",
         seed: int = 0,
+        fused_kernels: bool | None = None,
         config: EngineConfig | None = None,
     ) -> None:
         if config is None:
@@ -41,7 +42,8 @@ class LLM:
                                         max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
             config = EngineConfig(model=model, dtype=dtype, device=device, max_model_len=max_model_len,
                                   kv_cache_tokens=kv_cache_tokens, gpu_memory_utilization=gpu_memory_utilization,
-                                  attention_backend=attention_backend, seed=seed, scheduler=scheduler)
+                                  attention_backend=attention_backend, seed=seed, fused_kernels=fused_kernels,
+                                  scheduler=scheduler)
         self.engine = LLMEngine(config)
         self.last_run_stats: RunStats | None = None
 

@@ -14,17 +14,19 @@ def prompts():
     return [p.tolist() for p in workload.prompts]
 
 
-def _run(backend: str, policy: str, prompts, device: str):
+def _run(backend: str, policy: str, prompts, device: str, fused_kernels: bool = False):
     llm = LLM(model=MODEL, dtype="float32", device=device, attention_backend=backend, policy=policy,
-              max_num_batched_tokens=64, kv_cache_tokens=2048)
+              max_num_batched_tokens=64, kv_cache_tokens=2048, fused_kernels=fused_kernels)
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     return [o.outputs[0].token_ids for o in outputs], llm.last_run_stats
 
 
-@pytest.mark.parametrize("backend,policy", [("fused", "batchllm"), ("triton", "vllm"), ("reference", "batchllm")])
-def test_backends_agree_with_the_torch_path(prompts, device, backend, policy):
+@pytest.mark.parametrize("backend,policy,fused_kernels", [
+    ("fused", "batchllm", True), ("fused", "batchllm", False), ("triton", "vllm", False), ("reference", "batchllm", False),
+])
+def test_backends_agree_with_the_torch_path(prompts, device, backend, policy, fused_kernels):
     expected, _ = _run("torch", policy, prompts, device)
-    got, stats = _run(backend, policy, prompts, device)
+    got, stats = _run(backend, policy, prompts, device, fused_kernels)
     assert got == expected
     assert all(len(tokens) == 4 for tokens in got)
     if policy == "batchllm":

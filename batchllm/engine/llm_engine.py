@@ -102,6 +102,8 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or limit, limit)
         # Build the RoPE table once, up front (growing it later would need a device sync).
         self.model.rotary.ensure_capacity(self.max_model_len, self.device)
+        fused = config.fused_kernels
+        self.model.fused_kernels = self.device.type == "cuda" if fused is None else fused
         eos = set(self.arch.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)

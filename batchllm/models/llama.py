@@ -8,6 +8,7 @@ not in the model). QKV and gate/up projections are fused: one matmul each.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -26,17 +27,37 @@ class AttentionFn(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class RopeInputs:
+    """RoPE for one step, computed once and shared by every layer."""
+
+    fused: bool  # True: cos/sin are the whole [max_positions, head_dim] tables (Triton kernel)
+    positions: Tensor  # [T] int64
+    cos: Tensor  # fused: [max_positions, head_dim]; else gathered [T, 1, head_dim], float32
+    sin: Tensor
+
+
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
-    def forward(self, x: Tensor) -> Tensor:
-        # Normalise in float32, multiply by the weight in the model dtype (as HF LlamaRMSNorm).
+    def forward(self, x: Tensor, residual: Tensor | None = None, fused: bool = False) -> tuple[Tensor, Tensor]:
+        """Returns (normed, new_residual) where new_residual = x + residual (x when None).
+
+        Normalise in float32, multiply by the weight in the model dtype (as HF LlamaRMSNorm);
+        `fused` runs the same rounding as one Triton kernel (GPU path).
+        """
+        if fused:
+            from batchllm.ops.fused_layers import rms_norm
+
+            return rms_norm(x, self.weight, self.eps, residual)
+        if residual is not None:
+            x = x + residual
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return self.weight * x32.to(x.dtype), x
 
 
 class LlamaAttention(nn.Module):
@@ -50,14 +71,18 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
 
-    def forward(
-        self, layer_index: int, hidden: Tensor, cos: Tensor, sin: Tensor, attention: AttentionFn
-    ) -> Tensor:
+    def forward(self, layer_index: int, hidden: Tensor, rope: "RopeInputs", attention: AttentionFn) -> Tensor:
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)  # [T, q_size + 2 * kv_size]
         query, key, value = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        query = apply_rope(query.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
-        key = apply_rope(key.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        query = query.view(num_tokens, self.num_heads, self.head_dim)
+        key = key.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if rope.fused:
+            from batchllm.ops.fused_layers import rope_inplace
+
+            rope_inplace(query, key, rope.positions, rope.cos, rope.sin)  # rotates the qkv buffer
+        else:
+            query, key = apply_rope(query, rope.cos, rope.sin), apply_rope(key, rope.cos, rope.sin)
         value = value.view(num_tokens, self.num_kv_heads, self.head_dim)
         # query: [T, num_heads, head_dim]; key, value: [T, num_kv_heads, head_dim]
         output = attention(layer_index, query, key, value)  # [T, num_heads, head_dim]
@@ -71,8 +96,13 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
-    def forward(self, hidden: Tensor) -> Tensor:
-        gate, up = self.gate_up_proj(hidden).chunk(2, dim=-1)  # each [T, intermediate_size]
+    def forward(self, hidden: Tensor, fused: bool = False) -> Tensor:
+        gate_up = self.gate_up_proj(hidden)  # [T, 2 * intermediate_size]
+        if fused:
+            from batchllm.ops.fused_layers import silu_and_mul
+
+            return self.down_proj(silu_and_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)  # each [T, intermediate_size]
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -85,10 +115,14 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config)
 
     def forward(
-        self, layer_index: int, hidden: Tensor, cos: Tensor, sin: Tensor, attention: AttentionFn
-    ) -> Tensor:
-        hidden = hidden + self.self_attn(layer_index, self.input_layernorm(hidden), cos, sin, attention)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        self, layer_index: int, hidden: Tensor, residual: Tensor | None, rope: "RopeInputs", attention: AttentionFn
+    ) -> tuple[Tensor, Tensor]:
+        """The residual stream is carried separately so each norm can fuse the add before it:
+        returns (this layer's MLP output, the residual stream before adding it)."""
+        hidden, residual = self.input_layernorm(hidden, residual, rope.fused)
+        hidden = self.self_attn(layer_index, hidden, rope, attention)
+        hidden, residual = self.post_attention_layernorm(hidden, residual, rope.fused)
+        return self.mlp(hidden, rope.fused), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -108,14 +142,21 @@ class LlamaForCausalLM(nn.Module):
         # meta -> device materialisation).
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config)
+        # Fused Triton kernels for norm / RoPE / SwiGLU (the engine turns them on for CUDA).
+        self.fused_kernels = False
 
     def forward(self, input_ids: Tensor, positions: Tensor, attention: AttentionFn) -> Tensor:
         """input_ids, positions: [T] int64 -> hidden [T, hidden_size] after the final norm."""
-        cos, sin = self.rotary.cos_sin(positions)  # [T, 1, head_dim] float32
+        if self.fused_kernels:
+            self.rotary.cos_sin(positions[:0])  # builds the table on this device once
+            rope = RopeInputs(True, positions, self.rotary.cos, self.rotary.sin)
+        else:
+            rope = RopeInputs(False, positions, *self.rotary.cos_sin(positions))  # [T, 1, head_dim] float32
         hidden = self.embed_tokens(input_ids)  # [T, hidden_size]
+        residual = None
         for layer_index, layer in enumerate(self.layers):
-            hidden = layer(layer_index, hidden, cos, sin, attention)
-        return self.norm(hidden)
+            hidden, residual = layer(layer_index, hidden, residual, rope, attention)
+        return self.norm(hidden, residual, self.fused_kernels)[0]
 
     def output_weight(self) -> Tensor:
         """[vocab_size, hidden_size]: lm_head, or the embedding table when tied."""

@@ -208,3 +208,26 @@ def prefix_shared_attention_reference(
             merged, merged_lse = merge_attention_states_reference(merged, merged_lse, o, lse)
         out[q_begin:q_end] = merged.to(query.dtype)
     return out
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """(normed, new_residual) with the rounding of HF's LlamaRMSNorm after `x + residual`."""
+    if residual is not None:
+        x = x + residual
+    x32 = x.float()
+    normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return weight * normed, x
+
+
+def silu_and_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+def rope_reference(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D]; cos/sin [max_positions, D] float32 -> rotate-half RoPE in float32, cast back."""
+    c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+    x32 = x.float()
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x32[..., half:], x32[..., :half]), dim=-1)
+    return (x32 * c + rotated * s).to(x.dtype)

@@ -1,0 +1,137 @@
+"""Fused element-wise kernels of the decoder layer (GPU path).
+
+Eager PyTorch spends ~25 launches per layer on RMSNorm, RoPE and SwiGLU; at 8B with a few hundred
+decode rows the step is bound by launching them (measured: benchmarks/profile_engine.py). Each kernel
+here replaces one of those chains with a single launch and keeps the exact rounding of the
+PyTorch path (references in ops/reference.py):
+  rms_norm:      (x [+ residual]) -> normalised in float32, cast to x.dtype, times weight
+  silu_and_mul:  [T, 2I] -> silu(gate) * up, [T, I]
+  rope_inplace:  rotate-half RoPE on q and k rows, float32 math, written back in place
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from batchllm.ops.validation import check, next_power_of_2
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, stride_x, stride_r, stride_o,
+                     stride_ro, hidden_size, eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden_size
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        # The sum is rounded to the model dtype first, as `hidden = hidden + residual` does.
+        x = x + tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0)
+        tl.store(residual_out_ptr + row * stride_ro + cols, x, mask=mask)
+    x32 = x.to(tl.float32)
+    variance = tl.sum(x32 * x32, axis=0) / hidden_size
+    normed = (x32 * tl.math.rsqrt(variance + eps)).to(x.dtype)
+    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + row * stride_o + cols, (normed.to(tl.float32) * weight.to(tl.float32)).to(x.dtype), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, residual: [T, hidden]; weight: [hidden]. Returns (normed, new_residual), where
+    new_residual = x + residual (or x itself when residual is None)."""
+    check(x.dim() == 2 and x.stride(-1) == 1, f"x must be [T, hidden] contiguous in hidden, got {tuple(x.shape)}")
+    check(weight.shape == (x.shape[1],), f"weight must be [{x.shape[1]}], got {tuple(weight.shape)}")
+    num_tokens, hidden_size = x.shape
+    out = torch.empty_like(x)
+    if residual is not None:
+        check(residual.shape == x.shape and residual.dtype == x.dtype, "residual must match x")
+        residual_out = torch.empty_like(x)
+    else:
+        residual, residual_out = x, x
+    if num_tokens:
+        block = next_power_of_2(hidden_size)
+        _rms_norm_kernel[(num_tokens,)](
+            x, residual, weight, out, residual_out, x.stride(0), residual.stride(0), out.stride(0),
+            residual_out.stride(0), hidden_size, eps, HAS_RESIDUAL=residual is not x, BLOCK=block,
+            num_warps=min(max(block // 512, 1), 16),
+        )
+    return out, residual_out
+
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, intermediate_size, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < intermediate_size
+    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    up = tl.load(x_ptr + row * stride_x + intermediate_size + cols, mask=mask, other=0.0)
+    # silu is rounded to the model dtype before the product, like F.silu(gate) * up.
+    gate32 = gate.to(tl.float32)
+    silu = (gate32 / (1.0 + tl.exp(-gate32))).to(gate.dtype)
+    tl.store(out_ptr + row * stride_o + cols, (silu.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=mask)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up: [T, 2I] (gate first) -> [T, I]."""
+    check(gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0 and gate_up.stride(-1) == 1,
+          f"gate_up must be [T, 2I] contiguous, got {tuple(gate_up.shape)}")
+    num_tokens, double = gate_up.shape
+    intermediate_size = double // 2
+    out = torch.empty((num_tokens, intermediate_size), dtype=gate_up.dtype, device=gate_up.device)
+    if num_tokens:
+        block = 1024
+        _silu_and_mul_kernel[(num_tokens, triton.cdiv(intermediate_size, block))](
+            gate_up, out, gate_up.stride(0), out.stride(0), intermediate_size, BLOCK=block, num_warps=4)
+    return out
+
+
+@triton.jit
+def _rope_rows(x_ptr, row, stride_t, stride_h, num_heads, cos1, sin1, cos2, sin2,
+               HEADS: tl.constexpr, HALF: tl.constexpr):
+    heads = tl.arange(0, HEADS)[:, None]
+    dims = tl.arange(0, HALF)[None, :]
+    mask = heads < num_heads
+    base = x_ptr + row * stride_t + heads * stride_h + dims
+    x1 = tl.load(base, mask=mask, other=0.0)
+    x2 = tl.load(base + HALF, mask=mask, other=0.0)
+    a = x1.to(tl.float32)
+    b = x2.to(tl.float32)
+    tl.store(base, (a * cos1 - b * sin1).to(x1.dtype), mask=mask)
+    tl.store(base + HALF, (b * cos2 + a * sin2).to(x1.dtype), mask=mask)
+
+
+@triton.jit
+def _rope_kernel(q_ptr, k_ptr, positions_ptr, cos_ptr, sin_ptr, stride_qt, stride_qh, stride_kt, stride_kh,
+                 stride_table, num_q_heads, num_k_heads, Q_HEADS: tl.constexpr, K_HEADS: tl.constexpr,
+                 HALF: tl.constexpr):
+    row = tl.program_id(0)
+    position = tl.load(positions_ptr + row)
+    dims = tl.arange(0, HALF)[None, :]
+    table = position * stride_table + dims
+    cos1 = tl.load(cos_ptr + table)
+    sin1 = tl.load(sin_ptr + table)
+    cos2 = tl.load(cos_ptr + table + HALF)
+    sin2 = tl.load(sin_ptr + table + HALF)
+    _rope_rows(q_ptr, row, stride_qt, stride_qh, num_q_heads, cos1, sin1, cos2, sin2, Q_HEADS, HALF)
+    _rope_rows(k_ptr, row, stride_kt, stride_kh, num_k_heads, cos1, sin1, cos2, sin2, K_HEADS, HALF)
+
+
+def rope_inplace(query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor) -> None:
+    """query [T, Hq, D], key [T, Hk, D] (strided views allowed, head_dim contiguous), positions [T],
+    cos/sin [max_positions, D] float32 (rotate-half layout). Rotates both in place."""
+    check(query.dim() == 3 and key.dim() == 3 and query.shape[0] == key.shape[0] == positions.shape[0],
+          "query [T, Hq, D], key [T, Hk, D] and positions [T] must agree on T")
+    check(query.stride(-1) == 1 and key.stride(-1) == 1, "head_dim must be contiguous")
+    check(cos.dtype == torch.float32 and cos.shape == sin.shape and cos.stride(-1) == 1, "cos/sin: float32 tables")
+    num_tokens, num_q_heads, head_dim = query.shape
+    check(key.shape[2] == head_dim and cos.shape[1] == head_dim and head_dim % 2 == 0, "head_dim mismatch")
+    half = head_dim // 2
+    check(half == next_power_of_2(half), f"head_dim / 2 must be a power of 2, got {half}")
+    if num_tokens:
+        _rope_kernel[(num_tokens,)](
+            query, key, positions, cos, sin, query.stride(0), query.stride(1), key.stride(0), key.stride(1),
+            cos.stride(0), num_q_heads, key.shape[1], Q_HEADS=next_power_of_2(num_q_heads),
+            K_HEADS=next_power_of_2(key.shape[1]), HALF=half, num_warps=4,
+        )

@@ -23,6 +23,8 @@ class EngineConfig:
     seed: int = 0  # seeds requests that have no seed of their own
     # Triton kernels for RMSNorm / RoPE / SwiGLU; None: on for CUDA, off on CPU.
     fused_kernels: bool | None = None
+    # True: never capture CUDA graphs (decode steps run eagerly; for debugging and comparison).
+    enforce_eager: bool = False
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:

@@ -35,6 +35,7 @@ class LLM:
         attention_backend: str = "auto",
         seed: int = 0,
         fused_kernels: bool | None = None,
+        enforce_eager: bool = False,
         config: EngineConfig | None = None,
     ) -> None:
         if config is None:
@@ -43,6 +44,7 @@ class LLM:
             config = EngineConfig(model=model, dtype=dtype, device=device, max_model_len=max_model_len,
                                   kv_cache_tokens=kv_cache_tokens, gpu_memory_utilization=gpu_memory_utilization,
                                   attention_backend=attention_backend, seed=seed, fused_kernels=fused_kernels,
+                                  enforce_eager=enforce_eager,
                                   scheduler=scheduler)
         self.engine = LLMEngine(config)
         self.last_run_stats: RunStats | None = None

@@ -36,10 +36,11 @@ def make_workload(spec: str, num_requests: int, output_tokens: int, vocab_size: 
     raise SystemExit(f"unknown workload {spec!r}: micro:P:D:SD or industrial")
 
 
-def parse_policy(text: str) -> tuple[str, str, dict]:
+def parse_policy(text: str) -> tuple[str, str, dict, bool]:
     """'vllm@1024/16384' -> ('vllm@1024/16384', 'vllm', {max_num_seqs: 1024, max_num_batched_tokens: 16384});
-    'batchllm@8192' -> token budget 8192."""
-    name, _, setting = text.partition("@")
+    'batchllm@8192' -> token budget 8192; a '+eager' suffix runs without CUDA graphs."""
+    eager = text.endswith("+eager")
+    name, _, setting = text.removesuffix("+eager").partition("@")
     changes: dict = {"policy": name}
     if setting:
         parts = setting.split("/")
@@ -47,7 +48,7 @@ def parse_policy(text: str) -> tuple[str, str, dict]:
             changes["max_num_seqs"], changes["max_num_batched_tokens"] = int(parts[0]), int(parts[1])
         else:
             changes["max_num_batched_tokens"] = int(parts[0])
-    return text, name, changes
+    return text, name, changes, eager
 
 
 def main() -> int:
@@ -88,9 +89,12 @@ def main() -> int:
         params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in workload.max_tokens]
         num_prompt_tokens = sum(len(p) for p in prompts)
         for policy_text in args.policies.split(","):
-            label, name, changes = parse_policy(policy_text)
+            label, name, changes, eager = parse_policy(policy_text)
             engine.scheduler_config = base_config
             engine.configure_scheduler(**changes)
+            graphs = engine.runner.graphs
+            if eager:
+                engine.runner.graphs = None
             llm.generate(prompts[:8], params[:8], use_tqdm=False)  # warm-up: compile kernels
             if engine.device.type == "cuda":
                 torch.cuda.synchronize()
@@ -123,6 +127,9 @@ def main() -> int:
                 "wait_ms_per_step": round(1000 * sum(s.wait_time_s for s in steps) / max(len(steps), 1), 2),
                 "flop_bound_s": round(bound, 3), "time_over_bound": round(seconds / bound, 2),
             }
+            if graphs is not None:
+                row["graph_replays"] = graphs.num_replays
+            engine.runner.graphs = graphs
             rows.append(row)
             print(json.dumps(row), flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()

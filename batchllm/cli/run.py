@@ -59,6 +59,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention-backend", default="auto", choices=["auto", "reference", "torch", "triton", "fused"],
                         help="attention implementation (auto: fused Triton kernel on GPU, batched PyTorch on CPU)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.90)
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
     parser.add_argument("--seed", type=int, default=0, help="seed for requests without their own")
 
 
@@ -70,7 +71,8 @@ def engine_config_from_args(args):
                                 max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
     return EngineConfig(model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                         kv_cache_tokens=args.kv_cache_tokens, gpu_memory_utilization=args.gpu_memory_utilization,
-                        attention_backend=args.attention_backend, seed=args.seed, scheduler=scheduler)
+                        attention_backend=args.attention_backend, seed=args.seed,
+                        enforce_eager=args.enforce_eager, scheduler=scheduler)
 
 
 def run_command(args) -> int:

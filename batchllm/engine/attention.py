@@ -32,6 +32,7 @@ class AttentionMetadata:
 
 class ReferenceBackend:
     name = "reference"
+    supports_cuda_graphs = False
 
     def prepare(self, inputs: StepInputs, metadata: AttentionMetadata) -> None:
         pass
@@ -62,15 +63,20 @@ class TritonPagedBackend(ReferenceBackend):
         self.block_size, self.num_heads, self.num_kv_heads = block_size, num_heads, num_kv_heads
         self.head_dim, self.device = head_dim, device
 
-    def prepare(self, inputs: StepInputs, metadata: AttentionMetadata) -> None:
+    supports_cuda_graphs = True
+
+    def build_host_plan(self, inputs: StepInputs):
+        """The step's work list on the host (numpy); one per step, shared by every layer."""
         from batchllm.ops.paged_attention import build_paged_plan
 
-        # One host-built work list per step, shared by every layer.
-        metadata.plan = build_paged_plan(
+        return build_paged_plan(
             inputs.query_start_loc, inputs.seq_lens, inputs.shared_kv_lens, inputs.block_tables,
             block_size=self.block_size, num_kv_heads=self.num_kv_heads, num_heads=self.num_heads,
             head_dim=self.head_dim,
-        ).to(self.device)
+        )
+
+    def prepare(self, inputs: StepInputs, metadata: AttentionMetadata) -> None:
+        metadata.plan = self.build_host_plan(inputs).to(self.device)
 
     def store(self, key, value, k_cache, v_cache, metadata: AttentionMetadata) -> None:
         self._store_kv(key, value, k_cache, v_cache, metadata.slot_mapping)
@@ -85,14 +91,14 @@ class FusedPrefixBackend(TritonPagedBackend):
 
     name = "fused"
 
-    def prepare(self, inputs: StepInputs, metadata: AttentionMetadata) -> None:
+    def build_host_plan(self, inputs: StepInputs):
         from batchllm.ops.work_list import build_prefix_shared_plan
 
-        metadata.plan = build_prefix_shared_plan(
+        return build_prefix_shared_plan(
             inputs.query_start_loc, inputs.seq_lens, inputs.shared_kv_lens, inputs.block_tables,
             inputs.group_ids, inputs.is_prefix, block_size=self.block_size,
             num_kv_heads=self.num_kv_heads, num_heads=self.num_heads, head_dim=self.head_dim,
-        ).to(self.device)
+        )
 
 
 def make_backend(name: str, device: torch.device, block_size: int, num_heads: int, num_kv_heads: int,

@@ -116,6 +116,9 @@ class LLMEngine:
         element = torch.empty((), dtype=self.dtype).element_size()
         activation_reserve = max_step_tokens * element * (8 * self.arch.hidden_size + 3 * self.arch.intermediate_size)
         activation_reserve += 1024 * self.arch.vocab_size * 4 * 3 + (1 << 30)
+        if not config.enforce_eager:
+            # Private memory pools of the decode CUDA graphs (one per token bucket).
+            activation_reserve += 2048 * element * (8 * self.arch.hidden_size + 3 * self.arch.intermediate_size) * 4
         num_kv_tokens = choose_num_kv_tokens(self.device, bytes_per_token, config.kv_cache_tokens,
                                              config.gpu_memory_utilization, activation_reserve)
         num_blocks = max(1, num_kv_tokens // block_size)
@@ -124,7 +127,7 @@ class LLMEngine:
         self.scheduler_config = dataclasses.replace(config.scheduler, num_kv_blocks=num_blocks,
                                                     max_model_len=self.max_model_len)
         self.runner = ModelRunner(self.model, self.arch, self.kv_cache, block_size, self.device,
-                                  config.attention_backend)
+                                  config.attention_backend, cuda_graphs=not config.enforce_eager)
 
     def configure_scheduler(self, **changes) -> None:
         """Change scheduling settings between runs (policy, token budget, ...); the model and

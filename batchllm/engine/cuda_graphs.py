@@ -1,0 +1,162 @@
+"""CUDA graphs for decode steps (every chunk one row).
+
+A decode-heavy step at 8B launches ~400 kernels; eager PyTorch spends longer launching them than
+the GPU spends running them (benchmarks/profile_engine.py). A captured graph replays the whole
+forward with one launch. Shapes are fixed per graph, so each graph owns static buffers:
+
+  rows:   the step's rows padded to a bucket with at least one spare row (padding rows store
+          no KV: slot -1; their outputs are garbage and never sampled)
+  plan:   the attention work list padded with no-op items (q_count 0, empty KV range), block
+          tables padded to a power-of-two width, merge entries padded to point at the spare row
+          with zero partials.
+
+Each step fills a pinned host copy of the buffers, copies it once to the device and replays.
+A step that does not fit a graph's capacities runs eagerly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from batchllm.engine.attention import AttentionMetadata, PagedAttention
+from batchllm.engine.step_inputs import StepInputs
+from batchllm.ops.work_list import F_PARTIAL_BASE, WORK_FIELDS
+
+TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
+
+
+@dataclass(frozen=True)
+class GraphKey:
+    num_rows: int  # bucket: rows of the graph (> the step's tokens)
+    num_blocks: int  # block-table width (power of two)
+
+
+class _Graph:
+    def __init__(self, key: GraphKey, work_fields: int, device: torch.device) -> None:
+        rows = key.num_rows
+        self.key = key
+        self.items_cap = 4 * rows + 1024  # decode work items: tiles x KV pieces, see work_list.py
+        self.slots_cap = 8 * rows + 1024  # partial results to merge
+        # int64 part: input_ids, positions, slot_mapping
+        self.host64 = torch.zeros(3 * rows, dtype=torch.int64).pin_memory()
+        self.dev64 = torch.zeros(3 * rows, dtype=torch.int64, device=device)
+        # int32 part: work, block_tables, prefix_limit, merge_tokens, merge_offsets, merge_slots
+        self.shapes32 = [(self.items_cap, work_fields), (rows, key.num_blocks), (rows,), (rows,), (rows + 1,),
+                         (self.slots_cap,)]
+        size32 = sum(int(np.prod(shape)) for shape in self.shapes32)
+        self.host32 = torch.zeros(size32, dtype=torch.int32).pin_memory()
+        self.dev32 = torch.zeros(size32, dtype=torch.int32, device=device)
+        self.host64_np = self.host64.numpy()
+        self.host32_views = self._views(self.host32.numpy())
+        self.dev32_views = self._views(self.dev32)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.hidden: torch.Tensor | None = None
+
+    def _views(self, flat):
+        views, offset = [], 0
+        for shape in self.shapes32:
+            size = int(np.prod(shape))
+            views.append(flat[offset:offset + size].reshape(shape))
+            offset += size
+        return views
+
+    def fits(self, plan, inputs: StepInputs) -> bool:
+        return (plan.work.shape[0] <= self.items_cap and plan.num_partial_slots <= self.slots_cap
+                and plan.merge_tokens.shape[0] < self.key.num_rows)
+
+    def fill(self, plan, inputs: StepInputs) -> None:
+        rows, num_tokens = self.key.num_rows, inputs.num_tokens
+        ids = self.host64_np
+        ids[:] = 0
+        ids[2 * rows:] = -1  # padding rows store no KV
+        ids[:num_tokens] = inputs.input_ids
+        ids[rows:rows + num_tokens] = inputs.positions
+        ids[2 * rows:2 * rows + num_tokens] = inputs.slot_mapping
+        work, tables, limit, merge_tokens, merge_offsets, merge_slots = self.host32_views
+        work[:] = 0  # no-op items: q_count 0 and an empty KV range
+        work[:, F_PARTIAL_BASE] = -1  # direct write (of nothing)
+        work[:plan.work.shape[0]] = plan.work
+        tables[:] = 0
+        tables[:plan.block_tables.shape[0], :plan.block_tables.shape[1]] = plan.block_tables
+        limit[:] = 0
+        limit[:num_tokens] = plan.prefix_limit
+        num_merge = plan.merge_tokens.shape[0]
+        merge_tokens[:] = rows - 1  # the spare row absorbs the padded merges
+        merge_tokens[:num_merge] = plan.merge_tokens
+        merge_offsets[:] = plan.num_partial_slots
+        merge_offsets[:num_merge + 1] = plan.merge_offsets
+        merge_slots[:] = 0
+        merge_slots[:plan.num_partial_slots] = plan.merge_slots
+        self.dev64.copy_(self.host64, non_blocking=True)
+        self.dev32.copy_(self.host32, non_blocking=True)
+
+    def device_plan(self, template):
+        """A PrefixSharedPlanOnDevice over the static buffers, shaped like the graph."""
+        from batchllm.ops.work_list import PrefixSharedPlanOnDevice
+
+        work, tables, limit, merge_tokens, merge_offsets, merge_slots = self.dev32_views
+        return PrefixSharedPlanOnDevice(
+            work=work, work_prefix=work[:0], work_distinct=work[:0], block_tables=tables, prefix_limit=limit,
+            merge_tokens=merge_tokens, merge_offsets=merge_offsets, merge_slots=merge_slots,
+            num_partial_slots=self.slots_cap, num_tokens=self.key.num_rows, num_heads=template.num_heads,
+            num_kv_heads=template.num_kv_heads, block_size=template.block_size, tile=template.tile)
+
+
+class DecodeGraphRunner:
+    def __init__(self, model, kv_cache, backend, scale: float, device: torch.device, max_rows: int = 2048) -> None:
+        self.model, self.kv_cache, self.backend, self.scale, self.device = model, kv_cache, backend, scale, device
+        self.max_rows = max_rows
+        self.work_fields = WORK_FIELDS
+        self.graphs: dict[GraphKey, _Graph] = {}
+        self.num_replays = 0
+        self.num_eager = 0
+
+    def key_for(self, inputs: StepInputs) -> GraphKey | None:
+        q_lens = np.diff(inputs.query_start_loc)
+        if inputs.num_tokens == 0 or q_lens.max() != 1:
+            return None
+        rows = next((b for b in TOKEN_BUCKETS if b > inputs.num_tokens and b <= self.max_rows), None)
+        if rows is None:
+            return None
+        width = 1 << max(int(inputs.block_tables.shape[1]) - 1, 0).bit_length()
+        return GraphKey(rows, max(width, 16))
+
+    def run(self, inputs: StepInputs, plan) -> torch.Tensor | None:
+        """Hidden states [num_tokens, hidden] of a decode step via a graph, or None (run eagerly)."""
+        key = self.key_for(inputs)
+        if key is None:
+            return None
+        graph = self.graphs.get(key)
+        if graph is None:
+            graph = self.graphs[key] = _Graph(key, self.work_fields, self.device)
+        if not graph.fits(plan, inputs):
+            self.num_eager += 1
+            return None
+        graph.fill(plan, inputs)
+        if graph.graph is None:
+            self._capture(graph, plan)
+        graph.graph.replay()
+        self.num_replays += 1
+        return graph.hidden[:inputs.num_tokens]
+
+    def _capture(self, graph: _Graph, template_plan) -> None:
+        rows = graph.key.num_rows
+        input_ids, positions, slot_mapping = graph.dev64[:rows], graph.dev64[rows:2 * rows], graph.dev64[2 * rows:]
+        metadata = AttentionMetadata(slot_mapping=slot_mapping, query_start_loc=None, seq_lens=None,
+                                     shared_kv_lens=None, block_tables=None, max_seq_len=0,
+                                     plan=graph.device_plan(template_plan))
+        attention = PagedAttention(self.kv_cache, metadata, self.backend, self.scale)
+        # Warm up on a side stream (Triton compiles, allocator settles), then capture. The
+        # buffers hold the current step, so the warm-up writes the same KV the replay will.
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            self.model(input_ids, positions, attention)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cuda_graph):
+            graph.hidden = self.model(input_ids, positions, attention)
+        graph.graph = cuda_graph

@@ -1,0 +1,211 @@
+"""Data parallelism on Ray Data (optional extra: pip install 'batchllm[ray]').
+
+The driver plans prefix groups over the WHOLE batch, assigns whole groups to shards by balanced
+token cost (dp_plan: longest-processing-time first), and Ray Data runs one LLMEngine per replica
+in an actor pool (map_batches with a class UDF, `concurrency=num_replicas`, `num_gpus` each).
+One input row = one shard = a list of whole groups; the UDF is a generator that yields finished
+requests every `stream_every` outputs, so results stream to the driver while replicas run.
+
+Why pre-bucketed shards and not Ray's own grouping (groupby(key).map_groups / repartition by key):
+- the grouping key does not exist before planning: the optimal groups come from the global
+  prefix tree (a request's group depends on every other prompt), so it has to be computed on the
+  whole batch first anyway, and then the balanced assignment is already known;
+- Ray's groupby hash-partitions keys: partitions are balanced by count of keys, not by token
+  cost, and one map_groups call per group would hand the engine a few requests at a time (mean
+  sharing degree ~3), losing cross-group token batching, the point of BatchLLM 4.3;
+- a shard per replica keeps the engine's own scheduler whole (it re-plans its shard and finds
+  the same groups), and the pre-bucketed rows are small (token ids), so no shuffle is needed.
+Ray Data still gives the actor pool, GPU placement, back-pressure and streaming output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import sys
+import types
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from batchllm.distributed.dp_plan import ReplicaPlan, plan_replicas
+
+RAY_MISSING = "Ray is not installed: pip install 'batchllm[ray]' (ray[data])"
+DEFAULT_COST_MAX_TOKENS = 256  # decode tokens assumed for cost when a request has no max_tokens
+
+
+@dataclass(frozen=True)
+class RayDPConfig:
+    num_replicas: int = 2
+    gpus_per_replica: float = 0.0  # 1 per replica on GPU clusters (tensor parallel inside: more)
+    cpus_per_replica: float = 1.0
+    shards_per_replica: int = 1  # >1: smaller shards, Ray balances them dynamically over replicas
+    stream_every: int = 64  # finished requests per streamed batch
+    decode_token_weight: float = 1.0  # cost of a decode token relative to a prefill token
+
+    def __post_init__(self) -> None:
+        if self.num_replicas < 1 or self.shards_per_replica < 1 or self.stream_every < 1:
+            raise ValueError("num_replicas, shards_per_replica and stream_every must be >= 1")
+
+
+@dataclass(frozen=True)
+class ReplicaError:
+    """A request the replica could not run (e.g. too long for its KV cache)."""
+
+    request_id: int
+    message: str
+
+
+class EngineReplica:
+    """Ray Data class UDF: one LLMEngine per actor, one shard per call."""
+
+    def __init__(self, engine_config, stream_every: int) -> None:
+        from batchllm.engine.llm_engine import LLMEngine
+
+        self.engine = LLMEngine(engine_config)
+        self.stream_every = stream_every
+
+    def __call__(self, batch: dict) -> Iterator[dict]:
+        from batchllm.engine.llm_engine import RequestTooLongError
+
+        for payload in batch["payload"]:
+            requests = pickle.loads(payload)
+            runnable, errors = [], []
+            for request in requests:
+                try:
+                    params = self.engine.check_length(request.prompt_token_ids, request.params)
+                    runnable.append(dataclasses.replace(request, params=params))
+                except (RequestTooLongError, ValueError) as error:
+                    errors.append(ReplicaError(request.request_id, str(error)))
+            pending: list = list(errors)
+            for done in self.engine.run(runnable):
+                pending.append(done)
+                if len(pending) >= self.stream_every:
+                    yield {"payload": np.array([pickle.dumps(pending)], dtype=object)}
+                    pending = []
+            if pending:
+                yield {"payload": np.array([pickle.dumps(pending)], dtype=object)}
+
+
+def plan_shards(requests: Sequence, dp: RayDPConfig) -> ReplicaPlan:
+    """PreparedRequests -> global plan, whole groups to num_replicas * shards_per_replica shards."""
+    prompts = [request.prompt_token_ids for request in requests]
+    max_tokens = [request.params.max_tokens if request.params.max_tokens is not None else DEFAULT_COST_MAX_TOKENS
+                  for request in requests]
+    return plan_replicas(prompts, max_tokens, dp.num_replicas * dp.shards_per_replica, dp.decode_token_weight)
+
+
+def run_on_ray(engine_config, requests: Sequence, dp: RayDPConfig) -> Iterator[object]:
+    """Yields FinishedOutput (or ReplicaError) as replicas finish them (any order). Ray must be
+    initialised by the caller (ray.init(...) or an existing cluster)."""
+    try:
+        import ray
+    except ImportError as error:
+        raise RuntimeError(RAY_MISSING) from error
+    if not requests:
+        return
+    plan = plan_shards(requests, dp)
+    rows = []
+    for shard in range(plan.num_replicas):
+        indices = plan.requests_of(shard)
+        if indices.size:
+            rows.append({"shard": shard, "payload": pickle.dumps([requests[i] for i in indices.tolist()])})
+    dataset = ray.data.from_items(rows, override_num_blocks=len(rows))
+    results = dataset.map_batches(
+        EngineReplica, fn_constructor_args=(engine_config, dp.stream_every), batch_size=1, batch_format="numpy",
+        concurrency=dp.num_replicas, num_gpus=dp.gpus_per_replica, num_cpus=dp.cpus_per_replica,
+    )
+    for batch in results.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=0):
+        for payload in batch["payload"]:
+            yield from pickle.loads(payload)
+
+
+def generate_on_ray(engine_config, requests: Sequence, dp: RayDPConfig) -> list[object]:
+    """Python helper: every request's FinishedOutput (or ReplicaError), in request order.
+    requests: PreparedRequest with request_id = position in the list."""
+    finished = {done.request_id: done for done in run_on_ray(engine_config, requests, dp)}
+    return [finished[request.request_id] for request in requests]
+
+
+def driver_tokenizer_source(model: str | None) -> dict:
+    """Where the driver reads the tokenizer from, without loading the weights."""
+    from pathlib import Path
+
+    from batchllm.models.hf_loader import is_hf_dir
+    from batchllm.models.loader import default_model_path
+    from batchllm.models.presets import RANDOM_PREFIX
+
+    if model is not None and model.startswith(RANDOM_PREFIX):
+        return {"kind": "none"}
+    path = default_model_path() if model is None else Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return {"kind": "gguf", "path": str(path)}
+    if is_hf_dir(path):
+        return {"kind": "hf_dir", "path": str(path)}
+    raise FileNotFoundError(f"model {model!r} not found: expected a HF model directory, a .gguf file or random:<preset>")
+
+
+def run_batch_file_on_ray(engine_config, input_path: str, output_path: str, dp: RayDPConfig,
+                          errors_path: str | None = None) -> dict:
+    """`batchllm run --ray`: the same output file as run_batch_file (one line per input line, in
+    input order, written whole then renamed; lines also appended to OUTPUT.partial as they come).
+    Returns a summary dict."""
+    from batchllm.batch_job import _openai_logprobs, tokenize_request
+    from batchllm.engine.llm_engine import PreparedRequest, RequestTooLongError
+    from batchllm.io.batch_input import BatchError, read_batch_file
+    from batchllm.io.batch_output import dumps, error_line, success_line
+    from batchllm.models.presets import RANDOM_PREFIX
+    from batchllm.tokenizer import load_tokenizer
+
+    model_name = engine_config.model if engine_config.model and engine_config.model.startswith(RANDOM_PREFIX) \
+        else os.path.splitext(os.path.basename(str(engine_config.model or "SmolLM2-135M-Instruct")))[0]
+    driver = types.SimpleNamespace(tokenizer=load_tokenizer(driver_tokenizer_source(engine_config.model)),
+                                   model_name=model_name)
+    slots: list[dict | None] = []
+    prepared, items = [], {}
+    for item in read_batch_file(input_path):
+        if isinstance(item, BatchError):
+            slots.append(error_line(item.custom_id, item.code, item.message, item.line_number))
+            continue
+        try:
+            token_ids = tokenize_request(driver, item)
+        except (RequestTooLongError, ValueError) as error:
+            slots.append(error_line(item.custom_id, "invalid_request", str(error), item.line_number))
+            continue
+        items[len(slots)] = item
+        prepared.append(PreparedRequest(len(slots), token_ids, item.sampling))
+        slots.append(None)
+    os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
+    num_output_tokens = 0
+    with open(output_path + ".partial", "w", encoding="utf-8") as partial:
+        for done in run_on_ray(engine_config, prepared, dp):
+            item = items[done.request_id]
+            if isinstance(done, ReplicaError):
+                line = error_line(item.custom_id, "invalid_request", done.message, item.line_number)
+            else:
+                line = success_line(item.custom_id, item.endpoint, item.model or model_name, done.text,
+                                    done.finish_reason, len(done.prompt_token_ids), len(done.output_token_ids),
+                                    done.num_cached_prompt_tokens, _openai_logprobs(driver, done))
+                num_output_tokens += len(done.output_token_ids)
+            slots[done.request_id] = line
+            partial.write(dumps(line) + "\n")
+            partial.flush()
+    tmp_path = output_path + ".tmp"
+    with open(tmp_path, "w", encoding="utf-8") as handle:
+        for line in slots:
+            handle.write(dumps(line) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp_path, output_path)
+    os.remove(output_path + ".partial")
+    errors = [line for line in slots if line["error"] is not None]
+    if errors_path:
+        with open(errors_path, "w", encoding="utf-8") as handle:
+            handle.writelines(dumps(line) + "\n" for line in errors)
+    summary = {"output_path": output_path, "num_requests": len(slots) - len(errors), "num_errors": len(errors),
+               "num_output_tokens": num_output_tokens, "num_replicas": dp.num_replicas}
+    print(f"{summary['num_requests']} requests answered on {dp.num_replicas} Ray replicas, "
+          f"{summary['num_errors']} errors -> {output_path}", file=sys.stderr)
+    return summary

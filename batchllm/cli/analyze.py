@@ -46,12 +46,14 @@ def _tokenizer_source(model: str) -> dict:
     raise AnalyzeError(f"--model {model!r}: not a .gguf file or a model directory")
 
 
-def _read_token_ids(path: str, model: str | None) -> tuple[list[str], list[list[int]], list[str]]:
-    """(custom_ids, token ids, error lines). Text is tokenized only if some line needs it."""
+def _read_token_ids(path: str, model: str | None):
+    """(custom_ids, TokenStore of int32 prompts, error lines), streaming the file line by line.
+    Text is tokenized only if some line needs it."""
     from batchllm.io.batch_input import BatchError, read_batch_file
+    from batchllm.io.token_store import TokenStore
 
     custom_ids: list[str] = []
-    prompts: list = []
+    prompts = TokenStore()
     errors: list[str] = []
     tokenizer = None
     for item in read_batch_file(path):
@@ -59,7 +61,7 @@ def _read_token_ids(path: str, model: str | None) -> tuple[list[str], list[list[
             errors.append(f"line {item.line_number}: {item.code}: {item.message}")
             continue
         if item.prompt_token_ids is not None:
-            token_ids = list(item.prompt_token_ids)
+            token_ids = item.prompt_token_ids
         else:
             if tokenizer is None:
                 if model is None:
@@ -149,6 +151,7 @@ def analyze_command(args) -> int:
         return 2
     for message in errors:
         print(f"error: {message}", file=sys.stderr)
+    prompts = prompts.views()  # int32 views into one flat buffer
     try:
         if args.groups:
             plan = plan_prefix_groups(prompts)

@@ -74,7 +74,7 @@ def parse_request_object(obj: object, line_number: int = 0) -> BatchRequest:
         if method != "POST":
             raise RequestError("invalid_method", f"method must be POST, got {method!r}")
         url = obj.get("url")
-        if url not in ENDPOINTS:
+        if not isinstance(url, str) or url not in ENDPOINTS:
             raise RequestError("invalid_url", f"url must be {CHAT_URL} or {COMPLETIONS_URL}, got {url!r}")
         body = obj.get("body")
         if not isinstance(body, dict):
@@ -207,7 +207,7 @@ def parse_lines(lines: Iterable[bytes | str], start_line: int = 1) -> Iterator[B
                 continue
         else:
             text = raw
-        if not text.strip():
+        if not text.strip(" \t\r\n"):  # JSON whitespace only: a line of other control bytes is an error
             continue
         try:
             obj = json.loads(text)

@@ -95,14 +95,22 @@ def main() -> int:
             graphs = engine.runner.graphs
             if eager:
                 engine.runner.graphs = None
-            llm.generate(prompts[:8], params[:8], use_tqdm=False)  # warm-up: compile kernels
-            if engine.device.type == "cuda":
-                torch.cuda.synchronize()
-            started = time.perf_counter()
-            outputs = llm.generate(prompts, params, use_tqdm=False)
-            if engine.device.type == "cuda":
-                torch.cuda.synchronize()
-            seconds = time.perf_counter() - started
+            try:
+                llm.generate(prompts[:8], params[:8], use_tqdm=False)  # warm-up: compile kernels
+                if engine.device.type == "cuda":
+                    torch.cuda.synchronize()
+                started = time.perf_counter()
+                outputs = llm.generate(prompts, params, use_tqdm=False)
+                if engine.device.type == "cuda":
+                    torch.cuda.synchronize()
+                seconds = time.perf_counter() - started
+            except Exception as error:  # keep measuring the other policies; the row says what failed
+                import traceback
+
+                traceback.print_exc()
+                engine.runner.graphs = graphs
+                rows.append({"workload": spec, "policy": label, "error": repr(error)})
+                continue
             stats = llm.last_run_stats
             num_output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
             assert num_output_tokens == sum(workload.max_tokens), "a request did not produce its fixed length"

@@ -51,11 +51,44 @@ def parse_policy(text: str) -> tuple[str, str, dict, bool]:
     return text, name, changes, eager
 
 
+def time_hf_generate(arch, prompts: list[list[int]], output_tokens: int) -> float:
+    """HF transformers `generate` on the same architecture (its own random bf16 weights: speed does
+    not depend on them), one static batch, greedy, exactly output_tokens new tokens."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=arch.vocab_size, hidden_size=arch.hidden_size,
+                         intermediate_size=arch.intermediate_size, num_hidden_layers=arch.num_layers,
+                         num_attention_heads=arch.num_heads, num_key_value_heads=arch.num_kv_heads,
+                         head_dim=arch.head_dim, rms_norm_eps=arch.rms_norm_eps, rope_theta=arch.rope_theta,
+                         max_position_embeddings=arch.max_position_embeddings,
+                         tie_word_embeddings=arch.tie_word_embeddings)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa", torch_dtype=torch.bfloat16)
+    model.eval()
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device="cuda")
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device="cuda")
+    with torch.inference_mode():
+        model.generate(input_ids[:1, :16], attention_mask=mask[:1, :16], max_new_tokens=2, do_sample=False,
+                       pad_token_id=0)  # warm-up
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        model.generate(input_ids, attention_mask=mask, max_new_tokens=output_tokens, min_new_tokens=output_tokens,
+                       do_sample=False, pad_token_id=0)
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    del model
+    torch.cuda.empty_cache()
+    return seconds
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="random:llama-3.1-8b")
     parser.add_argument("--workload", action="append", default=None,
-                        help="micro:P:D:SD or industrial (repeatable; default micro:2000:200:16)")
+                        help="micro:P:D:SD or industrial, optionally #N requests (repeatable; "
+                             "default micro:2000:200:16)")
     parser.add_argument("--requests", type=int, default=512)
     parser.add_argument("--output-tokens", type=int, default=100)
     parser.add_argument("--policies", default="batchllm,vllm,sglang",
@@ -65,6 +98,9 @@ def main() -> int:
     parser.add_argument("--kv-cache-tokens", type=int, default=None)
     parser.add_argument("--out", default="benchmarks/results/e2e.json")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hf-peer", type=int, default=0, metavar="N",
+                        help="also time HF transformers static `generate` (sdpa) on the first N requests of each "
+                             "workload as one batch, and scale its time to the whole workload")
     args = parser.parse_args()
 
     import torch
@@ -80,8 +116,11 @@ def main() -> int:
           f" device {engine.device}", flush=True)
     base_config = engine.scheduler_config
     rows = []
-    for spec in args.workload or ["micro:2000:200:16"]:
-        workload = make_workload(spec, args.requests, args.output_tokens, arch.vocab_size, args.seed)
+    workloads = args.workload or ["micro:2000:200:16"]
+    for spec_text in workloads:
+        spec, _, count = spec_text.partition("#")  # "industrial#2000": this workload's request count
+        num_requests = int(count) if count else args.requests
+        workload = make_workload(spec, num_requests, args.output_tokens, arch.vocab_size, args.seed)
         prompts = [p.tolist() for p in workload.prompts]
         plan = plan_prefix_groups(prompts)
         groups = [(len(g.prefix_token_ids), [len(d) for d in g.distinct_token_ids], g.request_indices) for g in plan.groups]
@@ -138,6 +177,16 @@ def main() -> int:
             if graphs is not None:
                 row["graph_replays"] = graphs.num_replays
             engine.runner.graphs = graphs
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        if args.hf_peer and spec_text == workloads[0]:
+            hf_seconds = time_hf_generate(arch, prompts[:args.hf_peer], args.output_tokens)
+            scaled = hf_seconds * len(prompts) / min(args.hf_peer, len(prompts))
+            row = {"workload": spec, "requests": len(prompts), "model": args.model,
+                   "policy": f"hf-generate (static batch {min(args.hf_peer, len(prompts))}, sdpa; scaled)",
+                   "seconds": round(scaled, 3), "req_per_s": round(len(prompts) / scaled, 2),
+                   "output_tok_per_s": round(len(prompts) * args.output_tokens / scaled, 1),
+                   "measured_seconds": round(hf_seconds, 3), "time_over_bound": round(scaled / bound, 2)}
             rows.append(row)
             print(json.dumps(row), flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()

@@ -1,0 +1,49 @@
+"""Issue 7: with a tiny KV budget (--kv-cache-tokens 512) long generations complete through
+preemption/recompute (vllm, sglang) or memory-aware admission (batchllm), and the greedy
+outputs equal the unconstrained run token for token, under every policy."""
+
+import pytest
+
+from batchllm.config import EngineConfig
+from batchllm.engine.llm_engine import LLMEngine, PreparedRequest, RunStats
+from batchllm.sampling_params import SamplingParams
+
+SMALL_KV_TOKENS = 512
+TOPICS = ["cats", "dogs", "oceans", "robots", "winter", "cities", "music", "trees"]  # 8 x (~12 + 64) > 512
+
+
+@pytest.fixture(scope="module")
+def engines():
+    return LLMEngine(EngineConfig(kv_cache_tokens=4096)), LLMEngine(EngineConfig(kv_cache_tokens=SMALL_KV_TOKENS))
+
+
+def _requests(engine):
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    return [PreparedRequest(i, engine.tokenizer.encode_prompt(f"{topic.capitalize()}: write a story about them. "
+                                                              "Once upon a time"), params)
+            for i, topic in enumerate(TOPICS)]
+
+
+def _run(engine, policy, requests):
+    engine.configure_scheduler(policy=policy)
+    stats = RunStats()
+    outputs = {done.request_id: done.output_token_ids for done in engine.run(requests, stats=stats)}
+    return outputs, stats
+
+
+def test_tiny_kv_budget_gives_the_unconstrained_outputs_under_every_policy(engines):
+    big, small = engines
+    requests = _requests(big)
+    assert sum(len(r.prompt_token_ids) + 64 for r in requests) > SMALL_KV_TOKENS
+    reference, _ = _run(big, "batchllm", requests)
+    assert len({tuple(v) for v in reference.values()}) == len(TOPICS)  # real, distinct generations
+    assert small.num_kv_tokens == SMALL_KV_TOKENS
+    for policy in ("batchllm", "vllm", "sglang"):
+        outputs, stats = _run(small, policy, requests)
+        assert outputs == reference, policy
+        assert max(r.num_used_blocks for r in stats.step_records) <= SMALL_KV_TOKENS // 16, policy
+        preempted = sum(r.num_preempted_requests for r in stats.step_records)
+        if policy == "batchllm":
+            assert preempted == 0  # admits by full-length KV need (BatchLLM 4.3.3): never has to preempt
+        else:
+            assert preempted > 0, policy  # memory ran out mid-run: preempted and recomputed

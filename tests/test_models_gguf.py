@@ -2,7 +2,6 @@
 
 import time
 
-import pytest
 import torch
 
 from model_helpers import default_gguf_path, run_flat

@@ -16,7 +16,6 @@ A script that builds a TPEngine must guard its top level with `if __name__ == "_
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import socket
 import sys
@@ -34,7 +33,9 @@ from batchllm.distributed.sharding import LoadedShard, ShardLayout, load_shard
 from batchllm.distributed.step_broadcast import StepBroadcaster
 from batchllm.distributed.tp_runner import TPModelRunner
 from batchllm.engine.kv_cache import KVCache, choose_num_kv_tokens, kv_bytes_per_token
-from batchllm.engine.llm_engine import LLMEngine, resolve_device, resolve_dtype
+from batchllm.engine.llm_engine import (
+    LLMEngine, activation_reserve_bytes, model_len_limit, prepare_model, resolve_device, resolve_dtype,
+)
 
 
 def free_tcp_port() -> int:
@@ -82,13 +83,10 @@ def start_rank(config: EngineConfig, tp: TensorParallelConfig, rank: int, port: 
     control_group = None if backend == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
     shard = load_shard(config.model, dtype, device, rank, world_size, group=None)
     full, local = shard.layout.full, shard.layout.shard
-    limit = full.max_position_embeddings
-    max_model_len = min(config.max_model_len or limit, limit)
-    shard.model.rotary.ensure_capacity(max_model_len, device)
+    max_model_len = model_len_limit(config, full)
+    prepare_model(shard.model, config, max_model_len, device)
     # The same reserve as LLMEngine, on the full widths (conservative for a shard).
-    element = torch.empty((), dtype=dtype).element_size()
-    reserve = config.scheduler.max_num_batched_tokens * element * (8 * full.hidden_size + 3 * full.intermediate_size)
-    reserve += 1024 * full.vocab_size * 4 * 3 + (1 << 30)
+    reserve = activation_reserve_bytes(config, full, dtype)
     bytes_per_token = kv_bytes_per_token(local.num_layers, local.num_kv_heads, local.head_dim, dtype)
     num_kv_tokens = choose_num_kv_tokens(device, bytes_per_token, config.kv_cache_tokens,
                                          config.gpu_memory_utilization, reserve)
@@ -102,8 +100,9 @@ def start_rank(config: EngineConfig, tp: TensorParallelConfig, rank: int, port: 
 
 
 def make_runner(state: RankState, config: EngineConfig) -> TPModelRunner:
+    # No CUDA graphs across ranks yet: the all-reduces would have to be captured too.
     return TPModelRunner(state.shard.model, state.layout.shard, state.kv_cache, config.scheduler.block_size,
-                         state.device, config.attention_backend,
+                         state.device, config.attention_backend, cuda_graphs=False,
                          broadcaster=StepBroadcaster(state.control_group, src_rank=0))
 
 
@@ -134,14 +133,12 @@ class TPEngine(LLMEngine):
     """LLMEngine whose model is split over tensor_parallel_size processes (this one is rank 0)."""
 
     def __init__(self, config: EngineConfig, tp: TensorParallelConfig) -> None:  # noqa: D107
-        # Deliberately not LLMEngine.__init__ (it would load the full model on one device);
-        # the attributes set below are the ones LLMEngine.run reads.
-        from batchllm.tokenizer import load_tokenizer
-
+        # Not LLMEngine.__init__ (it would load the full model on one device): the shard and its
+        # runner are built here, then attached the same way.
         if dist.is_initialized():
             raise RuntimeError("a torch.distributed process group already exists in this process: "
                                "one TPEngine per process")
-        self.config, self.tp = config, tp
+        self.tp = tp
         port = tp.master_port or free_tcp_port()
         context = mp.get_context("spawn")
         self._workers = [context.Process(target=_worker_main, args=(rank, port, config, tp), daemon=True,
@@ -150,19 +147,9 @@ class TPEngine(LLMEngine):
         for process in self._workers:
             process.start()
         state = start_rank(config, tp, 0, port)
-        self.device, self.dtype = state.device, state.dtype
         self.layout = state.layout
-        self.model, self.arch, self.model_name = state.shard.model, state.layout.full, state.shard.name
-        self.tokenizer = load_tokenizer(state.shard.tokenizer_source)
-        self.max_model_len = state.max_model_len
-        eos = set(self.arch.eos_token_ids)
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            eos.add(self.tokenizer.eos_token_id)
-        self.eos_token_ids = frozenset(eos)
-        self.kv_cache = state.kv_cache
-        self.scheduler_config = dataclasses.replace(config.scheduler, num_kv_blocks=state.kv_cache.num_blocks,
-                                                    max_model_len=self.max_model_len)
-        self.runner = make_runner(state, config)
+        self._attach(config, state.device, state.dtype, state.shard.model, state.layout.full, state.shard.name,
+                     state.shard.tokenizer_source, state.max_model_len, state.kv_cache, make_runner(state, config))
         self._finalizer = weakref.finalize(self, _stop, self.runner.broadcaster, self._workers, 60.0)
 
     @property

@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 from batchllm.distributed.step_broadcast import StepBroadcaster
-from batchllm.engine.attention import AttentionMetadata, PagedAttention
 from batchllm.engine.model_runner import ModelRunner, StepResult
 from batchllm.engine.sampler import SamplingBatch, sample
 from batchllm.engine.step_inputs import StepInputs, build_step_inputs
@@ -23,17 +22,7 @@ class TPModelRunner(ModelRunner):
     @torch.inference_mode()
     def forward_logits(self, inputs: StepInputs) -> torch.Tensor | None:
         """Every rank: the shard forward (all-reduces inside); full-vocab logits of the sampled rows."""
-        metadata = AttentionMetadata(
-            slot_mapping=self._to_device(inputs.slot_mapping),
-            query_start_loc=self._to_device(inputs.query_start_loc),
-            seq_lens=self._to_device(inputs.seq_lens),
-            shared_kv_lens=self._to_device(inputs.shared_kv_lens),
-            block_tables=self._to_device(inputs.block_tables),
-            max_seq_len=inputs.max_seq_len,
-        )
-        self.backend.prepare(inputs, metadata)
-        attention = PagedAttention(self.kv_cache, metadata, self.backend, self.scale)
-        hidden = self.model(self._to_device(inputs.input_ids), self._to_device(inputs.positions), attention)
+        hidden = self.forward(inputs, allow_graph=False)
         if inputs.sample_rows.size == 0:
             return None
         return self.model.compute_logits(hidden[self._to_device(inputs.sample_rows)])  # all-gather

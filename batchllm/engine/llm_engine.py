@@ -87,47 +87,68 @@ def make_scheduler(config):
     return factory(config)
 
 
+def model_len_limit(config: EngineConfig, arch) -> int:
+    limit = arch.max_position_embeddings
+    return min(config.max_model_len or limit, limit)
+
+
+def prepare_model(model, config: EngineConfig, max_model_len: int, device: torch.device) -> None:
+    """Build the RoPE table once, up front (growing it later would need a device sync), and
+    choose the fused layer kernels (on for CUDA unless the config says otherwise)."""
+    model.rotary.ensure_capacity(max_model_len, device)
+    model.fused_kernels = device.type == "cuda" if config.fused_kernels is None else config.fused_kernels
+
+
+def activation_reserve_bytes(config: EngineConfig, arch, dtype: torch.dtype) -> int:
+    """GPU memory kept out of the KV cache: activations of the largest step (hidden states,
+    fused gate-up output), logits, the decode CUDA graphs' pools, and 1 GiB of slack."""
+    element = torch.empty((), dtype=dtype).element_size()
+    per_token = element * (8 * arch.hidden_size + 3 * arch.intermediate_size)
+    reserve = config.scheduler.max_num_batched_tokens * per_token + 1024 * arch.vocab_size * 4 * 3 + (1 << 30)
+    if not config.enforce_eager:
+        reserve += 2048 * per_token * 4  # private pools of the graphs (one per token bucket)
+    return reserve
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         from batchllm.models.loader import load_model
+
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, device)
+        loaded = load_model(config.model, dtype=dtype, device=device)
+        arch = loaded.config
+        max_model_len = model_len_limit(config, arch)
+        prepare_model(loaded.model, config, max_model_len, device)
+        block_size = config.scheduler.block_size
+        bytes_per_token = kv_bytes_per_token(arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype)
+        num_kv_tokens = choose_num_kv_tokens(device, bytes_per_token, config.kv_cache_tokens,
+                                             config.gpu_memory_utilization,
+                                             activation_reserve_bytes(config, arch, dtype))
+        kv_cache = KVCache.allocate(arch.num_layers, max(1, num_kv_tokens // block_size), block_size,
+                                    arch.num_kv_heads, arch.head_dim, dtype, device)
+        runner = ModelRunner(loaded.model, arch, kv_cache, block_size, device, config.attention_backend,
+                             cuda_graphs=not config.enforce_eager)
+        self._attach(config, device, dtype, loaded.model, arch, loaded.name, loaded.tokenizer_source,
+                     max_model_len, kv_cache, runner)
+
+    def _attach(self, config: EngineConfig, device: torch.device, dtype: torch.dtype, model, arch, model_name: str,
+                tokenizer_source, max_model_len: int, kv_cache: KVCache, runner: ModelRunner) -> None:
+        """Set what `run` reads; shared with engines that build their parts differently (TP)."""
         from batchllm.tokenizer import load_tokenizer
 
-        self.config = config
-        self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
-        loaded = load_model(config.model, dtype=self.dtype, device=self.device)
-        self.model, self.arch, self.model_name = loaded.model, loaded.config, loaded.name
-        self.tokenizer = load_tokenizer(loaded.tokenizer_source)
-        limit = self.arch.max_position_embeddings
-        self.max_model_len = min(config.max_model_len or limit, limit)
-        # Build the RoPE table once, up front (growing it later would need a device sync).
-        self.model.rotary.ensure_capacity(self.max_model_len, self.device)
-        fused = config.fused_kernels
-        self.model.fused_kernels = self.device.type == "cuda" if fused is None else fused
-        eos = set(self.arch.eos_token_ids)
+        self.config, self.device, self.dtype = config, device, dtype
+        self.model, self.arch, self.model_name = model, arch, model_name
+        self.tokenizer = load_tokenizer(tokenizer_source)
+        self.max_model_len = max_model_len
+        eos = set(arch.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
-
-        block_size = config.scheduler.block_size
-        bytes_per_token = kv_bytes_per_token(self.arch.num_layers, self.arch.num_kv_heads, self.arch.head_dim, self.dtype)
-        # Activations of the largest step: hidden states, fused gate-up output, and logits.
-        max_step_tokens = config.scheduler.max_num_batched_tokens
-        element = torch.empty((), dtype=self.dtype).element_size()
-        activation_reserve = max_step_tokens * element * (8 * self.arch.hidden_size + 3 * self.arch.intermediate_size)
-        activation_reserve += 1024 * self.arch.vocab_size * 4 * 3 + (1 << 30)
-        if not config.enforce_eager:
-            # Private memory pools of the decode CUDA graphs (one per token bucket).
-            activation_reserve += 2048 * element * (8 * self.arch.hidden_size + 3 * self.arch.intermediate_size) * 4
-        num_kv_tokens = choose_num_kv_tokens(self.device, bytes_per_token, config.kv_cache_tokens,
-                                             config.gpu_memory_utilization, activation_reserve)
-        num_blocks = max(1, num_kv_tokens // block_size)
-        self.kv_cache = KVCache.allocate(self.arch.num_layers, num_blocks, block_size, self.arch.num_kv_heads,
-                                         self.arch.head_dim, self.dtype, self.device)
-        self.scheduler_config = dataclasses.replace(config.scheduler, num_kv_blocks=num_blocks,
-                                                    max_model_len=self.max_model_len)
-        self.runner = ModelRunner(self.model, self.arch, self.kv_cache, block_size, self.device,
-                                  config.attention_backend, cuda_graphs=not config.enforce_eager)
+        self.kv_cache = kv_cache
+        self.scheduler_config = dataclasses.replace(config.scheduler, num_kv_blocks=kv_cache.num_blocks,
+                                                    max_model_len=max_model_len)
+        self.runner = runner
 
     def configure_scheduler(self, **changes) -> None:
         """Change scheduling settings between runs (policy, token budget, ...); the model and

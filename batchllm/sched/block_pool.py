@@ -34,6 +34,15 @@ class BlockPool:
     def blocks_for_tokens(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def check_request_fits(self, request_id: int, num_prompt_tokens: int, max_tokens: int) -> None:
+        """Reject up front a request that could never run, even alone in the cache."""
+        needed = self.blocks_for_tokens(num_prompt_tokens + max_tokens)
+        if needed > self.num_blocks:
+            raise ValueError(
+                f"request {request_id} needs {needed} KV blocks at full length ({num_prompt_tokens} prompt + "
+                f"{max_tokens} max_tokens), the cache has {self.num_blocks}"
+            )
+
     def can_allocate(self, num_blocks: int) -> bool:
         return num_blocks <= len(self._free)
 

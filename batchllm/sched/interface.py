@@ -62,6 +62,21 @@ class SchedulerOutput:
     def num_tokens(self) -> int:
         return sum(len(c.token_ids) for c in self.chunks)
 
+    @classmethod
+    def from_chunks(cls, step_index: int, chunks: list[ScheduledChunk], num_running_requests: int,
+                    num_used_blocks: int, preempted_request_ids=()) -> "SchedulerOutput":
+        """The step with its token counts derived from the chunks' kinds (decode / prefix / distinct)."""
+        num_decode = num_distinct = num_prefix = 0
+        for chunk in chunks:
+            if chunk.is_decode:
+                num_decode += chunk.num_tokens
+            elif chunk.is_prefix:
+                num_prefix += chunk.num_tokens
+            else:
+                num_distinct += chunk.num_tokens
+        return cls(step_index, tuple(chunks), num_decode, num_distinct, num_prefix, num_running_requests,
+                   num_used_blocks, tuple(preempted_request_ids))
+
     @property
     def is_empty(self) -> bool:
         return not self.chunks

@@ -37,12 +37,7 @@ class SimpleScheduler:
 
     def add_requests(self, requests: list[SchedRequest]) -> None:
         for request in requests:
-            needed = self.pool.blocks_for_tokens(request.num_prompt_tokens + request.max_tokens)
-            if needed > self.pool.num_blocks:
-                raise ValueError(
-                    f"request {request.request_id} needs {needed} KV blocks at full length, "
-                    f"the cache has {self.pool.num_blocks}"
-                )
+            self.pool.check_request_fits(request.request_id, request.num_prompt_tokens, request.max_tokens)
             self.waiting.append(_Running(request))
 
     def has_unfinished(self) -> bool:
@@ -127,7 +122,6 @@ class SimpleScheduler:
 
     def _build_output(self, scheduled: list[tuple[_Running, int]], preempted: list[int]) -> SchedulerOutput:
         chunks = []
-        num_decode = num_distinct = 0
         for state, num_tokens in scheduled:
             all_token_ids = state.request.prompt_token_ids + state.request.output_token_ids
             start = state.num_computed_tokens
@@ -142,16 +136,5 @@ class SimpleScheduler:
                     is_decode=is_decode,
                 )
             )
-            if is_decode:
-                num_decode += 1
-            else:
-                num_distinct += num_tokens
-        return SchedulerOutput(
-            step_index=self.step_index,
-            chunks=tuple(chunks),
-            num_decode_tokens=num_decode,
-            num_distinct_tokens=num_distinct,
-            num_running_requests=len(self.running),
-            num_used_blocks=self.pool.num_used_blocks,
-            preempted_request_ids=tuple(preempted),
-        )
+        return SchedulerOutput.from_chunks(self.step_index, chunks, len(self.running), self.pool.num_used_blocks,
+                                           preempted)

@@ -404,7 +404,6 @@ class BatchLLMScheduler:
     def _build_output(self, step: "_Step") -> SchedulerOutput:
         # Rows group by group (BatchLLM 5): a group's prefix chunk, then its members' chunks.
         chunks: list[ScheduledChunk] = []
-        num_decode = num_distinct = num_prefix = 0
         for group in step.group_order:
             num_prefix_tokens = len(group.prefix_token_ids)
             prefix_tokens = step.prefix_tokens.get(group.group_id, 0)
@@ -422,10 +421,8 @@ class BatchLLMScheduler:
                         group_id=group.group_id,
                     )
                 )
-                num_prefix += prefix_tokens
             for member, num_tokens in step.member_tokens.get(group.group_id, ()):
                 start = member.num_computed_tokens
-                is_decode = member.is_decoding
                 chunks.append(
                     ScheduledChunk(
                         seq_id=member.request.request_id,
@@ -435,23 +432,11 @@ class BatchLLMScheduler:
                         shared_kv_len=num_prefix_tokens,
                         sample=start + num_tokens == member.num_own_tokens,
                         group_id=group.chunk_group_id,
-                        is_decode=is_decode,
+                        is_decode=member.is_decoding,
                     )
                 )
-                if is_decode:
-                    num_decode += 1
-                else:
-                    num_distinct += num_tokens
-        return SchedulerOutput(
-            step_index=self.step_index,
-            chunks=tuple(chunks),
-            num_decode_tokens=num_decode,
-            num_distinct_tokens=num_distinct,
-            num_prefix_tokens=num_prefix,
-            num_running_requests=sum(1 for _ in self._running_members()),
-            num_used_blocks=self.pool.num_used_blocks,
-            preempted_request_ids=tuple(step.preempted),
-        )
+        return SchedulerOutput.from_chunks(self.step_index, chunks, sum(1 for _ in self._running_members()),
+                                           self.pool.num_used_blocks, step.preempted)
 
 
 @dataclass

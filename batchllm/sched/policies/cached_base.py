@@ -62,13 +62,7 @@ class CachedPolicyBase:
 
     def add_requests(self, requests: list[SchedRequest]) -> None:
         for request in requests:
-            needed = self.pool.blocks_for_tokens(request.num_prompt_tokens + request.max_tokens)
-            if needed > self.pool.num_blocks:
-                raise ValueError(
-                    f"request {request.request_id} needs {needed} KV blocks at full length "
-                    f"({request.num_prompt_tokens} prompt + {request.max_tokens} max_tokens), "
-                    f"the cache has {self.pool.num_blocks}"
-                )
+            self.pool.check_request_fits(request.request_id, request.num_prompt_tokens, request.max_tokens)
             self.waiting.append(CachedSeq(request))
 
     def has_unfinished(self) -> bool:
@@ -163,10 +157,8 @@ class CachedPolicyBase:
 
     def build_output(self, scheduled: list[tuple[CachedSeq, int]], preempted: list[int]) -> SchedulerOutput:
         chunks = []
-        num_decode = num_prefill = 0
         for seq, num_tokens in scheduled:
             start = seq.num_computed_tokens
-            is_decode = seq.is_decoding
             chunks.append(
                 ScheduledChunk(
                     seq_id=seq.request.request_id,
@@ -174,22 +166,11 @@ class CachedPolicyBase:
                     start_position=start,
                     block_ids=tuple(seq.block_ids),
                     sample=start + num_tokens == seq.num_total_tokens,
-                    is_decode=is_decode,
+                    is_decode=seq.is_decoding,
                 )
             )
-            if is_decode:
-                num_decode += 1
-            else:
-                num_prefill += num_tokens
-        return SchedulerOutput(
-            step_index=self.step_index,
-            chunks=tuple(chunks),
-            num_decode_tokens=num_decode,
-            num_distinct_tokens=num_prefill,
-            num_running_requests=len(self.running),
-            num_used_blocks=self.num_active_blocks,
-            preempted_request_ids=tuple(preempted),
-        )
+        return SchedulerOutput.from_chunks(self.step_index, chunks, len(self.running), self.num_active_blocks,
+                                           preempted)
 
     def _release(self, seq: CachedSeq) -> None:
         if self.cache is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from batchllm.config import EngineConfig
-from batchllm.engine.llm_engine import FinishedOutput, LLMEngine, PreparedRequest, RunStats
+from batchllm.engine.llm_engine import FinishedOutput, PreparedRequest, RunStats
 from batchllm.outputs import CompletionOutput, RequestOutput
 from batchllm.progress import Progress
 from batchllm.sampling_params import SamplingParams
@@ -36,6 +36,7 @@ class LLM:
         seed: int = 0,
         fused_kernels: bool | None = None,
         enforce_eager: bool = False,
+        tensor_parallel_size: int = 1,
         config: EngineConfig | None = None,
     ) -> None:
         if config is None:
@@ -46,7 +47,10 @@ class LLM:
                                   attention_backend=attention_backend, seed=seed, fused_kernels=fused_kernels,
                                   enforce_eager=enforce_eager,
                                   scheduler=scheduler)
-        self.engine = LLMEngine(config)
+        from batchllm.distributed.tp_engine import create_engine
+
+        # One process per GPU above 1 (this one is rank 0); call llm.engine.shutdown() or let exit do it.
+        self.engine = create_engine(config, tensor_parallel_size)
         self.last_run_stats: RunStats | None = None
 
     def get_tokenizer(self):

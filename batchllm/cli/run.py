@@ -28,6 +28,11 @@ def add_parser(subparsers) -> None:
     parser.add_argument("-o", "--output", metavar="OUTPUT.jsonl", required=True, help="where the answers go")
     add_engine_arguments(parser)
     parser.add_argument("--errors", metavar="FILE", help="also write the error records to FILE")
+    parser.add_argument("--ray", action="store_true",
+                        help="data parallel on Ray (pip install 'batchllm[ray]'): prefix groups are planned "
+                             "globally, then whole groups go to --num-replicas engine replicas. Does not resume "
+                             "yet: a Ray run always starts over")
+    parser.add_argument("--num-replicas", type=int, default=2, help="Ray replicas (with --ray)")
     parser.add_argument("--order", default="input", choices=["input", "finish"],
                         help="output order: input (default; the file is rewritten at the end) or finish "
                              "(completion order)")
@@ -60,6 +65,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="attention implementation (auto: fused Triton kernel on GPU, batched PyTorch on CPU)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.90)
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                        help="split the model over N GPUs of this host (one process per GPU)")
     parser.add_argument("--seed", type=int, default=0, help="seed for requests without their own")
 
 
@@ -93,12 +100,14 @@ def run_command(args) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     from batchllm.batch_job import run_batch_file
-    from batchllm.engine.llm_engine import LLMEngine
+    from batchllm.distributed.tp_engine import create_engine
     from batchllm.io.journal import JournalMismatchError
 
+    if args.ray:
+        return _run_on_ray(args, config)
     print(f"loading model {args.model or 'SmolLM2-135M-Instruct (default)'} ...", file=sys.stderr)
     try:
-        engine = LLMEngine(config)
+        engine = create_engine(config, args.tensor_parallel_size)
     except (FileNotFoundError, ValueError, OSError) as error:
         print(f"error: cannot load the model {args.model or '(default)'}: {error} "
               "(fix: pass --model a .gguf file, a HF model directory or random:PRESET)", file=sys.stderr)
@@ -119,6 +128,29 @@ def run_command(args) -> int:
         print(summary.describe(), file=sys.stderr)
         return stop.exit_code
     print(summary.describe())
+    return 0
+
+
+def _run_on_ray(args, config) -> int:
+    import os
+
+    import torch
+
+    from batchllm.distributed.ray_dp import RAY_MISSING, RayDPConfig, run_batch_file_on_ray
+
+    try:
+        import ray
+    except ImportError:
+        print(f"error: {RAY_MISSING}", file=sys.stderr)
+        return 2
+    if os.path.exists(args.output + ".partial") and not args.restart:
+        print(f"error: {args.output}.partial holds an unfinished job; --ray cannot resume it "
+              "(fix: run without --ray to resume, or add --restart)", file=sys.stderr)
+        return 2
+    ray.init(ignore_reinit_error=True)
+    gpus = 1 if torch.cuda.is_available() else 0
+    run_batch_file_on_ray(config, args.input, args.output,
+                          RayDPConfig(num_replicas=args.num_replicas, gpus_per_replica=gpus), args.errors)
     return 0
 
 

@@ -125,30 +125,17 @@ def prepare_request(engine: LLMEngine, request: BatchRequest):
     except Exception as error:  # a tokenizer or chat template failing on one line's content
         return error_line(request.custom_id, "tokenization_failed", f"{type(error).__name__}: {error}",
                           request.line_number)
-    limit = token_limit(engine)
+    limit = engine.token_limit
     if len(token_ids) >= limit:
         return error_line(request.custom_id, "prompt_too_long",
                           f"prompt has {len(token_ids)} tokens; the limit is {limit - 1} (max model length "
                           f"{engine.max_model_len}, KV cache {engine.num_kv_tokens} tokens): shorten the prompt",
                           request.line_number)
-    sampling = request.sampling
-    if sampling.max_tokens is None or len(token_ids) + sampling.max_tokens > limit:  # clamp (README)
-        sampling = replace(sampling, max_tokens=limit - len(token_ids))
     try:
-        params = engine.check_length(token_ids, sampling)
+        params = engine.check_length(token_ids, request.sampling)  # clamps max_tokens (README)
     except (RequestTooLongError, ValueError) as error:
         return error_line(request.custom_id, "invalid_request", str(error), request.line_number)
     return np.asarray(token_ids, dtype=np.int32), params
-
-
-def token_limit(engine: LLMEngine) -> int:
-    """Most tokens (prompt + generated) one request may use: the context, or the KV cache the
-    scheduler may fill less one block (a shared prefix that does not end on a block boundary
-    costs one extra block), whichever is smaller."""
-    config = engine.scheduler_config
-    threshold = getattr(config, "kv_memory_threshold", None) or 1.0
-    usable_blocks = max(1, int(threshold * config.num_kv_blocks)) - 1
-    return min(engine.max_model_len, max(1, usable_blocks) * config.block_size)
 
 
 def count_lines(path: str, chunk_num_bytes: int = 1 << 20) -> int:

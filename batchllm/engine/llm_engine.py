@@ -161,15 +161,26 @@ class LLMEngine:
 
     # -- request preparation --------------------------------------------------------------
 
+    @property
+    def token_limit(self) -> int:
+        """Most tokens (prompt + generated) one request may use: the context, or the KV cache the
+        scheduler may fill less one block (a shared prefix that does not end on a block boundary
+        costs its members one extra block), whichever is smaller."""
+        config = self.scheduler_config
+        threshold = config.kv_memory_threshold or 1.0
+        usable_blocks = max(1, int(threshold * config.num_kv_blocks)) - 1
+        return min(self.max_model_len, max(1, usable_blocks) * config.block_size)
+
     def check_length(self, prompt_token_ids: list[int], params: SamplingParams) -> SamplingParams:
-        """Reject prompts that do not fit; clamp max_tokens to the context (documented)."""
+        """Reject prompts that do not fit; clamp max_tokens to the token limit (documented)."""
         num_prompt_tokens = len(prompt_token_ids)
         if num_prompt_tokens == 0:
             raise RequestTooLongError("the prompt has no tokens")
-        room = min(self.max_model_len, self.num_kv_tokens) - num_prompt_tokens
+        limit = self.token_limit
+        room = limit - num_prompt_tokens
         if room < 1:
             raise RequestTooLongError(
-                f"prompt has {num_prompt_tokens} tokens; the limit is {min(self.max_model_len, self.num_kv_tokens) - 1} "
+                f"prompt has {num_prompt_tokens} tokens; the limit is {limit - 1} "
                 f"(max model length {self.max_model_len}, KV cache {self.num_kv_tokens} tokens)"
             )
         if self.arch.vocab_size and max(prompt_token_ids) >= self.arch.vocab_size:

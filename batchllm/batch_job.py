@@ -235,11 +235,14 @@ class _JobRun:
         requests = dict(zip(pending.line_numbers, pending.requests))
         for done in self.engine.run(prepared, on_step=self._on_step, stats=self.stats):
             request = requests.pop(done.request_id)
-            line = success_line(
-                request.custom_id, request.endpoint, request.model or self.engine.model_name, done.text,
-                done.finish_reason, len(done.prompt_token_ids), len(done.output_token_ids),
-                done.num_cached_prompt_tokens, _openai_logprobs(self.engine, done),
-            )
+            if done.error is not None:
+                line = error_line(request.custom_id, "invalid_request", done.error, done.request_id)
+            else:
+                line = success_line(
+                    request.custom_id, request.endpoint, request.model or self.engine.model_name, done.text,
+                    done.finish_reason, len(done.prompt_token_ids), len(done.output_token_ids),
+                    done.num_cached_prompt_tokens, _openai_logprobs(self.engine, done),
+                )
             self.journal.append(done.request_id, line, dumps(line))
         self.journal.sync()
 

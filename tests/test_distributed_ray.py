@@ -12,7 +12,9 @@ ray = pytest.importorskip("ray", reason="Ray is not installed (optional extra: p
 pytest.importorskip("ray.data", reason="ray[data] is not installed (optional extra: pip install 'batchllm[ray]')")
 
 from batchllm.config import EngineConfig  # noqa: E402
-from batchllm.distributed.ray_dp import RayDPConfig, ReplicaError, generate_on_ray, run_batch_file_on_ray  # noqa: E402
+from batchllm.batch_job import BatchJobOptions, run_batch_file  # noqa: E402
+from batchllm.distributed.ray_dp import RayDPConfig, ReplicaError, generate_on_ray  # noqa: E402
+from batchllm.distributed.ray_engine import RayEngine  # noqa: E402
 from batchllm.engine.llm_engine import LLMEngine, PreparedRequest  # noqa: E402
 from batchllm.sampling_params import SamplingParams  # noqa: E402
 
@@ -47,16 +49,23 @@ def test_ray_replicas_equal_single_process(local_ray, tmp_path):
     assert {o.request_id: o.output_token_ids for o in outputs[:12]} == single
     assert isinstance(outputs[12], ReplicaError) and "prompt has 1097 tokens" in outputs[12].message
 
-    # The CLI path: same output file shape as run_batch_file, in input order.
+    # The CLI path (`batchllm run --ray`): the single-process batch job with the Ray engine gives
+    # the same file as the single-process engine, errors included.
     lines = [{"custom_id": f"q{r.request_id}", "prompt_token_ids": r.prompt_token_ids, "max_tokens": 6,
               "temperature": r.params.temperature, "ignore_eos": True} for r in requests[:12]]
+    lines.append({"custom_id": "huge", "prompt_token_ids": requests[12].prompt_token_ids, "max_tokens": 4})
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps(line) + "\n" for line in lines) + "not json\n")
-    summary = run_batch_file_on_ray(CONFIG, str(source), str(tmp_path / "out.jsonl"),
-                                    RayDPConfig(num_replicas=2, cpus_per_replica=0.5))
-    records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
-    assert [r["custom_id"] for r in records] == [f"q{i}" for i in range(12)] + [None]
-    assert records[12]["error"]["code"] == "invalid_json"
-    assert (summary["num_requests"], summary["num_errors"]) == (12, 1)
-    assert all(r["response"]["body"]["usage"]["completion_tokens"] == 6 for r in records[:12])
-    assert not (tmp_path / "out.jsonl.partial").exists()
+    options = BatchJobOptions(show_progress=False)
+    run_batch_file(RayEngine(CONFIG, RayDPConfig(num_replicas=2, cpus_per_replica=0.5)), str(source),
+                   str(tmp_path / "ray.jsonl"), options=options)
+    run_batch_file(LLMEngine(CONFIG), str(source), str(tmp_path / "local.jsonl"), options=options)
+
+    def comparable(path):
+        records = [json.loads(line) for line in (tmp_path / path).read_text().splitlines()]
+        return [(r["custom_id"], r["error"]["code"] if r["error"] else r["response"]["body"]["usage"]["completion_tokens"])
+                for r in records]
+
+    assert comparable("ray.jsonl") == comparable("local.jsonl")
+    assert comparable("ray.jsonl") == [(f"q{i}", 6) for i in range(12)] + [("huge", "prompt_too_long"), (None, "invalid_json")]
+    assert not (tmp_path / "ray.jsonl.partial").exists()

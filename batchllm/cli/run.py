@@ -29,9 +29,9 @@ def add_parser(subparsers) -> None:
     add_engine_arguments(parser)
     parser.add_argument("--errors", metavar="FILE", help="also write the error records to FILE")
     parser.add_argument("--ray", action="store_true",
-                        help="data parallel on Ray (pip install 'batchllm[ray]'): prefix groups are planned "
-                             "globally, then whole groups go to --num-replicas engine replicas. Does not resume "
-                             "yet: a Ray run always starts over")
+                        help="data parallel on Ray (pip install 'batchllm[ray]'): each window's prefix groups "
+                             "are planned together, then whole groups go to --num-replicas engine replicas; "
+                             "journal and resume as without --ray")
     parser.add_argument("--num-replicas", type=int, default=2, help="Ray replicas (with --ray)")
     parser.add_argument("--order", default="input", choices=["input", "finish"],
                         help="output order: input (default; the file is rewritten at the end) or finish "
@@ -103,11 +103,11 @@ def run_command(args) -> int:
     from batchllm.distributed.tp_engine import create_engine
     from batchllm.io.journal import JournalMismatchError
 
-    if args.ray:
-        return _run_on_ray(args, config)
     print(f"loading model {args.model or 'SmolLM2-135M-Instruct (default)'} ...", file=sys.stderr)
     try:
-        engine = create_engine(config, args.tensor_parallel_size)
+        engine = _ray_engine(args, config) if args.ray else create_engine(config, args.tensor_parallel_size)
+        if engine is None:
+            return 2
     except (FileNotFoundError, ValueError, OSError) as error:
         print(f"error: cannot load the model {args.model or '(default)'}: {error} "
               "(fix: pass --model a .gguf file, a HF model directory or random:PRESET)", file=sys.stderr)
@@ -131,27 +131,21 @@ def run_command(args) -> int:
     return 0
 
 
-def _run_on_ray(args, config) -> int:
-    import os
-
+def _ray_engine(args, config):
+    """The engine for --ray: replicas on the local or connected Ray cluster (None: Ray missing)."""
     import torch
 
-    from batchllm.distributed.ray_dp import RAY_MISSING, RayDPConfig, run_batch_file_on_ray
+    from batchllm.distributed.ray_dp import RAY_MISSING, RayDPConfig
+    from batchllm.distributed.ray_engine import RayEngine
 
     try:
         import ray
     except ImportError:
         print(f"error: {RAY_MISSING}", file=sys.stderr)
-        return 2
-    if os.path.exists(args.output + ".partial") and not args.restart:
-        print(f"error: {args.output}.partial holds an unfinished job; --ray cannot resume it "
-              "(fix: run without --ray to resume, or add --restart)", file=sys.stderr)
-        return 2
+        return None
     ray.init(ignore_reinit_error=True)
     gpus = 1 if torch.cuda.is_available() else 0
-    run_batch_file_on_ray(config, args.input, args.output,
-                          RayDPConfig(num_replicas=args.num_replicas, gpus_per_replica=gpus), args.errors)
-    return 0
+    return RayEngine(config, RayDPConfig(num_replicas=args.num_replicas, gpus_per_replica=gpus))
 
 
 def _input_problem(path: str) -> str | None:

@@ -21,10 +21,7 @@ Ray Data still gives the actor pool, GPU placement, back-pressure and streaming 
 from __future__ import annotations
 
 import dataclasses
-import os
 import pickle
-import sys
-import types
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -127,85 +124,3 @@ def generate_on_ray(engine_config, requests: Sequence, dp: RayDPConfig) -> list[
     requests: PreparedRequest with request_id = position in the list."""
     finished = {done.request_id: done for done in run_on_ray(engine_config, requests, dp)}
     return [finished[request.request_id] for request in requests]
-
-
-def driver_tokenizer_source(model: str | None) -> dict:
-    """Where the driver reads the tokenizer from, without loading the weights."""
-    from pathlib import Path
-
-    from batchllm.models.hf_loader import is_hf_dir
-    from batchllm.models.loader import default_model_path
-    from batchllm.models.presets import RANDOM_PREFIX
-
-    if model is not None and model.startswith(RANDOM_PREFIX):
-        return {"kind": "none"}
-    path = default_model_path() if model is None else Path(model).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return {"kind": "gguf", "path": str(path)}
-    if is_hf_dir(path):
-        return {"kind": "hf_dir", "path": str(path)}
-    raise FileNotFoundError(f"model {model!r} not found: expected a HF model directory, a .gguf file or random:<preset>")
-
-
-def run_batch_file_on_ray(engine_config, input_path: str, output_path: str, dp: RayDPConfig,
-                          errors_path: str | None = None) -> dict:
-    """`batchllm run --ray`: the same output file as run_batch_file (one line per input line, in
-    input order, written whole then renamed; lines also appended to OUTPUT.partial as they come).
-    Returns a summary dict."""
-    from batchllm.batch_job import _openai_logprobs, tokenize_request
-    from batchllm.engine.llm_engine import PreparedRequest, RequestTooLongError
-    from batchllm.io.batch_input import BatchError, read_batch_file
-    from batchllm.io.batch_output import dumps, error_line, success_line
-    from batchllm.models.presets import RANDOM_PREFIX
-    from batchllm.tokenizer import load_tokenizer
-
-    model_name = engine_config.model if engine_config.model and engine_config.model.startswith(RANDOM_PREFIX) \
-        else os.path.splitext(os.path.basename(str(engine_config.model or "SmolLM2-135M-Instruct")))[0]
-    driver = types.SimpleNamespace(tokenizer=load_tokenizer(driver_tokenizer_source(engine_config.model)),
-                                   model_name=model_name)
-    slots: list[dict | None] = []
-    prepared, items = [], {}
-    for item in read_batch_file(input_path):
-        if isinstance(item, BatchError):
-            slots.append(error_line(item.custom_id, item.code, item.message, item.line_number))
-            continue
-        try:
-            token_ids = tokenize_request(driver, item)
-        except (RequestTooLongError, ValueError) as error:
-            slots.append(error_line(item.custom_id, "invalid_request", str(error), item.line_number))
-            continue
-        items[len(slots)] = item
-        prepared.append(PreparedRequest(len(slots), token_ids, item.sampling))
-        slots.append(None)
-    os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
-    num_output_tokens = 0
-    with open(output_path + ".partial", "w", encoding="utf-8") as partial:
-        for done in run_on_ray(engine_config, prepared, dp):
-            item = items[done.request_id]
-            if isinstance(done, ReplicaError):
-                line = error_line(item.custom_id, "invalid_request", done.message, item.line_number)
-            else:
-                line = success_line(item.custom_id, item.endpoint, item.model or model_name, done.text,
-                                    done.finish_reason, len(done.prompt_token_ids), len(done.output_token_ids),
-                                    done.num_cached_prompt_tokens, _openai_logprobs(driver, done))
-                num_output_tokens += len(done.output_token_ids)
-            slots[done.request_id] = line
-            partial.write(dumps(line) + "\n")
-            partial.flush()
-    tmp_path = output_path + ".tmp"
-    with open(tmp_path, "w", encoding="utf-8") as handle:
-        for line in slots:
-            handle.write(dumps(line) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp_path, output_path)
-    os.remove(output_path + ".partial")
-    errors = [line for line in slots if line["error"] is not None]
-    if errors_path:
-        with open(errors_path, "w", encoding="utf-8") as handle:
-            handle.writelines(dumps(line) + "\n" for line in errors)
-    summary = {"output_path": output_path, "num_requests": len(slots) - len(errors), "num_errors": len(errors),
-               "num_output_tokens": num_output_tokens, "num_replicas": dp.num_replicas}
-    print(f"{summary['num_requests']} requests answered on {dp.num_replicas} Ray replicas, "
-          f"{summary['num_errors']} errors -> {output_path}", file=sys.stderr)
-    return summary

@@ -38,6 +38,7 @@ class FinishedOutput:
     finish_reason: str
     logprobs: list[dict[int, float]] | None = None
     num_cached_prompt_tokens: int = 0
+    error: str | None = None  # set when the request could not run (e.g. a Ray replica rejected it)
 
 
 @dataclass

@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 
 from batchllm.models.config import ModelArchConfig
-from batchllm.models.gguf_loader import load_gguf
-from batchllm.models.hf_loader import is_hf_dir, load_hf_dir
+from batchllm.models.gguf_file import read_gguf
+from batchllm.models.gguf_loader import gguf_arch_config, load_gguf
+from batchllm.models.hf_loader import hf_arch_config, is_hf_dir, load_hf_dir
 from batchllm.models.llama import LlamaForCausalLM
 from batchllm.models.presets import RANDOM_PREFIX, parse_random_spec, random_model
 
@@ -66,13 +67,39 @@ def load_model(
         random_spec = parse_random_spec(spec)
         model = random_model(random_spec, dtype, device)
         return LoadedModel(model, random_spec.config, {"kind": "none"}, spec)
-    path = default_model_path() if spec is None else Path(spec).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
+    kind, path = _resolve_file(spec)
+    if kind == "gguf":
         model, config = load_gguf(path, dtype, device)
         return LoadedModel(model, config, {"kind": "gguf", "path": str(path)}, path.stem)
+    model, config = load_hf_dir(path, dtype, device)
+    return LoadedModel(model, config, {"kind": "hf_dir", "path": str(path)}, path.name)
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """What a model spec is, without its weights (for a driver that never loads them)."""
+
+    config: ModelArchConfig
+    tokenizer_source: dict
+    name: str
+
+
+def describe_model(spec: str | None) -> ModelDescription:
+    if spec is not None and spec.startswith(RANDOM_PREFIX):
+        return ModelDescription(parse_random_spec(spec).config, {"kind": "none"}, spec)
+    kind, path = _resolve_file(spec)
+    if kind == "gguf":
+        return ModelDescription(gguf_arch_config(read_gguf(path)), {"kind": "gguf", "path": str(path)}, path.stem)
+    return ModelDescription(hf_arch_config(path), {"kind": "hf_dir", "path": str(path)}, path.name)
+
+
+def _resolve_file(spec: str | None) -> tuple[str, Path]:
+    """("gguf" | "hf_dir", path) of a spec that is not a random preset."""
+    path = default_model_path() if spec is None else Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return "gguf", path
     if is_hf_dir(path):
-        model, config = load_hf_dir(path, dtype, device)
-        return LoadedModel(model, config, {"kind": "hf_dir", "path": str(path)}, path.name)
+        return "hf_dir", path
     if not path.exists():
         raise FileNotFoundError(
             f"model {spec!r} not found: expected a HF model directory, a .gguf file or random:<preset>"

@@ -69,3 +69,37 @@ def test_ray_replicas_equal_single_process(local_ray, tmp_path):
     assert comparable("ray.jsonl") == comparable("local.jsonl")
     assert comparable("ray.jsonl") == [(f"q{i}", 6) for i in range(12)] + [("huge", "prompt_too_long"), (None, "invalid_json")]
     assert not (tmp_path / "ray.jsonl.partial").exists()
+
+
+class _StopAfter:
+    """A StopRequest that asks to stop after being polled `polls` times (a signal mid-job)."""
+
+    def __init__(self, polls: int) -> None:
+        self.polls, self.signal_name, self.exit_code = polls, None, 0
+
+    @property
+    def requested(self) -> bool:
+        self.polls -= 1
+        if self.polls < 0:
+            self.signal_name, self.exit_code = "SIGTERM", 143
+        return self.signal_name is not None
+
+
+def test_ray_run_resumes_a_local_journal(local_ray, tmp_path):
+    lines = [{"custom_id": f"q{r.request_id}", "prompt_token_ids": r.prompt_token_ids, "max_tokens": 6,
+              "temperature": 0.0, "ignore_eos": True} for r in _requests()[:12]]
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    options = BatchJobOptions(show_progress=False, window_num_requests=4)
+    engine = LLMEngine(CONFIG)
+    run_batch_file(engine, str(source), str(tmp_path / "full.jsonl"), options=options)
+    stopped = run_batch_file(engine, str(source), str(tmp_path / "out.jsonl"), options=options, stop=_StopAfter(14))
+    assert stopped.interrupted_by == "SIGTERM" and 0 < stopped.num_requests < 12
+    resumed = run_batch_file(RayEngine(CONFIG, RayDPConfig(num_replicas=2, cpus_per_replica=0.5)), str(source),
+                             str(tmp_path / "out.jsonl"), options=options)
+    assert resumed.num_resumed == stopped.num_requests
+
+    def tokens(path):
+        return [(r["custom_id"], r["response"]["body"]["usage"]) for r in map(json.loads, path.read_text().splitlines())]
+
+    assert tokens(tmp_path / "out.jsonl") == tokens(tmp_path / "full.jsonl")

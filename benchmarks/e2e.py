@@ -51,6 +51,21 @@ def parse_policy(text: str) -> tuple[str, str, dict, bool]:
     return text, name, changes, eager
 
 
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text).strip("-")
+
+
+def save_trace(directory: str, workload: str, label: str, engine, steps):
+    from batchllm.sched.trace import Trace, write_trace
+
+    config = engine.scheduler_config
+    trace = Trace(policy=label, max_num_batched_tokens=config.max_num_batched_tokens,
+                  num_kv_blocks=config.num_kv_blocks, block_size=config.block_size, label=workload, steps=list(steps))
+    os.makedirs(directory, exist_ok=True)
+    write_trace(trace, os.path.join(directory, f"trace-{_slug(workload)}-{_slug(label)}.json"))
+    return trace
+
+
 def time_hf_generate(arch, prompts: list[list[int]], output_tokens: int) -> float:
     """HF transformers `generate` on the same architecture (its own random bf16 weights: speed does
     not depend on them), one static batch, greedy, exactly output_tokens new tokens."""
@@ -98,6 +113,9 @@ def main() -> int:
     parser.add_argument("--kv-cache-tokens", type=int, default=None)
     parser.add_argument("--out", default="benchmarks/results/e2e.json")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trace-dir", default=None, metavar="DIR",
+                        help="write each run's step trace (batchllm plot input) and one timeline PNG per "
+                             "workload with every policy's panel into DIR")
     parser.add_argument("--hf-peer", type=int, default=0, metavar="N",
                         help="also time HF transformers static `generate` (sdpa) on the first N requests of each "
                              "workload as one batch, and scale its time to the whole workload")
@@ -127,6 +145,7 @@ def main() -> int:
         bound = flop_bound_seconds(arch, groups, workload.max_tokens)
         params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in workload.max_tokens]
         num_prompt_tokens = sum(len(p) for p in prompts)
+        traces = []
         for policy_text in args.policies.split(","):
             label, name, changes, eager = parse_policy(policy_text)
             engine.scheduler_config = base_config
@@ -176,9 +195,16 @@ def main() -> int:
             }
             if graphs is not None:
                 row["graph_replays"] = graphs.num_replays
+            if args.trace_dir:
+                traces.append(save_trace(args.trace_dir, spec, label, engine, steps))
             engine.runner.graphs = graphs
             rows.append(row)
             print(json.dumps(row), flush=True)
+        if traces:
+            from batchllm.cli.plot import plot_timelines
+
+            plot_timelines(traces, os.path.join(args.trace_dir, f"timeline-{_slug(spec)}.png"),
+                           title=f"{args.model}, {spec}, {len(prompts)} requests")
         if args.hf_peer and spec_text == workloads[0]:
             hf_seconds = time_hf_generate(arch, prompts[:args.hf_peer], args.output_tokens)
             scaled = hf_seconds * len(prompts) / min(args.hf_peer, len(prompts))

@@ -63,7 +63,7 @@ class _Graph:
             offset += size
         return views
 
-    def fits(self, plan, inputs: StepInputs) -> bool:
+    def fits(self, plan) -> bool:
         return (plan.work.shape[0] <= self.items_cap and plan.num_partial_slots <= self.slots_cap
                 and plan.merge_tokens.shape[0] < self.key.num_rows)
 
@@ -132,7 +132,7 @@ class DecodeGraphRunner:
         graph = self.graphs.get(key)
         if graph is None:
             graph = self.graphs[key] = _Graph(key, self.work_fields, self.device)
-        if not graph.fits(plan, inputs):
+        if not graph.fits(plan):
             self.num_eager += 1
             return None
         graph.fill(plan, inputs)

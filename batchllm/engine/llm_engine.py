@@ -14,6 +14,7 @@ from batchllm.engine.kv_cache import KVCache, choose_num_kv_tokens, kv_bytes_per
 from batchllm.engine.model_runner import ModelRunner
 from batchllm.engine.stop_checker import StopState
 from batchllm.sampling_params import SamplingParams
+from batchllm.sched.factory import make_scheduler
 from batchllm.sched.interface import FinishedRequest, SchedRequest
 from batchllm.sched.trace import StepRecord
 
@@ -74,18 +75,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
-
-
-def make_scheduler(config):
-    try:
-        from batchllm.sched.factory import make_scheduler as factory
-    except ModuleNotFoundError:
-        from batchllm.sched.simple import SimpleScheduler
-
-        if config.policy != "simple":
-            raise ValueError(f"policy {config.policy!r} is not available in this build; use 'simple'") from None
-        return SimpleScheduler(config)
-    return factory(config)
 
 
 def model_len_limit(config: EngineConfig, arch) -> int:

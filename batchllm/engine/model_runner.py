@@ -82,6 +82,3 @@ class ModelRunner:
             self.backend.prepare(inputs, metadata)
         attention = PagedAttention(self.kv_cache, metadata, self.backend, self.scale)
         return self.model(self._to_device(inputs.input_ids), self._to_device(inputs.positions), attention)
-
-    def step_inputs(self, output: SchedulerOutput) -> StepInputs:
-        return build_step_inputs(output, self.block_size)

@@ -1,51 +1,40 @@
 """`simple` policy: FCFS continuous batching with chunked prefill, no prefix sharing.
 
-The plainest policy that satisfies the Scheduler contract; the engine's default until a
-smarter policy is chosen, and a reference the other policies are tested against (greedy
-outputs must be identical under every policy).
+The plainest policy that satisfies the Scheduler contract, and a reference the other policies
+are tested against (greedy outputs must be identical under every policy). Its per-request state
+is the baselines' CachedSeq, without a prefix cache.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
 from batchllm.sched.block_pool import BlockPool
 from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.interface import FinishedRequest, ScheduledChunk, SchedRequest, SchedulerOutput
-
-
-@dataclass
-class _Running:
-    request: SchedRequest
-    block_ids: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0  # tokens whose KV is in the cache
-
-    @property
-    def num_pending_tokens(self) -> int:
-        return len(self.request.prompt_token_ids) + len(self.request.output_token_ids) - self.num_computed_tokens
+from batchllm.sched.policies.cached_base import CachedSeq, token_slice
 
 
 class SimpleScheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.pool = BlockPool(config.num_kv_blocks, config.block_size)
-        self.waiting: deque[_Running] = deque()
-        self.running: list[_Running] = []
+        self.waiting: deque[CachedSeq] = deque()
+        self.running: list[CachedSeq] = []
         self.step_index = 0
         self.num_preemptions = 0
 
     def add_requests(self, requests: list[SchedRequest]) -> None:
         for request in requests:
             self.pool.check_request_fits(request.request_id, request.num_prompt_tokens, request.max_tokens)
-            self.waiting.append(_Running(request))
+            self.waiting.append(CachedSeq(request))
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
-        scheduled: list[tuple[_Running, int]] = []
+        scheduled: list[tuple[CachedSeq, int]] = []
         preempted: list[int] = []
         # Running requests first, in admission order; preempt from the back when out of blocks.
         index = 0
@@ -103,7 +92,7 @@ class SimpleScheduler:
 
     # -- helpers -------------------------------------------------------------------------
 
-    def _grow(self, state: _Running, num_tokens: int) -> bool:
+    def _grow(self, state: CachedSeq, num_tokens: int) -> bool:
         needed = self.pool.blocks_for_tokens(state.num_computed_tokens + num_tokens) - len(state.block_ids)
         if needed <= 0:
             return True
@@ -112,7 +101,7 @@ class SimpleScheduler:
         state.block_ids.extend(self.pool.allocate(needed))
         return True
 
-    def _preempt(self, state: _Running) -> None:
+    def _preempt(self, state: CachedSeq) -> None:
         # Recompute later: free the KV, keep the generated tokens (they are re-prefilled).
         self.pool.free(state.block_ids)
         state.block_ids = []
@@ -120,20 +109,18 @@ class SimpleScheduler:
         self.waiting.appendleft(state)
         self.num_preemptions += 1
 
-    def _build_output(self, scheduled: list[tuple[_Running, int]], preempted: list[int]) -> SchedulerOutput:
+    def _build_output(self, scheduled: list[tuple[CachedSeq, int]], preempted: list[int]) -> SchedulerOutput:
         chunks = []
         for state, num_tokens in scheduled:
-            all_token_ids = state.request.prompt_token_ids + state.request.output_token_ids
             start = state.num_computed_tokens
-            is_decode = num_tokens == 1 and start == len(all_token_ids) - 1 and bool(state.request.output_token_ids)
             chunks.append(
                 ScheduledChunk(
                     seq_id=state.request.request_id,
-                    token_ids=tuple(all_token_ids[start:start + num_tokens]),
+                    token_ids=token_slice(state.request, start, start + num_tokens),
                     start_position=start,
                     block_ids=tuple(state.block_ids),
-                    sample=start + num_tokens == len(all_token_ids),
-                    is_decode=is_decode,
+                    sample=start + num_tokens == state.num_total_tokens,
+                    is_decode=state.is_decoding,
                 )
             )
         return SchedulerOutput.from_chunks(self.step_index, chunks, len(self.running), self.pool.num_used_blocks,

@@ -32,12 +32,13 @@ SCENARIOS = {
 HEADS = {"gqa3_d64": (9, 3, 64), "gqa4_d32": (8, 2, 32)}
 
 
-def _run_case(seqs, heads, dtype, device, block_size=16, kv_split_tokens=16, separate=False):
+def _run_case(seqs, heads, dtype, device, block_size=16, kv_split_tokens=16, separate=False, order="cost"):
     num_heads, num_kv_heads, head_dim = heads
     b = make_batch(seqs, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                    block_size=block_size, dtype=dtype, device=device)
     plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=block_size, num_kv_heads=num_kv_heads,
-                                    num_heads=num_heads, head_dim=head_dim, kv_split_tokens=kv_split_tokens)
+                                    num_heads=num_heads, head_dim=head_dim, kv_split_tokens=kv_split_tokens,
+                                    order=order)
     scale = head_dim ** -0.5
     fn = prefix_shared_attention_separate if separate else prefix_shared_attention
     out = fn(b.query, b.k_cache, b.v_cache, plan.to(device), scale)
@@ -60,9 +61,16 @@ def test_fused_matches_reference(device, scenario, dtype):
 
 
 @pytest.mark.parametrize("scenario", ["prefix_with_first_chunk", "mixed_ragged"])
-def test_separate_launches_match_reference(device, scenario):
-    out, ref = _run_case(SCENARIOS[scenario], HEADS["gqa4_d32"], torch.float32, device, separate=True)
+@pytest.mark.parametrize("order", ["cost", "interleave"])
+def test_separate_launches_match_reference(device, scenario, order):
+    out, ref = _run_case(SCENARIOS[scenario], HEADS["gqa4_d32"], torch.float32, device, separate=True, order=order)
     torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_fused_interleaved_order_matches_reference(device, scenario):
+    out, ref = _run_case(SCENARIOS[scenario], HEADS["gqa3_d64"], torch.float16, device, order="interleave")
+    torch.testing.assert_close(out.float(), ref, atol=TOL[torch.float16], rtol=TOL[torch.float16])
 
 
 @pytest.mark.parametrize("block_size,kv_split_tokens", [(32, None), (16, 32)])
@@ -90,9 +98,11 @@ def _random_seqs(rng, max_groups=3):
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_fused_random_batches(device, seed):
+@pytest.mark.parametrize("order", ["cost", "interleave"])
+def test_fused_random_batches(device, seed, order):
     seqs = _random_seqs(np.random.default_rng(seed))
-    out, ref = _run_case(seqs, HEADS["gqa3_d64"], torch.float32, device, kv_split_tokens=[16, 32, None][seed])
+    out, ref = _run_case(seqs, HEADS["gqa3_d64"], torch.float32, device, kv_split_tokens=[16, 32, None][seed],
+                         order=order)
     torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)
 
 
@@ -115,11 +125,11 @@ def _llama_seqs(rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("separate", [False, True])
+@pytest.mark.parametrize("separate,order", [(False, "cost"), (False, "interleave"), (True, "cost")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_fused_llama_shapes_gpu(separate, dtype):
+def test_fused_llama_shapes_gpu(separate, order, dtype):
     seqs = _llama_seqs(np.random.default_rng(0))
-    out, ref = _run_case(seqs, (32, 8, 128), dtype, "cuda", kv_split_tokens=None, separate=separate)
+    out, ref = _run_case(seqs, (32, 8, 128), dtype, "cuda", kv_split_tokens=None, separate=separate, order=order)
     torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
 
 

@@ -3,8 +3,22 @@
 import numpy as np
 
 from batchllm.ops.tile_config import default_tile_config
-from batchllm.ops.work_list import (F_KIND, F_KV_END, F_KV_START, F_PARTIAL_BASE, F_Q_COUNT, F_SIZE_CLASS,
-                                    KIND_DISTINCT, KIND_PREFIX, SIZE_BIG, build_prefix_shared_plan)
+from batchllm.ops.work_list import (
+    F_KIND,
+    F_KV_END,
+    F_KV_START,
+    F_PARTIAL_BASE,
+    F_Q_COUNT,
+    F_SEQ,
+    F_SIZE_CLASS,
+    KIND_DISTINCT,
+    KIND_PREFIX,
+    SIZE_BIG,
+    SIZE_SMALL,
+    build_prefix_shared_plan,
+    order_items,
+    work_cost,
+)
 
 
 def _decode_groups(num_groups, members, prefix, distinct):
@@ -40,3 +54,72 @@ def test_single_part_rows_write_directly():
                                     np.zeros((2, 2), np.int32), None, None, block_size=16, num_kv_heads=1,
                                     num_heads=1, tile=default_tile_config(64, 1, interpret=False))
     assert (plan.work[:, F_PARTIAL_BASE] == -1).all() and plan.num_partial_slots == 0
+
+
+def test_order_items_interleaves_classes_by_cumulative_cost():
+    # BIG costs 6, 3, 3 (total 12: keys 0, .5, .75); SMALL 4, 2, 1, 1 (total 8: keys 0, .5, .75, .875)
+    cost = np.array([1, 3, 6, 2, 4, 3, 1], float)
+    size = np.array([SIZE_SMALL, SIZE_BIG, SIZE_BIG, SIZE_SMALL, SIZE_SMALL, SIZE_BIG, SIZE_SMALL])
+    assert order_items(cost, size, "cost").tolist() == [2, 4, 1, 5, 3, 0, 6]
+    # ties of the key: BIG first; within a class stable by cost
+    assert order_items(cost, size, "interleave").tolist() == [2, 4, 1, 3, 5, 0, 6]
+    only_small = np.full(7, SIZE_SMALL)
+    assert order_items(cost, only_small, "interleave").tolist() == order_items(cost, only_small, "cost").tolist()
+
+
+def _pinned_plan(order):
+    # one group of 16 decode rows (x 4 GQA heads = 64 packed rows: BIG prefix tiles), prefix 512
+    # in 2 split pieces of 256 (cost 384 each), 16 distinct SMALL tiles of 128 KV (cost 144 each)
+    return build_prefix_shared_plan(*_decode_groups(1, 16, 512, 128), block_size=16, num_kv_heads=8,
+                                    num_heads=32, tile=default_tile_config(128, 4, interpret=False),
+                                    kv_split_tokens=256, order=order)
+
+
+def test_interleaved_plan_pins_order_and_keeps_items():
+    cost_plan, inter_plan = _pinned_plan("cost"), _pinned_plan("interleave")
+    key = lambda w: [(int(r[F_KIND]), int(r[F_SEQ]), int(r[F_KV_START])) for r in w]
+    big = [(KIND_PREFIX, 0, 0), (KIND_PREFIX, 0, 256)]
+    small = [(KIND_DISTINCT, s, 512) for s in range(16)]
+    assert key(cost_plan.work) == big + small  # a compute phase, then a memory phase
+    # BIG keys 0, .5; SMALL keys i / 16: B0 S0..S7 B1 S8..S15
+    assert key(inter_plan.work) == big[:1] + small[:8] + big[1:] + small[8:]
+    assert sorted(map(tuple, cost_plan.work.tolist())) == sorted(map(tuple, inter_plan.work.tolist()))
+    assert (inter_plan.work[:, F_SIZE_CLASS] == np.where(inter_plan.work[:, F_KIND] == KIND_PREFIX, SIZE_BIG,
+                                                        SIZE_SMALL)).all()
+    # the separate-launch lists stay cost-sorted per kind, the same for both orders
+    dev_cost, dev_inter = cost_plan.to("cpu"), inter_plan.to("cpu")
+    for name in ("work_prefix", "work_distinct"):
+        a, b = getattr(dev_cost, name).numpy(), getattr(dev_inter, name).numpy()
+        assert np.array_equal(a, b)
+        c = work_cost(a, cost_plan.tile)
+        assert (np.diff(c) <= 0).all()
+
+
+def test_interleaved_plan_same_items_on_a_ragged_batch():
+    rng = np.random.default_rng(0)
+    n = 40
+    lens = (300 + rng.integers(1, 700, n)).astype(np.int32)
+    q = np.where(np.arange(n) < 3, 64, 1)
+    lens[:3] = 300 + 64
+    qsl = np.concatenate([[0], np.cumsum(q)]).astype(np.int32)
+    groups = (np.arange(n) % 4).astype(np.int32)
+    order = np.argsort(groups, kind="stable")  # rows laid out group by group
+    args = (qsl, lens[order], np.full(n, 300, np.int32), np.zeros((n, 64), np.int32), groups[order],
+            np.zeros(n, bool))
+    kw = {"block_size": 16, "num_kv_heads": 8, "num_heads": 32,
+          "tile": default_tile_config(128, 4, interpret=False)}
+    a = build_prefix_shared_plan(*args, order="cost", **kw)
+    b = build_prefix_shared_plan(*args, order="interleave", **kw)
+    assert sorted(map(tuple, a.work.tolist())) == sorted(map(tuple, b.work.tolist()))
+    assert not np.array_equal(a.work, b.work)
+    for cls in (SIZE_BIG, SIZE_SMALL):  # each class keeps its cost order
+        wa, wb = a.work[a.work[:, F_SIZE_CLASS] == cls], b.work[b.work[:, F_SIZE_CLASS] == cls]
+        assert np.array_equal(wa, wb)
+    # a BIG item in the first tenth of the grid and a SMALL one as well
+    head = b.work[: max(2, len(b.work) // 10), F_SIZE_CLASS]
+    assert {SIZE_BIG, SIZE_SMALL} <= set(head.tolist())
+    for name in ("work_prefix", "work_distinct"):  # the separate-launch lists: same items, cost-sorted
+        wa, wb = getattr(a.to("cpu"), name).numpy(), getattr(b.to("cpu"), name).numpy()
+        assert sorted(map(tuple, wa.tolist())) == sorted(map(tuple, wb.tolist()))
+        assert np.array_equal(work_cost(wa, a.tile), work_cost(wb, b.tile))
+        assert (np.diff(work_cost(wb, b.tile)) <= 0).all()

@@ -94,7 +94,7 @@ def work_list_attention_kernel(
 ):
     """Heterogeneous work in ONE launch: prefix tiles and distinct tiles from the work list."""
     pid = tl.program_id(0)
-    item = pid // NUM_KV_HEADS  # KV head fastest: cost order of the list is kept
+    item = pid // NUM_KV_HEADS  # KV head fastest: the order of the work list is kept
     kv_head = pid % NUM_KV_HEADS
     w = work_ptr + item.to(tl.int64) * WORK_FIELDS
     q_start = tl.load(w + 0)

@@ -8,10 +8,27 @@ all layers). Each work item is one tile of one of two kinds, run for every KV he
                  sees less than the whole prefix (prefix-chunk rows being prefilled).
   distinct tile: one request's rows x its own KV range, causal by position.
 
-Long KV ranges are split into pieces (split-KV) so the grid fills the GPU; items are sorted
-by estimated cost, largest first, to shorten the tail. Rows with several parts (prefix +
-distinct, or split pieces) write float32 partials that a merge kernel combines by
-log-sum-exp; rows with one part are written directly.
+Long KV ranges are split into pieces (split-KV) so the grid fills the GPU. Rows with several
+parts (prefix + distinct, or split pieces) write float32 partials that a merge kernel combines
+by log-sum-exp; rows with one part are written directly.
+
+Work order (the launch grid runs items roughly in list order, KV head fastest):
+  "cost"        all items by estimated cost, largest first (shortens the tail). In practice
+                every BIG tile comes before every SMALL one: a compute phase, then a memory
+                phase, close to two separate launches.
+  "interleave"  BIG and SMALL items each by cost, largest first, then merged proportionally
+                to their cumulative cost (key = cost of the class's items before this one /
+                the class's total cost; stable, BIG first on ties). Every stretch of the grid
+                holds both kinds in the ratio of their total work, so tensor-core tiles co-run
+                with KV-streaming tiles on the same SMs (HFuse-style horizontal fusion), and
+                both classes still end with their smallest items.
+Estimated cost of an item (`item_cost`, one model for both classes, time units of one
+KV token streamed): kv_len * (1 + m_pad / 128): the 1 is the KV read (the same bytes per
+token for either tile), m_pad / 128 the MMA + softmax work of the padded packed rows (a BIG
+tile, m_pad 64, does 4x the MMA work per KV token of a SMALL one, m_pad 16). Per KV token the
+classes are thus weighted 1.5 : 1.125 rather than by raw FLOPs (4 : 1): at 64 packed rows a
+BIG tile is still near the H200's memory/compute ridge, so neither term dominates. A rough
+model on purpose; benchmarks/attention.py (fused vs fused_interleave) measures the orders.
 """
 
 from __future__ import annotations
@@ -32,6 +49,10 @@ MASK_NONE, MASK_CAUSAL, MASK_ROW_LIMIT = 0, 1, 2
 KIND_PREFIX, KIND_DISTINCT = 0, 1
 SIZE_SMALL, SIZE_BIG = 0, 1
 DEFAULT_NUM_SMS = 132  # H200
+WORK_ORDERS = ("cost", "interleave")
+# Order used when build_prefix_shared_plan gets no `order` (the engine's). "cost" until the
+# H200 benchmark (benchmarks/attention.py: fused vs fused_interleave) says otherwise.
+DEFAULT_WORK_ORDER = "cost"
 
 
 def _as_numpy(x, dtype) -> np.ndarray:
@@ -51,6 +72,33 @@ def _flat_ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 def _ceil_div(a, b):
     return -(-a // b)
+
+
+def item_cost(kv_len, size_class, tile: TileConfig) -> np.ndarray:
+    """Estimated cost of work items (see the module docstring): kv_len * (1 + m_pad / 128)."""
+    m_pad = np.where(np.asarray(size_class) == SIZE_SMALL, tile.small_m, tile.big_m)
+    return np.asarray(kv_len, np.int64) * (1.0 + m_pad / 128.0)
+
+
+def work_cost(work: np.ndarray, tile: TileConfig) -> np.ndarray:
+    """item_cost of the rows of an int32 work list."""
+    return item_cost(work[:, F_KV_END].astype(np.int64) - work[:, F_KV_START], work[:, F_SIZE_CLASS], tile)
+
+
+def order_items(cost: np.ndarray, size_class: np.ndarray, order: str) -> np.ndarray:
+    """Permutation of work items for `order` ("cost" or "interleave", see the module docstring)."""
+    check(order in WORK_ORDERS, f"order must be one of {WORK_ORDERS}, got {order!r}")
+    by_cost = np.argsort(-cost, kind="stable")
+    if order == "cost":
+        return by_cost
+    parts, keys = [], []
+    for cls in (SIZE_BIG, SIZE_SMALL):  # BIG first: it wins ties of the merge key
+        idx = by_cost[size_class[by_cost] == cls]
+        c = cost[idx]
+        parts.append(idx)
+        keys.append((np.cumsum(c) - c) / max(float(c.sum()), 1e-30))
+    merged = np.concatenate(parts)
+    return merged[np.argsort(np.concatenate(keys), kind="stable")]
 
 
 @dataclass
@@ -77,7 +125,7 @@ class PrefixSharedPlanOnDevice:
 class PrefixSharedPlan:
     """Host (numpy) work list of one step; `.to(device)` once, reuse for every layer."""
 
-    work: np.ndarray  # [num_items, WORK_FIELDS] int32, sorted by cost (largest first)
+    work: np.ndarray  # [num_items, WORK_FIELDS] int32, in the plan's work order (see `order`)
     block_tables: np.ndarray  # [num_seqs, max_blocks] int32
     prefix_limit: np.ndarray  # [num_tokens] int32: prefix KV positions visible to each row
     merge_tokens: np.ndarray  # [num_merge_tokens] int32: rows whose partials need merging
@@ -94,8 +142,11 @@ class PrefixSharedPlan:
         return int(self.merge_slots.shape[0])
 
     def to(self, device) -> PrefixSharedPlanOnDevice:
-        is_prefix = self.work[:, F_KIND] == KIND_PREFIX
-        parts = [self.work, self.work[is_prefix], self.work[~is_prefix], self.block_tables,
+        # separate-launch lists: cost-sorted within kind whatever the fused order (for "cost" this
+        # is the work list's own order; other orders may break ties of equal cost differently)
+        by_cost = self.work[np.argsort(-work_cost(self.work, self.tile), kind="stable")]
+        is_prefix = by_cost[:, F_KIND] == KIND_PREFIX
+        parts = [self.work, by_cost[is_prefix], by_cost[~is_prefix], self.block_tables,
                  self.prefix_limit, self.merge_tokens, self.merge_offsets, self.merge_slots]
         flat = np.concatenate([np.ascontiguousarray(p, dtype=np.int32).ravel() for p in parts])
         buffer = torch.from_numpy(flat)
@@ -129,8 +180,11 @@ def build_prefix_shared_plan(
     kv_split_tokens: int | None = None,  # fixed split-KV piece length (tests); None = auto
     num_sms: int = DEFAULT_NUM_SMS,
     programs_per_sm: int = 4,
+    order: str | None = None,  # "cost" | "interleave"; None = DEFAULT_WORK_ORDER
 ) -> PrefixSharedPlan:
     """Build the step's work list (numpy in, numpy out). See the module docstring."""
+    order = DEFAULT_WORK_ORDER if order is None else order
+    check(order in WORK_ORDERS, f"order must be one of {WORK_ORDERS}, got {order!r}")
     qsl = _as_numpy(query_start_loc, np.int64)
     lens = _as_numpy(seq_lens, np.int64)
     shared = _as_numpy(shared_kv_lens, np.int64)
@@ -259,22 +313,21 @@ def build_prefix_shared_plan(
     partial_count = np.where(direct, 0, i_q_count)
     partial_base = np.where(direct, -1, np.cumsum(partial_count) - partial_count)
     slot_tokens = _flat_ranges(i_q_start[~direct], i_q_count[~direct])
-    order = np.argsort(slot_tokens, kind="stable")
-    merge_tokens, first = np.unique(slot_tokens[order], return_index=True)
-    merge_offsets = np.concatenate([first, [order.shape[0]]])
+    slot_order = np.argsort(slot_tokens, kind="stable")
+    merge_tokens, first = np.unique(slot_tokens[slot_order], return_index=True)
+    merge_offsets = np.concatenate([first, [slot_order.shape[0]]])
 
-    # --- the work list, largest estimated cost first (shortens the tail, section 5)
-    m_pad = np.where(i_size == SIZE_SMALL, tile.small_m, tile.big_m)
-    cost = (i_kv_end - i_kv_start) * (1.0 + m_pad / 128.0)
+    # --- the work list in `order` (largest estimated cost first within each class, section 5)
+    cost = item_cost(i_kv_end - i_kv_start, i_size, tile)
     work = np.zeros((num_items, WORK_FIELDS), np.int64)
     work[:, F_Q_START], work[:, F_Q_COUNT], work[:, F_SEQ] = i_q_start, i_q_count, s_seq[i_seg]
     work[:, F_KV_START], work[:, F_KV_END] = i_kv_start, i_kv_end
     work[:, F_BASE_BLOCK], work[:, F_BASE_POS] = s_base_block[i_seg], s_base_pos[i_seg]
     work[:, F_MASK_MODE], work[:, F_Q_POS0], work[:, F_PARTIAL_BASE] = i_mask, i_pos0, partial_base
     work[:, F_SIZE_CLASS], work[:, F_KIND] = i_size, s_kind[i_seg]
-    work = work[np.argsort(-cost, kind="stable")].astype(np.int32)
+    work = work[order_items(cost, i_size, order)].astype(np.int32)
     return PrefixSharedPlan(
         work=work, block_tables=tables, prefix_limit=prefix_limit.astype(np.int32),
         merge_tokens=merge_tokens.astype(np.int32), merge_offsets=merge_offsets.astype(np.int32),
-        merge_slots=order.astype(np.int32), num_tokens=num_tokens, num_heads=num_heads,
+        merge_slots=slot_order.astype(np.int32), num_tokens=num_tokens, num_heads=num_heads,
         num_kv_heads=num_kv_heads, block_size=block_size, tile=tile)

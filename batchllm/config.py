@@ -25,6 +25,10 @@ class EngineConfig:
     fused_kernels: bool | None = None
     # True: never capture CUDA graphs (decode steps run eagerly; for debugging and comparison).
     enforce_eager: bool = False
+    # True: schedule and launch step N+1 while the GPU runs step N; its decode rows take their
+    # input ids from step N's sampled tokens on the device (a request that stops by EOS or a
+    # stop string at step N costs one wasted row in step N+1). False: one step at a time.
+    async_scheduling: bool = True
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:

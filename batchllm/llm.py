@@ -36,6 +36,7 @@ class LLM:
         seed: int = 0,
         fused_kernels: bool | None = None,
         enforce_eager: bool = False,
+        async_scheduling: bool = True,
         tensor_parallel_size: int = 1,
         config: EngineConfig | None = None,
     ) -> None:
@@ -45,7 +46,7 @@ class LLM:
             config = EngineConfig(model=model, dtype=dtype, device=device, max_model_len=max_model_len,
                                   kv_cache_tokens=kv_cache_tokens, gpu_memory_utilization=gpu_memory_utilization,
                                   attention_backend=attention_backend, seed=seed, fused_kernels=fused_kernels,
-                                  enforce_eager=enforce_eager,
+                                  enforce_eager=enforce_eager, async_scheduling=async_scheduling,
                                   scheduler=scheduler)
         from batchllm.distributed.tp_engine import create_engine
 

@@ -36,11 +36,18 @@ def make_workload(spec: str, num_requests: int, output_tokens: int, vocab_size: 
     raise SystemExit(f"unknown workload {spec!r}: micro:P:D:SD or industrial")
 
 
-def parse_policy(text: str) -> tuple[str, str, dict, bool]:
+def parse_policy(text: str) -> tuple[str, str, dict, frozenset]:
     """'vllm@1024/16384' -> ('vllm@1024/16384', 'vllm', {max_num_seqs: 1024, max_num_batched_tokens: 16384});
-    'batchllm@8192' -> token budget 8192; a '+eager' suffix runs without CUDA graphs."""
-    eager = text.endswith("+eager")
-    name, _, setting = text.removesuffix("+eager").partition("@")
+    'batchllm@8192' -> token budget 8192. Suffixes: '+eager' runs without CUDA graphs, '+sync'
+    without asynchronous scheduling (one step at a time)."""
+    flags = set()
+    base = text
+    for suffix in ("+eager", "+sync"):
+        for _ in range(2):
+            if base.endswith(suffix):
+                flags.add(suffix[1:])
+                base = base.removesuffix(suffix)
+    name, _, setting = base.partition("@")
     changes: dict = {"policy": name}
     if setting:
         parts = setting.split("/")
@@ -48,7 +55,12 @@ def parse_policy(text: str) -> tuple[str, str, dict, bool]:
             changes["max_num_seqs"], changes["max_num_batched_tokens"] = int(parts[0]), int(parts[1])
         else:
             changes["max_num_batched_tokens"] = int(parts[0])
-    return text, name, changes, eager
+    return text, name, changes, frozenset(flags)
+
+
+def gpu_busy_seconds(step_events) -> float:
+    """Sum of the steps' GPU spans (forward + sampling), from CUDA event pairs (after a sync)."""
+    return sum(start.elapsed_time(end) for start, end in step_events if end is not None) / 1000.0
 
 
 def _slug(text: str) -> str:
@@ -107,7 +119,8 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=512)
     parser.add_argument("--output-tokens", type=int, default=100)
     parser.add_argument("--policies", default="batchllm,vllm,sglang",
-                        help="comma list; NAME@TOKENS or NAME@SEQS/TOKENS sets the budget")
+                        help="comma list; NAME@TOKENS or NAME@SEQS/TOKENS sets the budget; "
+                             "suffix +eager (no CUDA graphs) or +sync (no asynchronous scheduling)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--attention-backend", default="auto")
     parser.add_argument("--kv-cache-tokens", type=int, default=None)
@@ -116,6 +129,7 @@ def main() -> int:
     parser.add_argument("--trace-dir", default=None, metavar="DIR",
                         help="write each run's step trace (batchllm plot input) and one timeline PNG per "
                              "workload with every policy's panel into DIR")
+    parser.add_argument("--git-commit", default=None, help="commit id to record (when .git is absent)")
     parser.add_argument("--hf-peer", type=int, default=0, metavar="N",
                         help="also time HF transformers static `generate` (sdpa) on the first N requests of each "
                              "workload as one batch, and scale its time to the whole workload")
@@ -147,26 +161,31 @@ def main() -> int:
         num_prompt_tokens = sum(len(p) for p in prompts)
         traces = []
         for policy_text in args.policies.split(","):
-            label, name, changes, eager = parse_policy(policy_text)
+            label, name, changes, flags = parse_policy(policy_text)
             engine.scheduler_config = base_config
             engine.configure_scheduler(**changes)
             graphs = engine.runner.graphs
-            if eager:
+            if "eager" in flags:
                 engine.runner.graphs = None
+            engine.async_scheduling = "sync" not in flags
+            step_events = None
             try:
                 llm.generate(prompts[:8], params[:8], use_tqdm=False)  # warm-up: compile kernels
                 if engine.device.type == "cuda":
                     torch.cuda.synchronize()
+                    step_events = engine.runner.step_events = []
                 started = time.perf_counter()
                 outputs = llm.generate(prompts, params, use_tqdm=False)
                 if engine.device.type == "cuda":
                     torch.cuda.synchronize()
                 seconds = time.perf_counter() - started
+                engine.runner.step_events = None
             except Exception as error:  # keep measuring the other policies; the row says what failed
                 import traceback
 
                 traceback.print_exc()
                 engine.runner.graphs = graphs
+                engine.runner.step_events = None
                 rows.append({"workload": spec, "policy": label, "error": repr(error)})
                 continue
             stats = llm.last_run_stats
@@ -193,6 +212,14 @@ def main() -> int:
                 "wait_ms_per_step": round(1000 * sum(s.wait_time_s for s in steps) / max(len(steps), 1), 2),
                 "flop_bound_s": round(bound, 3), "time_over_bound": round(seconds / bound, 2),
             }
+            if step_events:
+                busy = gpu_busy_seconds(step_events)
+                # GPU idle between steps = host work not hidden behind the GPU (issue 6: < 10%).
+                row["gpu_busy_s"] = round(busy, 3)
+                row["gpu_idle_ms_per_step"] = round(1000 * max(seconds - busy, 0.0) / max(len(steps), 1), 2)
+                row["gpu_idle_fraction"] = round(max(seconds - busy, 0.0) / seconds, 4)
+            row["async_scheduling"] = engine.async_scheduling
+            engine.async_scheduling = True
             if graphs is not None:
                 row["graph_replays"] = graphs.num_replays
             if args.trace_dir:
@@ -215,7 +242,8 @@ def main() -> int:
                    "measured_seconds": round(hf_seconds, 3), "time_over_bound": round(scaled / bound, 2)}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = args.git_commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                               text=True).stdout.strip()
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     result = {"device": device, "date": datetime.date.today().isoformat(), "git_commit": commit or None, "rows": rows}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

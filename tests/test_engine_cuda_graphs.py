@@ -50,3 +50,24 @@ def test_graph_replay_matches_eager(backend):
     assert runner.graphs.num_replays == 2
     assert torch.equal(graphed, again)
     torch.testing.assert_close(graphed, eager, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("policy", ["batchllm", "vllm"])
+def test_async_scheduling_matches_sync_with_graphs(policy):
+    """Asynchronous scheduling on the GPU: decode steps replay graphs whose input ids are the
+    previous step's sampled tokens, swapped in on the device. Same schedule -> same tokens."""
+    from batchllm import LLM, SamplingParams
+
+    llm = LLM(model="random:llama-3.1-8b?num_layers=2&vocab_size=4096", kv_cache_tokens=16384, policy=policy,
+              max_num_batched_tokens=256)
+    prompts = [[7] * 60 + [100 + i % 5] * 20 + [200 + i, 300 + i] for i in range(40)]
+    params = [SamplingParams(temperature=0.0 if i % 2 else 0.9, seed=i, max_tokens=5 + i % 13, ignore_eos=True)
+              for i in range(40)]
+    llm.engine.async_scheduling = False
+    sync = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    replays_before = llm.engine.runner.graphs.num_replays
+    llm.engine.async_scheduling = True
+    asynchronous = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert llm.engine.runner.graphs.num_replays > replays_before
+    assert asynchronous == sync
+    assert [len(t) for t in sync] == [5 + i % 13 for i in range(40)]

@@ -65,6 +65,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="attention implementation (auto: fused Triton kernel on GPU, batched PyTorch on CPU)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.90)
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
+    parser.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false",
+                        help="schedule one step at a time (default: step N+1 is scheduled and launched while "
+                             "the GPU runs step N)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                         help="split the model over N GPUs of this host (one process per GPU)")
     parser.add_argument("--seed", type=int, default=0, help="seed for requests without their own")
@@ -79,7 +82,8 @@ def engine_config_from_args(args):
     return EngineConfig(model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                         kv_cache_tokens=args.kv_cache_tokens, gpu_memory_utilization=args.gpu_memory_utilization,
                         attention_backend=args.attention_backend, seed=args.seed,
-                        enforce_eager=args.enforce_eager, scheduler=scheduler)
+                        enforce_eager=args.enforce_eager,
+                        async_scheduling=args.async_scheduling, scheduler=scheduler)
 
 
 def run_command(args) -> int:

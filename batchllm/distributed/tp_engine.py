@@ -150,6 +150,8 @@ class TPEngine(LLMEngine):
         self.layout = state.layout
         self._attach(config, state.device, state.dtype, state.shard.model, state.layout.full, state.shard.name,
                      state.shard.tokenizer_source, state.max_model_len, state.kv_cache, make_runner(state, config))
+        # Workers receive host inputs; placeholder ids would need the sampled tokens on every rank.
+        self.async_scheduling = False
         self._finalizer = weakref.finalize(self, _stop, self.runner.broadcaster, self._workers, 60.0)
 
     @property

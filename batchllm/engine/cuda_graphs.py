@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from batchllm.engine.attention import AttentionMetadata, PagedAttention
+from batchllm.engine.placeholders import resolve_placeholders_
 from batchllm.engine.step_inputs import StepInputs
 from batchllm.ops.work_list import F_PARTIAL_BASE, WORK_FIELDS
 
@@ -54,6 +55,9 @@ class _Graph:
         self.dev32_views = self._views(self.dev32)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.hidden: torch.Tensor | None = None
+        # Recorded after the last host -> device copy of the pinned buffers: with asynchronous
+        # scheduling the host refills them while that copy may still be queued behind a step.
+        self.copied: torch.cuda.Event | None = None
 
     def _views(self, flat):
         views, offset = [], 0
@@ -68,6 +72,8 @@ class _Graph:
                 and plan.merge_tokens.shape[0] < self.key.num_rows)
 
     def fill(self, plan, inputs: StepInputs) -> None:
+        if self.copied is not None:
+            self.copied.synchronize()
         rows, num_tokens = self.key.num_rows, inputs.num_tokens
         ids = self.host64_np
         ids[:] = 0
@@ -92,6 +98,8 @@ class _Graph:
         merge_slots[:plan.num_partial_slots] = plan.merge_slots
         self.dev64.copy_(self.host64, non_blocking=True)
         self.dev32.copy_(self.host32, non_blocking=True)
+        self.copied = torch.cuda.Event()
+        self.copied.record()
 
     def device_plan(self, template):
         """A PrefixSharedPlanOnDevice over the static buffers, shaped like the graph."""
@@ -124,8 +132,9 @@ class DecodeGraphRunner:
         width = 1 << max(int(inputs.block_tables.shape[1]) - 1, 0).bit_length()
         return GraphKey(rows, max(width, 16))
 
-    def run(self, inputs: StepInputs, plan) -> torch.Tensor | None:
-        """Hidden states [num_tokens, hidden] of a decode step via a graph, or None (run eagerly)."""
+    def run(self, inputs: StepInputs, plan, placeholders: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Hidden states [num_tokens, hidden] of a decode step via a graph, or None (run eagerly).
+        placeholders: the previous step's sampled ids on the device, for placeholder input ids."""
         key = self.key_for(inputs)
         if key is None:
             return None
@@ -136,6 +145,8 @@ class DecodeGraphRunner:
             self.num_eager += 1
             return None
         graph.fill(plan, inputs)
+        if placeholders is not None:
+            resolve_placeholders_(graph.dev64[:inputs.num_tokens], placeholders)
         if graph.graph is None:
             self._capture(graph, plan)
         graph.graph.replay()

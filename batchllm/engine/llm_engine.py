@@ -11,11 +11,12 @@ import torch
 
 from batchllm.config import EngineConfig
 from batchllm.engine.kv_cache import KVCache, choose_num_kv_tokens, kv_bytes_per_token
-from batchllm.engine.model_runner import ModelRunner
+from batchllm.engine.model_runner import ModelRunner, StepResult
+from batchllm.engine.placeholders import placeholder_for_row
 from batchllm.engine.stop_checker import StopState
 from batchllm.sampling_params import SamplingParams
 from batchllm.sched.factory import make_scheduler
-from batchllm.sched.interface import FinishedRequest, SchedRequest
+from batchllm.sched.interface import FinishedRequest, SchedRequest, SchedulerOutput
 from batchllm.sched.trace import StepRecord
 
 _MASK32 = 0xFFFFFFFF
@@ -59,6 +60,21 @@ class _Live:
     stop: StopState
     seed: int
     logprobs: list[dict[int, float]] | None
+    # Asynchronous scheduling: set once the request's last real token is known (the scheduler
+    # may still hold one more, wasted, token after an EOS or stop-string stop).
+    final_reason: str | None = None
+    num_final_tokens: int = 0
+
+
+@dataclass
+class _InFlight:
+    """A launched step whose sampled tokens have not reached the host yet."""
+
+    output: SchedulerOutput
+    result: StepResult
+    schedule_time_s: float
+    launch_time_s: float
+    token_index: list[int] = field(default_factory=list)  # per sampled row: its index in the outputs
 
 
 class RequestTooLongError(ValueError):
@@ -139,6 +155,7 @@ class LLMEngine:
         self.scheduler_config = dataclasses.replace(config.scheduler, num_kv_blocks=kv_cache.num_blocks,
                                                     max_model_len=max_model_len)
         self.runner = runner
+        self.async_scheduling = config.async_scheduling
 
     def configure_scheduler(self, **changes) -> None:
         """Change scheduling settings between runs (policy, token budget, ...); the model and
@@ -202,11 +219,15 @@ class LLMEngine:
         stats.num_requests += len(requests)
         scheduler.add_requests([state.sched_request for state in live.values()])
         started = time.perf_counter()
+        steps = self._steps_async if self.async_scheduling else self._steps_sync
+        yield from steps(scheduler, live, on_step, stats)
+        stats.seconds += time.perf_counter() - started
+
+    def _steps_sync(self, scheduler, live: dict[int, _Live], on_step, stats: RunStats) -> Iterator[FinishedOutput]:
+        """One step at a time: schedule, launch, wait for the tokens, update."""
         while scheduler.has_unfinished():
             step_started = time.perf_counter()
-            output = scheduler.schedule()
-            if output.is_empty:
-                raise RuntimeError("the scheduler returned an empty step with requests left: a scheduler bug")
+            output = self._schedule(scheduler)
             scheduled = time.perf_counter()
             rows = [self._sampling_row(live[c.seq_id]) for c in output.chunks if c.sample]
             result = self.runner.execute(output, rows)
@@ -223,10 +244,117 @@ class LLMEngine:
                 wait_time_s=waited - launched,
             ))
             for done in finished:
-                yield self._finish(live.pop(done.request_id), done)
+                yield self._finish(live.pop(done.request_id), done, list(done.output_token_ids), done.finish_reason)
             if on_step is not None:
                 on_step(len(finished), len(sampled))
-        stats.seconds += time.perf_counter() - started
+
+    def _steps_async(self, scheduler, live: dict[int, _Live], on_step, stats: RunStats) -> Iterator[FinishedOutput]:
+        """Schedule and launch step N+1 before waiting for step N's tokens, so the GPU never
+        idles while the host updates, schedules and builds inputs. The scheduler sees
+        placeholder ids for step N's tokens (resolved on the device, patched on the host once
+        known); max_tokens finishes are known in advance, while a request that stops by EOS,
+        stop id or stop string at step N is finished at the update of step N+1 (one wasted
+        row, dropped from its output)."""
+        inflight: _InFlight | None = None
+        stopped: dict[int, str] = {}  # stopped early, not yet finished in the scheduler
+        last_sync = time.perf_counter()
+        while True:
+            step_started = time.perf_counter()
+            finished = self._update_ahead(scheduler, inflight, live, stopped) if inflight is not None else []
+            launched = None
+            if scheduler.has_unfinished():
+                output = self._schedule(scheduler)
+                scheduled = time.perf_counter()
+                rows = [self._sampling_row(live[c.seq_id]) for c in output.chunks if c.sample]
+                previous = inflight.result.sampled if inflight is not None else None
+                result = self.runner.execute(output, rows, previous.token_ids if previous is not None else None)
+                done_launching = time.perf_counter()
+                launched = _InFlight(output, result, scheduled - step_started, done_launching - scheduled)
+            if inflight is not None:
+                waiting = time.perf_counter()
+                token_ids = inflight.result.token_ids_list()  # the step's only device sync
+                synced = time.perf_counter()
+                num_new = self._apply_tokens(inflight, token_ids, live, stopped)
+                stats.num_steps += 1
+                stats.num_output_tokens += num_new
+                stats.step_records.append(dataclasses.replace(
+                    StepRecord.from_output(inflight.output, synced - last_sync),
+                    schedule_time_s=inflight.schedule_time_s, launch_time_s=inflight.launch_time_s,
+                    wait_time_s=synced - waiting,
+                ))
+                last_sync = synced
+                for done in finished:
+                    state = live.pop(done.request_id)
+                    stopped.pop(done.request_id, None)
+                    output_ids = state.sched_request.output_token_ids[:state.num_final_tokens]
+                    yield self._finish(state, done, output_ids, state.final_reason)
+                if on_step is not None:
+                    on_step(len(finished), num_new)
+            if launched is None:
+                return
+            inflight = launched
+
+    def _schedule(self, scheduler) -> SchedulerOutput:
+        output = scheduler.schedule()
+        if output.is_empty:
+            raise RuntimeError("the scheduler returned an empty step with requests left: a scheduler bug")
+        return output
+
+    def _update_ahead(self, scheduler, inflight: _InFlight, live: dict[int, _Live],
+                      stopped: dict[int, str]) -> list[FinishedRequest]:
+        """scheduler.update for a step whose tokens are still on the device: placeholders for
+        the tokens; finish the requests that reach max_tokens with them and those that stopped
+        at the step before (their row in this step is wasted)."""
+        placeholders: dict[int, int] = {}
+        reasons: dict[int, str] = {}
+        for row, seq_id in enumerate(inflight.result.seq_ids):
+            outputs = live[seq_id].sched_request.output_token_ids
+            inflight.token_index.append(len(outputs))
+            placeholders[seq_id] = placeholder_for_row(row)
+            if len(outputs) + 1 >= live[seq_id].stop.max_tokens:
+                reasons[seq_id] = "length"  # the real reason is set once the token is known
+        if stopped:
+            for chunk in inflight.output.chunks:
+                if not chunk.is_prefix and chunk.seq_id in stopped:
+                    reasons[chunk.seq_id] = stopped[chunk.seq_id]
+        return scheduler.update(inflight.output, placeholders, reasons)
+
+    def _apply_tokens(self, inflight: _InFlight, token_ids: list[int], live: dict[int, _Live],
+                      stopped: dict[int, str]) -> int:
+        """Patch the real tokens over the placeholders, record logprobs, run the stop checks.
+        Returns the number of new (kept) tokens."""
+        sampled = inflight.result.sampled
+        if sampled is None:
+            return 0
+        chosen = sampled.logprobs.tolist() if sampled.logprobs is not None else None
+        top_values = sampled.top_logprobs.tolist() if sampled.top_logprobs is not None else None
+        top_ids = sampled.top_token_ids.tolist() if sampled.top_token_ids is not None else None
+        num_new = 0
+        for row, (seq_id, token_id) in enumerate(zip(inflight.result.seq_ids, token_ids)):
+            state = live[seq_id]
+            if state.final_reason is not None:
+                continue  # the wasted row after an early stop
+            index = inflight.token_index[row]
+            outputs = state.sched_request.output_token_ids
+            outputs[index] = token_id
+            num_new += 1
+            if state.logprobs is not None:
+                state.logprobs.append(self._logprob_entry(state, row, token_id, chosen, top_ids, top_values))
+            reason = state.stop.check(outputs if len(outputs) == index + 1 else outputs[:index + 1], token_id,
+                                      self._decode)
+            if reason is not None:
+                state.final_reason, state.num_final_tokens = reason, index + 1
+                if reason != "length":
+                    stopped[seq_id] = reason
+        return num_new
+
+    @staticmethod
+    def _logprob_entry(state: _Live, row: int, token_id: int, chosen, top_ids, top_values) -> dict[int, float]:
+        entry = {token_id: chosen[row]}
+        if top_ids is not None:
+            k = state.params.logprobs
+            entry.update(zip(top_ids[row][:k], top_values[row][:k]))
+        return entry
 
     def _sampling_row(self, state: _Live) -> tuple:
         p = state.params
@@ -245,11 +373,7 @@ class LLMEngine:
             state = live[seq_id]
             sampled[seq_id] = token_id
             if state.logprobs is not None:
-                entry = {token_id: chosen[row]}
-                if top_ids is not None:
-                    k = state.params.logprobs
-                    entry.update(zip(top_ids[row][:k], top_values[row][:k]))
-                state.logprobs.append(entry)
+                state.logprobs.append(self._logprob_entry(state, row, token_id, chosen, top_ids, top_values))
             outputs = state.sched_request.output_token_ids + [token_id]
             reason = state.stop.check(outputs, token_id, self._decode)
             if reason is not None:
@@ -259,16 +383,15 @@ class LLMEngine:
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids) if self.tokenizer is not None else ""
 
-    def _finish(self, state: _Live, done: FinishedRequest) -> FinishedOutput:
-        output_ids = list(done.output_token_ids)
-        text_ids = state.stop.final_token_ids_for_text(output_ids, done.finish_reason)
+    def _finish(self, state: _Live, done: FinishedRequest, output_ids: list[int], finish_reason: str) -> FinishedOutput:
+        text_ids = state.stop.final_token_ids_for_text(output_ids, finish_reason)
         text = state.stop.final_text(self._decode(text_ids))
         return FinishedOutput(
             request_id=done.request_id,
             prompt_token_ids=state.sched_request.prompt_token_ids,
-            output_token_ids=output_ids,
+            output_token_ids=list(output_ids),
             text=text,
-            finish_reason=done.finish_reason,
+            finish_reason=finish_reason,
             logprobs=state.logprobs,
             num_cached_prompt_tokens=done.num_cached_prompt_tokens,
         )

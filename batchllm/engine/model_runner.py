@@ -9,6 +9,7 @@ import torch
 
 from batchllm.engine.attention import AttentionMetadata, PagedAttention, make_backend
 from batchllm.engine.kv_cache import KVCache
+from batchllm.engine.placeholders import has_placeholders, resolve_placeholders_
 from batchllm.engine.sampler import SamplerOutput, SamplingBatch, sample
 from batchllm.engine.step_inputs import StepInputs, build_step_inputs
 from batchllm.sched.interface import SchedulerOutput
@@ -36,6 +37,8 @@ class ModelRunner:
                                     arch.head_dim)
         self.scale = arch.head_dim ** -0.5
         self._pin = device.type == "cuda"
+        # Benchmarks set a list here: one (start, end) CUDA event pair per step (GPU busy time).
+        self.step_events: list | None = None
         self.graphs = None
         if cuda_graphs and device.type == "cuda" and getattr(self.backend, "supports_cuda_graphs", False):
             from batchllm.engine.cuda_graphs import DecodeGraphRunner
@@ -49,25 +52,48 @@ class ModelRunner:
         return tensor
 
     @torch.inference_mode()
-    def execute(self, output: SchedulerOutput, sampling_rows: list[tuple]) -> StepResult:
-        """sampling_rows: one SamplingBatch.build row per sampled chunk, in chunk order."""
+    def execute(self, output: SchedulerOutput, sampling_rows: list[tuple],
+                previous_token_ids: torch.Tensor | None = None) -> StepResult:
+        """sampling_rows: one SamplingBatch.build row per sampled chunk, in chunk order.
+
+        previous_token_ids: the previous step's sampled ids, still on the device (asynchronous
+        scheduling): an input id -(i + 1) is a placeholder for previous_token_ids[i]."""
         inputs = build_step_inputs(output, self.block_size)
         # Sampling settings go to the device before the forward is queued (no wait behind it).
         batch = SamplingBatch.build(sampling_rows, self.device) if sampling_rows else None
-        hidden = self.forward(inputs)
+        hidden = self.forward(inputs, previous_token_ids=previous_token_ids)
         if batch is None:
+            self._record_end()
             return StepResult((), None)
         # Only the rows that sample pay for the LM head.
         logits = self.model.compute_logits(hidden[self._to_device(inputs.sample_rows)])
-        return StepResult(inputs.sample_seq_ids, sample(logits, batch))
+        result = StepResult(inputs.sample_seq_ids, sample(logits, batch))
+        self._record_end()
+        return result
 
-    def forward(self, inputs: StepInputs, allow_graph: bool = True) -> torch.Tensor:
+    def _record_start(self) -> None:
+        if self.step_events is not None:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            self.step_events.append([start, None])
+
+    def _record_end(self) -> None:
+        if self.step_events is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.step_events[-1][1] = end
+
+    def forward(self, inputs: StepInputs, allow_graph: bool = True,
+                previous_token_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] of a step: a CUDA graph for decode steps, else eager."""
+        placeholders = previous_token_ids if has_placeholders(inputs.input_ids) else None
         host_plan = self.backend.build_host_plan(inputs) if self.graphs is not None else None
-        hidden = self.graphs.run(inputs, host_plan) if host_plan is not None and allow_graph else None
-        return hidden if hidden is not None else self._forward_eager(inputs, host_plan)
+        self._record_start()
+        hidden = (self.graphs.run(inputs, host_plan, placeholders)
+                  if host_plan is not None and allow_graph else None)
+        return hidden if hidden is not None else self._forward_eager(inputs, host_plan, placeholders)
 
-    def _forward_eager(self, inputs: StepInputs, host_plan) -> torch.Tensor:
+    def _forward_eager(self, inputs: StepInputs, host_plan, placeholders: torch.Tensor | None = None) -> torch.Tensor:
         metadata = AttentionMetadata(
             slot_mapping=self._to_device(inputs.slot_mapping),
             query_start_loc=self._to_device(inputs.query_start_loc),
@@ -81,4 +107,8 @@ class ModelRunner:
         else:
             self.backend.prepare(inputs, metadata)
         attention = PagedAttention(self.kv_cache, metadata, self.backend, self.scale)
-        return self.model(self._to_device(inputs.input_ids), self._to_device(inputs.positions), attention)
+        input_ids = self._to_device(inputs.input_ids)
+        if placeholders is not None:
+            resolve_placeholders_(input_ids, placeholders)
+        return self.model(input_ids, self._to_device(inputs.positions), attention)
+

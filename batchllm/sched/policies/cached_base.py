@@ -191,9 +191,15 @@ class CachedPolicyBase:
             return
         token_ids = seq.request.all_token_ids
         for index in range(len(seq.nodes), num_full):
+            block_token_ids = tuple(token_ids[index * size:(index + 1) * size])
+            if min(block_token_ids) < 0:
+                # A placeholder id (asynchronous scheduling: a token still on the device). Only
+                # the newest token can be one, and it has no KV yet, so this is a safety net:
+                # never key the cache on it; the block is cached at a later update instead.
+                break
             parent = seq.nodes[index - 1] if index else None
             own_block_id = seq.block_ids[index]
-            node = self.cache.insert(parent, tuple(token_ids[index * size:(index + 1) * size]), own_block_id)
+            node = self.cache.insert(parent, block_token_ids, own_block_id)
             if node.block_id != own_block_id:
                 # Same content already cached (computed concurrently): switch to the cached
                 # block and free the duplicate, as vLLM v0.6 (promote_to_immutable) and SGLang

@@ -3,15 +3,27 @@
 Scenarios: pure decode of 256 requests, and chunked prefill (7 prefill chunks + 256 decode
 requests), over prefix/distinct/group-size settings, with and without jittered distinct
 lengths. Implementations, all validated against the float32 reference first:
-  fused      ours, one launch of prefix + distinct tiles, then the LSE merge kernel
+  fused      ours, one launch of prefix + distinct tiles, then the LSE merge kernel; work list
+             in "cost" order (largest first: in practice all BIG tiles, then all SMALL ones)
+  fused_interleave  the same kernel and items, work list in "interleave" order (BIG and SMALL
+             tiles merged by cumulative cost, so tensor-core and KV-streaming tiles co-run)
   separate   ours, cascade style: prefix launch, distinct launch, merge
   plain      ours without sharing knowledge (each request reads its whole KV)
   sdpa       PyTorch SDPA on KV gathered per request from the paged cache (gather included)
   sdpa_nogather  the same SDPA calls on pre-gathered dense KV (gather excluded)
+  flex       PyTorch FlexAttention (torch.compile'd flex_attention, once per scenario) on ONE
+             dense gathered KV sequence (each group's prefix once, then every request's own
+             KV) with a block mask: each row sees its group's prefix + its own KV, causal
+             (decode rows: all of it). Gather and block-mask build excluded (like a plan);
+             compile time is in the row ("compile_s"). Run in a second pass, after every other
+             row, while --flex-budget-s (seconds since the start) is not spent; a failure or a
+             skip leaves a note instead of a row. --dry-run runs it eagerly (no compile).
   flashinfer FlashInfer MultiLevelCascadeAttentionWrapper (2 levels), decode scenarios only
-The Triton implementations each get the best of a few tile configs (the autotune step).
+The Triton implementations each get the best of the tile configs (the autotune step; --quick:
+the default config only).
 
 Usage: PYTHONPATH=. python3 benchmarks/attention.py --out results.json [--markdown table.md] [--quick]
+  [--budget-s S] [--no-flex | --flex-modes decode,mixed --flex-budget-s S]
 """
 
 from __future__ import annotations
@@ -27,16 +39,20 @@ import numpy as np
 import torch
 
 from batchllm.ops.paged_attention import build_paged_plan
-from batchllm.ops.prefix_attention import prefix_shared_attention, prefix_shared_attention_separate
+from batchllm.ops.prefix_attention import (
+    prefix_shared_attention,
+    prefix_shared_attention_separate,
+)
 from batchllm.ops.reference import paged_attention_reference
 from batchllm.ops.synthetic_batch import SeqSpec, make_batch
-from batchllm.ops.tile_config import candidate_tile_configs
-from batchllm.ops.work_list import build_prefix_shared_plan
+from batchllm.ops.tile_config import candidate_tile_configs, default_tile_config
+from batchllm.ops.work_list import DEFAULT_WORK_ORDER, build_prefix_shared_plan
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16  # Llama-3.1-8B
 NUM_DECODE, NUM_CHUNKS, CHUNK_TOKENS = 256, 7, 512
 SETTINGS = [(2048, 256, 16), (2048, 256, 4), (4096, 512, 64), (256, 2048, "all")]
 DRY_SETTINGS = [(40, 20, "all"), (33, 16, 2)]  # --dry-run (CPU interpreter) with NUM_DECODE = 4
+MODES = [("decode", False), ("decode_jitter", True), ("mixed", False), ("mixed_jitter", True)]
 
 
 def scenario_seqs(prefix: int, distinct: int, group: str | int, mixed: bool, jitter: bool, seed=0) -> list[SeqSpec]:
@@ -51,9 +67,21 @@ def scenario_seqs(prefix: int, distinct: int, group: str | int, mixed: bool, jit
                     q = min(CHUNK_TOKENS, distinct)
                     seqs.append(SeqSpec(q, prefix + q, prefix, g))
         for _ in range(group_size):
-            d = int(round(distinct * rng.uniform(0.25, 1.75))) if jitter else distinct
+            d = int(round(distinct * rng.uniform(0.25, 1.75))) if jitter else distinct  # noqa: RUF046
             seqs.append(SeqSpec(1, prefix + max(d, 1), prefix, g))
     return seqs
+
+
+def _version(module: str) -> str:
+    try:
+        return __import__(module).__version__
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def bench_us(fn, rep_ms=60) -> float:
@@ -73,7 +101,7 @@ class Sdpa:
         lens, shared = b.seq_lens.tolist(), b.shared_kv_lens.tolist()
         starts = b.query_start_loc.tolist()
         dev = b.query.device
-        flat = lambda s: torch.as_tensor(  # noqa: E731
+        flat = lambda s: torch.as_tensor(
             _slots(b.block_tables[s].cpu().numpy(), lens[s], shared[s]), device=dev)
         self.decode = [s for s, x in enumerate(seqs) if x.q_len == 1]
         self.chunks = [s for s, x in enumerate(seqs) if x.q_len > 1]
@@ -129,8 +157,8 @@ def flashinfer_cascade(b, seqs, scale):
     lens, shared, groups = b.seq_lens.tolist(), b.shared_kv_lens.tolist(), b.group_ids.tolist()
     starts = b.query_start_loc.tolist()
     tables = b.block_tables.cpu().numpy()
-    ceil = lambda a: -(-a // BLOCK_SIZE)  # noqa: E731
-    last = lambda n: n - (ceil(n) - 1) * BLOCK_SIZE if n else 0  # noqa: E731
+    ceil = lambda a: -(-a // BLOCK_SIZE)
+    last = lambda n: n - (ceil(n) - 1) * BLOCK_SIZE if n else 0
     # level 0: one entry per group (its rows x its prefix pages); level 1: one per request
     g_ids = sorted(set(groups))
     qo0, kv0, idx0, last0 = [0], [0], [], []
@@ -148,13 +176,77 @@ def flashinfer_cascade(b, seqs, scale):
         idx1 += tables[s, ceil(shared[s]):ceil(shared[s]) + ceil(own)].tolist()
         kv1.append(len(idx1))
         last1.append(last(own))
-    i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=dev)  # noqa: E731
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=dev)
     workspace = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev)
     wrapper = flashinfer.MultiLevelCascadeAttentionWrapper(2, workspace, "NHD")
     wrapper.plan([i32(qo0), i32(qo1)], [i32(kv0), i32(kv1)], [i32(idx0), i32(idx1)], [i32(last0), i32(last1)],
                  NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, causal=False, sm_scale=scale,
                  q_data_type=b.query.dtype, kv_data_type=b.k_cache.dtype)
     return lambda: wrapper.run(b.query, (b.k_cache, b.v_cache))
+
+
+class Flex:
+    """FlexAttention on one dense gathered KV sequence: each group's prefix once, then each
+    request's own KV; a block mask gives every row its group's prefix + its own KV, causal.
+
+    Gather, block-mask build and compile happen in __init__ (excluded from the timing, like the
+    plans of the Triton rows); the timed call is flex_attention + viewing [1, H, T, D] as
+    [T, H, D].
+    """
+
+    def __init__(self, b, seqs, scale, compiled: bool):
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        dev = b.query.device
+        lens, shared, groups = b.seq_lens.tolist(), b.shared_kv_lens.tolist(), b.group_ids.tolist()
+        starts = b.query_start_loc.tolist()
+        tables = b.block_tables.cpu().numpy()
+        num_tokens = starts[-1]
+        pre_lo, pre_hi, own_lo, own_lim = (np.zeros(num_tokens, np.int64) for _ in range(4))
+        parts, prefix_at, pos = [], {}, 0
+        for s, spec in enumerate(seqs):  # the prefixes, once per group
+            if spec.is_prefix:
+                raise NotImplementedError("flex: prefix-chunk rows are not laid out")
+            key = groups[s] if groups[s] >= 0 else ("seq", s)
+            if shared[s] and key not in prefix_at:
+                parts.append(_slots(tables[s], shared[s], shared[s]))
+                prefix_at[key] = (pos, shared[s])
+                pos += shared[s]
+        for s in range(len(seqs)):  # then every request's own KV
+            r0, r1 = starts[s], starts[s + 1]
+            if shared[s]:
+                lo, n = prefix_at[groups[s] if groups[s] >= 0 else ("seq", s)]
+                if n != shared[s]:
+                    raise NotImplementedError("flex: members of a group with different shared lengths")
+                pre_lo[r0:r1], pre_hi[r0:r1] = lo, lo + n
+            row_pos = lens[s] - (r1 - r0) + np.arange(r1 - r0)
+            own_lo[r0:r1], own_lim[r0:r1] = pos, pos + row_pos - shared[s] + 1
+            parts.append(_slots(tables[s], lens[s], shared[s])[shared[s]:])
+            pos += lens[s] - shared[s]
+        kv_len = -(-pos // 128) * 128  # padding KV rows are masked out
+        slots = torch.as_tensor(np.concatenate(parts + [np.zeros(kv_len - pos, np.int64)]), device=dev)
+        # [1, Hkv, L, D] dense KV (gathered once)
+        self.k = b.k_cache.view(-1, NUM_KV_HEADS, HEAD_DIM)[slots].transpose(0, 1)[None].contiguous()
+        self.v = b.v_cache.view(-1, NUM_KV_HEADS, HEAD_DIM)[slots].transpose(0, 1)[None].contiguous()
+        pl, ph, ol, om = (torch.as_tensor(x, dtype=torch.int32, device=dev) for x in (pre_lo, pre_hi, own_lo, own_lim))
+
+        def mask_mod(batch, head, q_idx, kv_idx):
+            return ((kv_idx >= pl[q_idx]) & (kv_idx < ph[q_idx])) | ((kv_idx >= ol[q_idx]) & (kv_idx < om[q_idx]))
+
+        self.block_mask = create_block_mask(mask_mod, None, None, num_tokens, kv_len, device=dev)
+        self.query, self.scale = b.query, scale
+        if compiled:
+            torch._dynamo.reset()  # one compile per scenario, no recompile-limit fallbacks
+            self.fn = torch.compile(flex_attention, dynamic=False)
+        else:
+            self.fn = flex_attention
+        self.density = float(self.block_mask.kv_num_blocks.sum() + (self.block_mask.full_kv_num_blocks.sum()
+                             if self.block_mask.full_kv_num_blocks is not None else 0)) / (
+            self.block_mask.kv_num_blocks.numel() * max(1, kv_len // 128))
+
+    def __call__(self):
+        q = self.query.transpose(0, 1)[None]  # [1, H, T, D] view
+        o = self.fn(q, self.k, self.v, block_mask=self.block_mask, scale=self.scale, enable_gqa=True)
+        return o[0].transpose(0, 1)
 
 
 def kv_bytes_unique(seqs) -> float:
@@ -170,13 +262,34 @@ def prefix_flops(seqs) -> float:
     return sum(4.0 * s.q_len * s.shared_kv_len * NUM_HEADS * HEAD_DIM for s in seqs)
 
 
+def _time_impls(impls, ref, notes, where) -> dict:
+    """{name: (us, max_abs_err, config tag)}: each implementation validated, then timed (best variant)."""
+    timings = {}
+    for name, variants in impls.items():
+        best = None
+        for tag, fn in variants:
+            try:
+                err = (fn().float() - ref).abs().max().item()
+                us = bench_us(fn)
+            except Exception as exc:  # noqa: BLE001
+                notes.append(f"{name}{tag} failed on {where}: {exc!r}"[:600])
+                continue
+            if best is None or us < best[0]:
+                best = (us, err, tag)
+        if best:
+            timings[name] = best
+    return timings
+
+
 def run(args):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
     scale = HEAD_DIM ** -0.5
     rows, notes = [], []
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    result = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (dry run)", "date": datetime.datetime.now().isoformat(timespec="seconds"),
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            check=False).stdout.strip()
+    result = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (dry run)",
+              "date": datetime.datetime.now().isoformat(timespec="seconds"),
               "git_commit": args.git_commit or commit or "unknown", "dtype": "bfloat16",
               "heads": f"{NUM_HEADS}q/{NUM_KV_HEADS}kv d{HEAD_DIM} page {BLOCK_SIZE}", "rows": rows, "notes": notes}
     try:
@@ -186,76 +299,99 @@ def run(args):
         have_flashinfer = False
         notes.append(f"flashinfer not importable: {exc!r}")
     configs = candidate_tile_configs(HEAD_DIM, NUM_HEADS // NUM_KV_HEADS)
-    if args.quick:
-        configs = configs[:1]
-    modes = [("decode", False), ("decode_jitter", True), ("mixed", False), ("mixed_jitter", True)]
+    if args.quick:  # the default config only (the one the engine runs)
+        configs = [default_tile_config(HEAD_DIM, NUM_HEADS // NUM_KV_HEADS)]
+    tags = ["default"] if args.quick else [f"cfg{i}" for i in range(len(configs))]
+    result["tile_configs"] = {t: vars(c) for t, c in zip(tags, configs)}
+    flex_modes = {m for m, _ in MODES} if args.flex_modes == "all" else set(args.flex_modes.split(","))
+    result["engine_work_order"] = DEFAULT_WORK_ORDER
+    result["versions"] = {"torch": torch.__version__, "triton": _version("triton")}
+    scenarios = [(setting, mode, jitter) for setting in (DRY_SETTINGS if args.dry_run else SETTINGS)
+                 for mode, jitter in MODES]
+    main_timings = {}  # scenario -> timings of the main pass (separate / plain for the flex rows)
     t_start = time.time()
-    for prefix, distinct, group in (DRY_SETTINGS if args.dry_run else SETTINGS):
-        for mode, jitter in modes:
-            if time.time() - t_start > args.budget_s:
-                notes.append(f"time budget hit before {mode} {prefix}/{distinct}/{group}")
-                break
+    # main pass: our kernels + SDPA (+ FlashInfer); then the flex pass (compiles) with the time left
+    for flex_pass in (False, True):
+        for (prefix, distinct, group), mode, jitter in scenarios:
+            key = (prefix, distinct, group, mode)
+            where = f"{prefix}/{distinct}/{group} {mode}"
+            if flex_pass:
+                if not (args.flex and mode in flex_modes and key in main_timings):
+                    continue
+                if time.time() - t_start > args.flex_budget_s:
+                    notes.append(f"flex skipped on {where}: --flex-budget-s passed")
+                    continue
+            elif time.time() - t_start > args.budget_s:
+                notes.append(f"time budget hit before {where}")
+                continue
             seqs = scenario_seqs(prefix, distinct, group, mode.startswith("mixed"), jitter)
             b = make_batch(seqs, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM,
                            block_size=BLOCK_SIZE, dtype=dtype, device=dev)
-            meta = b.metadata_numpy()
             ref = paged_attention_reference(b.query, b.k_cache, b.v_cache, b.query_start_loc, b.seq_lens,
                                             b.shared_kv_lens, b.block_tables, scale).float()
-            impls = {}
-            for cfg_i, cfg in enumerate(configs):
-                shared_plan = build_prefix_shared_plan(**meta, block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS,
-                                                       num_heads=NUM_HEADS, head_dim=HEAD_DIM, tile=cfg).to(dev)
-                plain_plan = build_paged_plan(meta["query_start_loc"], meta["seq_lens"], meta["shared_kv_lens"],
-                                              meta["block_tables"], block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS,
-                                              num_heads=NUM_HEADS, head_dim=HEAD_DIM, tile=cfg).to(dev)
-                for name, fn in (
-                    ("fused", lambda p=shared_plan: prefix_shared_attention(b.query, b.k_cache, b.v_cache, p, scale)),
-                    ("separate", lambda p=shared_plan: prefix_shared_attention_separate(b.query, b.k_cache, b.v_cache, p, scale)),
-                    ("plain", lambda p=plain_plan: prefix_shared_attention(b.query, b.k_cache, b.v_cache, p, scale)),
-                ):
-                    impls.setdefault(name, []).append((f"cfg{cfg_i}", fn))
-            sdpa = Sdpa(b, seqs, scale)
-            impls["sdpa"] = [("", lambda: sdpa(False))]
-            if have_flashinfer and not mode.startswith("mixed"):
+            impls, extra = {}, {}
+            if flex_pass:
                 try:
-                    impls["flashinfer"] = [("", flashinfer_cascade(b, seqs, scale))]
+                    t0 = time.time()
+                    flex = Flex(b, seqs, scale, compiled=dev == "cuda")
+                    flex()  # the compile
+                    sync()
+                    extra["flex"] = {"compile_s": round(time.time() - t0, 1), "block_density": round(flex.density, 4)}
+                    impls["flex"] = [("", flex)]
                 except Exception as exc:  # noqa: BLE001
-                    notes.append(f"flashinfer plan failed on {prefix}/{distinct}/{group} {mode}: {exc!r}")
-            timings = {}
-            for name, variants in impls.items():
-                best = None
-                for tag, fn in variants:
+                    notes.append(f"flex failed on {where}: {exc!r}"[:600])
+                flex = None
+                timings = _time_impls(impls, ref, notes, where)
+            else:
+                meta = b.metadata_numpy()
+                for tag, cfg in zip(tags, configs):
+                    kw = {"block_size": BLOCK_SIZE, "num_kv_heads": NUM_KV_HEADS, "num_heads": NUM_HEADS,
+                          "head_dim": HEAD_DIM, "tile": cfg}
+                    shared_plan = build_prefix_shared_plan(**meta, order="cost", **kw).to(dev)
+                    inter_plan = build_prefix_shared_plan(**meta, order="interleave", **kw).to(dev)
+                    plain_plan = build_paged_plan(meta["query_start_loc"], meta["seq_lens"], meta["shared_kv_lens"],
+                                                  meta["block_tables"], **kw).to(dev)
+                    for name, fn, p in (("fused", prefix_shared_attention, shared_plan),
+                                        ("fused_interleave", prefix_shared_attention, inter_plan),
+                                        ("separate", prefix_shared_attention_separate, shared_plan),
+                                        ("plain", prefix_shared_attention, plain_plan)):
+                        impls.setdefault(name, []).append(
+                            (tag, lambda fn=fn, p=p, b=b: fn(b.query, b.k_cache, b.v_cache, p, scale)))
+                sdpa = Sdpa(b, seqs, scale)
+                impls["sdpa"] = [("", lambda sdpa=sdpa: sdpa(False))]
+                if have_flashinfer and not mode.startswith("mixed"):
                     try:
-                        err = (fn().float() - ref).abs().max().item()
-                        us = bench_us(fn)
+                        impls["flashinfer"] = [("", flashinfer_cascade(b, seqs, scale))]
                     except Exception as exc:  # noqa: BLE001
-                        notes.append(f"{name}{tag} failed on {prefix}/{distinct}/{group} {mode}: {exc!r}"[:400])
-                        continue
-                    if best is None or us < best[0]:
-                        best = (us, err, tag)
-                if best:
-                    timings[name] = best
-            try:
-                sdpa.pregather()
-                err = (sdpa(True).float() - ref).abs().max().item()
-                timings["sdpa_nogather"] = (bench_us(lambda: sdpa(True)), err, "")
-            except Exception as exc:  # noqa: BLE001
-                notes.append(f"sdpa_nogather failed: {exc!r}"[:300])
-            del sdpa
-            t_sep = timings.get("separate", (float("nan"),))[0]
-            t_plain = timings.get("plain", (float("nan"),))[0]
+                        notes.append(f"flashinfer plan failed on {where}: {exc!r}")
+                timings = _time_impls(impls, ref, notes, where)
+                try:
+                    sdpa.pregather()
+                    err = (sdpa(True).float() - ref).abs().max().item()
+                    timings["sdpa_nogather"] = (bench_us(lambda sdpa=sdpa: sdpa(True)), err, "")
+                except Exception as exc:  # noqa: BLE001
+                    notes.append(f"sdpa_nogather failed: {exc!r}"[:300])
+                del sdpa
+                main_timings[key] = timings
+            t_sep = main_timings[key].get("separate", (float("nan"),))[0]
+            t_plain = main_timings[key].get("plain", (float("nan"),))[0]
             for name, (us, err, tag) in timings.items():
                 row = {"scenario": mode, "prefix": prefix, "distinct": distinct, "group": group, "impl": name,
                        "us": round(us, 2), "speedup_vs_separate": round(t_sep / us, 3),
                        "speedup_vs_plain": round(t_plain / us, 3), "max_abs_err": err, "valid": err < 5e-2,
                        "config": tag, "kv_tb_per_s": round(kv_bytes_unique(seqs) / us / 1e6, 3),
-                       "prefix_tflop_per_s": round(prefix_flops(seqs) / us / 1e6, 2)}
+                       "prefix_tflop_per_s": round(prefix_flops(seqs) / us / 1e6, 2), **extra.get(name, {})}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+            result["wall_s"] = round(time.time() - t_start, 1)
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=1)
             del b, ref, impls
-            torch.cuda.empty_cache()
+            if dev == "cuda":
+                torch.cuda.empty_cache()
+    result["wall_s"] = round(time.time() - t_start, 1)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(markdown_table(result))
@@ -266,17 +402,21 @@ def markdown_table(result) -> str:
     by_key = {}
     for r in result["rows"]:
         by_key.setdefault((r["prefix"], r["distinct"], r["group"], r["scenario"]), {})[r["impl"]] = r
-    impls = ["fused", "separate", "plain", "sdpa", "sdpa_nogather", "flashinfer"]
+    impls = ["fused", "fused_interleave", "separate", "plain", "sdpa", "sdpa_nogather", "flex", "flashinfer"]
     lines = ["| prefix/distinct/group | scenario | " + " | ".join(f"{i} us" for i in impls)
-             + " | fused vs separate | fused vs plain | fused vs flashinfer | fused KV TB/s | fused prefix TFLOP/s |",
-             "|" + "---|" * (len(impls) + 7)]
+             + " | fused vs separate | interleave vs separate | fused vs plain | fused vs flashinfer"
+             " | fused KV TB/s | fused prefix TFLOP/s |",
+             "|" + "---|" * (len(impls) + 8)]
     for (p, d, g, sc), r in by_key.items():
-        cell = lambda i: (f"{r[i]['us']:.1f}" + ("" if r[i]["valid"] else " (INVALID)")) if i in r else "-"  # noqa: E731
+        cell = lambda i, r=r: (f"{r[i]['us']:.1f}" + ("" if r[i]["valid"] else " (INVALID)")) if i in r else "-"
         f = r.get("fused")
         vs_fi = f"{r['flashinfer']['us'] / f['us']:.2f}x" if f and "flashinfer" in r else "-"
+        fi = r.get("fused_interleave")
+        vs_sep_i = f"{fi['speedup_vs_separate']:.2f}x" if fi else "-"
         lines.append(f"| {p}/{d}/{g} | {sc} | " + " | ".join(cell(i) for i in impls)
-                     + (f" | {f['speedup_vs_separate']:.2f}x | {f['speedup_vs_plain']:.2f}x | {vs_fi} | "
-                        f"{f['kv_tb_per_s']:.2f} | {f['prefix_tflop_per_s']:.1f} |" if f else " | - | - | - | - | - |"))
+                     + (f" | {f['speedup_vs_separate']:.2f}x | {vs_sep_i} | {f['speedup_vs_plain']:.2f}x | {vs_fi} | "
+                        f"{f['kv_tb_per_s']:.2f} | {f['prefix_tflop_per_s']:.1f} |" if f
+                        else f" | - | {vs_sep_i} | - | - | - | - |"))
     return "\n".join(lines) + "\n"
 
 
@@ -287,7 +427,13 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="one tile config only")
     parser.add_argument("--git-commit", default=None, help="commit id to record (when .git is absent)")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU (TRITON_INTERPRET=1)")
-    parser.add_argument("--budget-s", type=float, default=300.0, help="stop starting new scenarios after this")
+    parser.add_argument("--budget-s", type=float, default=300.0,
+                        help="main pass: stop starting new scenarios after this many seconds")
+    parser.add_argument("--no-flex", dest="flex", action="store_false", help="skip the FlexAttention rows")
+    parser.add_argument("--flex-budget-s", type=float, default=200.0,
+                        help="no new FlexAttention compile after this many seconds since the start (notes say where)")
+    parser.add_argument("--flex-modes", default="all",
+                        help="comma list of scenarios that get a flex row (one compile each), or 'all'")
     args = parser.parse_args(argv)
     if args.dry_run:
         global NUM_DECODE, NUM_CHUNKS, CHUNK_TOKENS, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM

@@ -71,3 +71,36 @@ def test_async_scheduling_matches_sync_with_graphs(policy):
     assert llm.engine.runner.graphs.num_replays > replays_before
     assert asynchronous == sync
     assert [len(t) for t in sync] == [5 + i % 13 for i in range(40)]
+
+
+def test_step_launch_never_waits_for_the_device():
+    """With asynchronous scheduling a step is launched while the previous one runs: nothing in
+    ModelRunner.execute may synchronize with the device (a pageable copy, .item(), ...), or the
+    GPU idles while the host launches. torch's sync debug mode turns any such call into an error."""
+    from batchllm import LLM, SamplingParams
+
+    llm = LLM(model="random:llama-3.1-8b?num_layers=2&vocab_size=4096", kv_cache_tokens=16384,
+              max_num_batched_tokens=256)
+    prompts = [[7] * 60 + [100 + i % 5] * 20 + [200 + i, 300 + i] for i in range(40)]
+    params = [SamplingParams(temperature=0.0 if i % 2 else 0.9, seed=i, max_tokens=5 + i % 13, ignore_eos=True,
+                             logprobs=1 if i % 7 == 0 else None) for i in range(40)]
+    first = llm.generate(prompts, params, use_tqdm=False)  # warm-up: compiles, captures the graphs
+    runner = llm.engine.runner
+    execute = runner.execute
+    calls = []
+
+    def checked_execute(*args, **kwargs):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return execute(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            calls.append(1)
+
+    runner.execute = checked_execute
+    try:
+        second = llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        runner.execute = execute
+    assert len(calls) > 10
+    assert [o.outputs[0].token_ids for o in second] == [o.outputs[0].token_ids for o in first]

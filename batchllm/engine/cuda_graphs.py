@@ -42,22 +42,23 @@ class _Graph:
         self.items_cap = 4 * rows + 1024  # decode work items: tiles x KV pieces, see work_list.py
         self.slots_cap = 8 * rows + 1024  # partial results to merge
         # int64 part: input_ids, positions, slot_mapping
-        self.host64 = torch.zeros(3 * rows, dtype=torch.int64).pin_memory()
         self.dev64 = torch.zeros(3 * rows, dtype=torch.int64, device=device)
         # int32 part: work, block_tables, prefix_limit, merge_tokens, merge_offsets, merge_slots
         self.shapes32 = [(self.items_cap, work_fields), (rows, key.num_blocks), (rows,), (rows,), (rows + 1,),
                          (self.slots_cap,)]
         size32 = sum(int(np.prod(shape)) for shape in self.shapes32)
-        self.host32 = torch.zeros(size32, dtype=torch.int32).pin_memory()
         self.dev32 = torch.zeros(size32, dtype=torch.int32, device=device)
-        self.host64_np = self.host64.numpy()
-        self.host32_views = self._views(self.host32.numpy())
         self.dev32_views = self._views(self.dev32)
+        # Two pinned host copies, used in turn: with asynchronous scheduling the host fills step
+        # N+1's while step N's copy may still be queued behind step N-1 on the stream. Each has
+        # an event recorded after its copy; waiting on it is a safety net that never blocks with
+        # one step in flight (step N-1 has been synced before step N+1 is filled).
+        self._host64 = [torch.zeros(3 * rows, dtype=torch.int64).pin_memory() for _ in range(2)]
+        self._host32 = [torch.zeros(size32, dtype=torch.int32).pin_memory() for _ in range(2)]
+        self._copied: list[torch.cuda.Event | None] = [None, None]
+        self._turn = 0
         self.graph: torch.cuda.CUDAGraph | None = None
         self.hidden: torch.Tensor | None = None
-        # Recorded after the last host -> device copy of the pinned buffers: with asynchronous
-        # scheduling the host refills them while that copy may still be queued behind a step.
-        self.copied: torch.cuda.Event | None = None
 
     def _views(self, flat):
         views, offset = [], 0
@@ -72,16 +73,19 @@ class _Graph:
                 and plan.merge_tokens.shape[0] < self.key.num_rows)
 
     def fill(self, plan, inputs: StepInputs) -> None:
-        if self.copied is not None:
-            self.copied.synchronize()
+        turn = self._turn
+        self._turn = 1 - turn
+        copied = self._copied[turn]
+        if copied is not None and not copied.query():
+            copied.synchronize()
         rows, num_tokens = self.key.num_rows, inputs.num_tokens
-        ids = self.host64_np
+        ids = self._host64[turn].numpy()
         ids[:] = 0
         ids[2 * rows:] = -1  # padding rows store no KV
         ids[:num_tokens] = inputs.input_ids
         ids[rows:rows + num_tokens] = inputs.positions
         ids[2 * rows:2 * rows + num_tokens] = inputs.slot_mapping
-        work, tables, limit, merge_tokens, merge_offsets, merge_slots = self.host32_views
+        work, tables, limit, merge_tokens, merge_offsets, merge_slots = self._views(self._host32[turn].numpy())
         work[:] = 0  # no-op items: q_count 0 and an empty KV range
         work[:, F_PARTIAL_BASE] = -1  # direct write (of nothing)
         work[:plan.work.shape[0]] = plan.work
@@ -96,10 +100,11 @@ class _Graph:
         merge_offsets[:num_merge + 1] = plan.merge_offsets
         merge_slots[:] = 0
         merge_slots[:plan.num_partial_slots] = plan.merge_slots
-        self.dev64.copy_(self.host64, non_blocking=True)
-        self.dev32.copy_(self.host32, non_blocking=True)
-        self.copied = torch.cuda.Event()
-        self.copied.record()
+        self.dev64.copy_(self._host64[turn], non_blocking=True)
+        self.dev32.copy_(self._host32[turn], non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._copied[turn] = event
 
     def device_plan(self, template):
         """A PrefixSharedPlanOnDevice over the static buffers, shaped like the graph."""

@@ -31,17 +31,31 @@ class SamplingBatch:
     max_logprobs: int | None  # None: no logprobs asked for
 
     @classmethod
-    def build(cls, rows: list[tuple], device: torch.device) -> "SamplingBatch":
-        """rows: (temperature, top_p, top_k, min_p, seed, output_index, logprobs) per row."""
+    def build(cls, rows: list[tuple], device: torch.device) -> SamplingBatch:
+        """rows: (temperature, top_p, top_k, min_p, seed, output_index, logprobs) per row.
+
+        On CUDA the settings travel in one pinned buffer with a non-blocking copy: a copy from
+        pageable memory would wait for every step already queued on the stream, which defeats
+        asynchronous scheduling."""
         temperature, top_p, top_k, min_p, seeds, output_index, logprobs = zip(*rows)
         asked = [n for n in logprobs if n is not None]
+        num_rows = len(rows)
+        # float64 holds every field exactly (seeds < 2**32, indices and top_k far below 2**53).
+        packed = torch.tensor([temperature, top_p, min_p, top_k, [s & _MASK32 for s in seeds], output_index],
+                              dtype=torch.float64).view(6, num_rows)
+        if device.type == "cuda":
+            packed = packed.pin_memory().to(device, non_blocking=True)
+        else:
+            packed = packed.to(device)
+        floats = packed[:3].to(torch.float32)
+        ints = packed[3:].to(torch.int64)
         return cls(
-            temperature=torch.tensor(temperature, dtype=torch.float32, device=device),
-            top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
-            top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
-            min_p=torch.tensor(min_p, dtype=torch.float32, device=device),
-            seeds=torch.tensor([s & _MASK32 for s in seeds], dtype=torch.int64, device=device),
-            output_index=torch.tensor(output_index, dtype=torch.int64, device=device),
+            temperature=floats[0],
+            top_p=floats[1],
+            top_k=ints[0],
+            min_p=floats[2],
+            seeds=ints[1],
+            output_index=ints[2],
             all_greedy=all(t == 0.0 for t in temperature),
             needs_top_k=any(k > 0 for k in top_k),
             needs_top_p=any(p < 1.0 for p in top_p),

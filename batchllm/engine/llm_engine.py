@@ -323,7 +323,7 @@ class LLMEngine:
                       stopped: dict[int, str]) -> int:
         """Patch the real tokens over the placeholders, record logprobs, run the stop checks.
         Returns the number of new (kept) tokens."""
-        sampled = inflight.result.sampled
+        sampled = inflight.result.host_output()
         if sampled is None:
             return 0
         chosen = sampled.logprobs.tolist() if sampled.logprobs is not None else None
@@ -364,11 +364,12 @@ class LLMEngine:
     def _check_stops(self, result, token_ids: list[int], live: dict[int, _Live]) -> tuple[dict[int, int], dict[int, str]]:
         sampled: dict[int, int] = {}
         finish_reasons: dict[int, str] = {}
-        if result.sampled is None:
+        output = result.host_output()
+        if output is None:
             return sampled, finish_reasons
-        chosen = result.sampled.logprobs.tolist() if result.sampled.logprobs is not None else None
-        top_values = result.sampled.top_logprobs.tolist() if result.sampled.top_logprobs is not None else None
-        top_ids = result.sampled.top_token_ids.tolist() if result.sampled.top_token_ids is not None else None
+        chosen = output.logprobs.tolist() if output.logprobs is not None else None
+        top_values = output.top_logprobs.tolist() if output.top_logprobs is not None else None
+        top_ids = output.top_token_ids.tolist() if output.top_token_ids is not None else None
         for row, (seq_id, token_id) in enumerate(zip(result.seq_ids, token_ids)):
             state = live[seq_id]
             sampled[seq_id] = token_id

@@ -18,11 +18,25 @@ from batchllm.sched.interface import SchedulerOutput
 @dataclass(frozen=True)
 class StepResult:
     seq_ids: tuple[int, ...]  # one per sampled row
-    sampled: SamplerOutput | None  # None when nothing was sampled this step
+    sampled: SamplerOutput | None  # None when nothing was sampled this step (device tensors)
+    # CUDA: pinned host copies of `sampled`, filled by a non-blocking copy queued right after
+    # the sampler, and the event that marks them ready. Waiting on the event waits for this
+    # step only; `.tolist()` on the device tensors would also wait for every step queued after
+    # it (asynchronous scheduling queues the next step before reading this one).
+    host_sampled: SamplerOutput | None = None
+    host_ready: torch.cuda.Event | None = None
+
+    def host_output(self) -> SamplerOutput | None:
+        """The sampled output on the host (waits for this step's copy)."""
+        if self.host_ready is None:
+            return self.sampled
+        self.host_ready.synchronize()
+        return self.host_sampled
 
     def token_ids_list(self) -> list[int]:
         """The sampled ids on the host (waits for the device)."""
-        return self.sampled.token_ids.tolist() if self.sampled is not None else []
+        output = self.host_output()
+        return output.token_ids.tolist() if output is not None else []
 
 
 class ModelRunner:
@@ -67,9 +81,15 @@ class ModelRunner:
             return StepResult((), None)
         # Only the rows that sample pay for the LM head.
         logits = self.model.compute_logits(hidden[self._to_device(inputs.sample_rows)])
-        result = StepResult(inputs.sample_seq_ids, sample(logits, batch))
+        sampled = sample(logits, batch)
         self._record_end()
-        return result
+        if not self._pin:
+            return StepResult(inputs.sample_seq_ids, sampled)
+        host = SamplerOutput(*(_copy_to_pinned(t) for t in (sampled.token_ids, sampled.logprobs,
+                                                           sampled.top_logprobs, sampled.top_token_ids)))
+        ready = torch.cuda.Event()
+        ready.record()
+        return StepResult(inputs.sample_seq_ids, sampled, host, ready)
 
     def _record_start(self) -> None:
         if self.step_events is not None:
@@ -112,3 +132,10 @@ class ModelRunner:
             resolve_placeholders_(input_ids, placeholders)
         return self.model(input_ids, self._to_device(inputs.positions), attention)
 
+
+def _copy_to_pinned(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    if tensor is None:
+        return None
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    return host

@@ -5,6 +5,7 @@ requests), over prefix/distinct/group-size settings, with and without jittered d
 lengths. Implementations, all validated against the float32 reference first:
   fused      ours, one launch of prefix + distinct tiles, then the LSE merge kernel; work list
              in "cost" order (largest first: in practice all BIG tiles, then all SMALL ones)
+  fused_auto the engine's default order ("auto": interleave when the step has prefill chunks)
   fused_interleave  the same kernel and items, work list in "interleave" order (BIG and SMALL
              tiles merged by cumulative cost, so tensor-core and KV-streaming tiles co-run)
   separate   ours, cascade style: prefix launch, distinct launch, merge
@@ -349,10 +350,12 @@ def run(args):
                           "head_dim": HEAD_DIM, "tile": cfg}
                     shared_plan = build_prefix_shared_plan(**meta, order="cost", **kw).to(dev)
                     inter_plan = build_prefix_shared_plan(**meta, order="interleave", **kw).to(dev)
+                    auto_plan = build_prefix_shared_plan(**meta, order="auto", **kw).to(dev)
                     plain_plan = build_paged_plan(meta["query_start_loc"], meta["seq_lens"], meta["shared_kv_lens"],
                                                   meta["block_tables"], **kw).to(dev)
                     for name, fn, p in (("fused", prefix_shared_attention, shared_plan),
                                         ("fused_interleave", prefix_shared_attention, inter_plan),
+                                        ("fused_auto", prefix_shared_attention, auto_plan),
                                         ("separate", prefix_shared_attention_separate, shared_plan),
                                         ("plain", prefix_shared_attention, plain_plan)):
                         impls.setdefault(name, []).append(
@@ -402,17 +405,19 @@ def markdown_table(result) -> str:
     by_key = {}
     for r in result["rows"]:
         by_key.setdefault((r["prefix"], r["distinct"], r["group"], r["scenario"]), {})[r["impl"]] = r
-    impls = ["fused", "fused_interleave", "separate", "plain", "sdpa", "sdpa_nogather", "flex", "flashinfer"]
+    impls = ["fused", "fused_interleave", "fused_auto", "separate", "plain", "sdpa", "sdpa_nogather", "flex", "flashinfer"]
     lines = ["| prefix/distinct/group | scenario | " + " | ".join(f"{i} us" for i in impls)
-             + " | fused vs separate | interleave vs separate | fused vs plain | fused vs flashinfer"
+             + " | fused vs separate | interleave vs separate | auto vs separate | fused vs plain | fused vs flashinfer"
              " | fused KV TB/s | fused prefix TFLOP/s |",
-             "|" + "---|" * (len(impls) + 8)]
+             "|" + "---|" * (len(impls) + 9)]
     for (p, d, g, sc), r in by_key.items():
         cell = lambda i, r=r: (f"{r[i]['us']:.1f}" + ("" if r[i]["valid"] else " (INVALID)")) if i in r else "-"
         f = r.get("fused")
         vs_fi = f"{r['flashinfer']['us'] / f['us']:.2f}x" if f and "flashinfer" in r else "-"
         fi = r.get("fused_interleave")
         vs_sep_i = f"{fi['speedup_vs_separate']:.2f}x" if fi else "-"
+        fa = r.get("fused_auto")
+        vs_sep_i += " | " + (f"{fa['speedup_vs_separate']:.2f}x" if fa else "-")
         lines.append(f"| {p}/{d}/{g} | {sc} | " + " | ".join(cell(i) for i in impls)
                      + (f" | {f['speedup_vs_separate']:.2f}x | {vs_sep_i} | {f['speedup_vs_plain']:.2f}x | {vs_fi} | "
                         f"{f['kv_tb_per_s']:.2f} | {f['prefix_tflop_per_s']:.1f} |" if f

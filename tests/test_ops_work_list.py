@@ -17,6 +17,7 @@ from batchllm.ops.work_list import (
     SIZE_SMALL,
     build_prefix_shared_plan,
     order_items,
+    resolve_order,
     work_cost,
 )
 
@@ -123,3 +124,28 @@ def test_interleaved_plan_same_items_on_a_ragged_batch():
         assert sorted(map(tuple, wa.tolist())) == sorted(map(tuple, wb.tolist()))
         assert np.array_equal(work_cost(wa, a.tile), work_cost(wb, b.tile))
         assert (np.diff(work_cost(wb, b.tile)) <= 0).all()
+
+
+def test_auto_order_interleaves_only_steps_with_prefill_chunks():
+    # decode only (BIG tiles are prefix tiles): auto = cost order
+    decode = _pinned_plan("auto")
+    assert np.array_equal(decode.work, _pinned_plan("cost").work)
+    # the ragged batch has 64-row prefill chunks (BIG distinct tiles): auto = interleave
+    rng = np.random.default_rng(0)
+    n = 40
+    lens = (300 + rng.integers(1, 700, n)).astype(np.int32)
+    q = np.where(np.arange(n) < 3, 64, 1)
+    lens[:3] = 300 + 64
+    qsl = np.concatenate([[0], np.cumsum(q)]).astype(np.int32)
+    groups = (np.arange(n) % 4).astype(np.int32)
+    order = np.argsort(groups, kind="stable")
+    args = (qsl, lens[order], np.full(n, 300, np.int32), np.zeros((n, 64), np.int32), groups[order],
+            np.zeros(n, bool))
+    kw = {"block_size": 16, "num_kv_heads": 8, "num_heads": 32,
+          "tile": default_tile_config(128, 4, interpret=False)}
+    chunked = build_prefix_shared_plan(*args, order="auto", **kw)
+    assert ((chunked.work[:, F_SIZE_CLASS] == SIZE_BIG) & (chunked.work[:, F_KIND] == KIND_DISTINCT)).any()
+    assert np.array_equal(chunked.work, build_prefix_shared_plan(*args, order="interleave", **kw).work)
+    assert np.array_equal(build_prefix_shared_plan(*args, **kw).work, chunked.work)  # the default
+    assert resolve_order("cost", np.array([SIZE_BIG]), np.array([KIND_DISTINCT])) == "cost"
+    assert resolve_order("auto", np.array([SIZE_BIG, SIZE_SMALL]), np.array([KIND_PREFIX, KIND_DISTINCT])) == "cost"

@@ -22,6 +22,12 @@ Work order (the launch grid runs items roughly in list order, KV head fastest):
                 holds both kinds in the ratio of their total work, so tensor-core tiles co-run
                 with KV-streaming tiles on the same SMs (HFuse-style horizontal fusion), and
                 both classes still end with their smallest items.
+  "auto"        (the default) "interleave" when the step has BIG distinct tiles (prefill
+                chunks: real compute to overlap with the decode rows' KV streaming), else
+                "cost". Measured on the H200 (benchmarks/attention.py, 16 settings): interleave
+                beat cost order on 7 of the 8 mixed settings (up to 5%, at most 1% worse on the
+                8th) and lost up to 13% on pure decode, where the BIG tiles are light prefix
+                tiles.
 Estimated cost of an item (`item_cost`, one model for both classes, time units of one
 KV token streamed): kv_len * (1 + m_pad / 128): the 1 is the KV read (the same bytes per
 token for either tile), m_pad / 128 the MMA + softmax work of the padded packed rows (a BIG
@@ -49,10 +55,9 @@ MASK_NONE, MASK_CAUSAL, MASK_ROW_LIMIT = 0, 1, 2
 KIND_PREFIX, KIND_DISTINCT = 0, 1
 SIZE_SMALL, SIZE_BIG = 0, 1
 DEFAULT_NUM_SMS = 132  # H200
-WORK_ORDERS = ("cost", "interleave")
-# Order used when build_prefix_shared_plan gets no `order` (the engine's). "cost" until the
-# H200 benchmark (benchmarks/attention.py: fused vs fused_interleave) says otherwise.
-DEFAULT_WORK_ORDER = "cost"
+WORK_ORDERS = ("cost", "interleave", "auto")
+# Order used when build_prefix_shared_plan gets no `order` (the engine's); see the docstring.
+DEFAULT_WORK_ORDER = "auto"
 
 
 def _as_numpy(x, dtype) -> np.ndarray:
@@ -85,9 +90,18 @@ def work_cost(work: np.ndarray, tile: TileConfig) -> np.ndarray:
     return item_cost(work[:, F_KV_END].astype(np.int64) - work[:, F_KV_START], work[:, F_SIZE_CLASS], tile)
 
 
+def resolve_order(order: str, size_class: np.ndarray, kind: np.ndarray) -> str:
+    """"auto" -> "interleave" if any BIG distinct tile (a prefill chunk) is in the step, else "cost"."""
+    check(order in WORK_ORDERS, f"order must be one of {WORK_ORDERS}, got {order!r}")
+    if order != "auto":
+        return order
+    has_chunk = bool(np.any((np.asarray(size_class) == SIZE_BIG) & (np.asarray(kind) == KIND_DISTINCT)))
+    return "interleave" if has_chunk else "cost"
+
+
 def order_items(cost: np.ndarray, size_class: np.ndarray, order: str) -> np.ndarray:
     """Permutation of work items for `order` ("cost" or "interleave", see the module docstring)."""
-    check(order in WORK_ORDERS, f"order must be one of {WORK_ORDERS}, got {order!r}")
+    check(order in ("cost", "interleave"), f"order must be 'cost' or 'interleave' here, got {order!r}")
     by_cost = np.argsort(-cost, kind="stable")
     if order == "cost":
         return by_cost
@@ -180,7 +194,7 @@ def build_prefix_shared_plan(
     kv_split_tokens: int | None = None,  # fixed split-KV piece length (tests); None = auto
     num_sms: int = DEFAULT_NUM_SMS,
     programs_per_sm: int = 4,
-    order: str | None = None,  # "cost" | "interleave"; None = DEFAULT_WORK_ORDER
+    order: str | None = None,  # "cost" | "interleave" | "auto"; None = DEFAULT_WORK_ORDER
 ) -> PrefixSharedPlan:
     """Build the step's work list (numpy in, numpy out). See the module docstring."""
     order = DEFAULT_WORK_ORDER if order is None else order
@@ -325,7 +339,7 @@ def build_prefix_shared_plan(
     work[:, F_BASE_BLOCK], work[:, F_BASE_POS] = s_base_block[i_seg], s_base_pos[i_seg]
     work[:, F_MASK_MODE], work[:, F_Q_POS0], work[:, F_PARTIAL_BASE] = i_mask, i_pos0, partial_base
     work[:, F_SIZE_CLASS], work[:, F_KIND] = i_size, s_kind[i_seg]
-    work = work[order_items(cost, i_size, order)].astype(np.int32)
+    work = work[order_items(cost, i_size, resolve_order(order, i_size, s_kind[i_seg]))].astype(np.int32)
     return PrefixSharedPlan(
         work=work, block_tables=tables, prefix_limit=prefix_limit.astype(np.int32),
         merge_tokens=merge_tokens.astype(np.int32), merge_offsets=merge_offsets.astype(np.int32),

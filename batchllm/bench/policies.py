@@ -26,11 +26,14 @@ def parse_policy(text: str) -> PolicySpec:
     text = text.strip()
     flags = set()
     base = text
-    for suffix in ("+eager", "+sync"):
-        for _ in range(2):
-            if base.endswith(suffix):
-                flags.add(suffix[1:])
-                base = base.removesuffix(suffix)
+    stripped = True
+    while stripped:  # the suffixes in any order
+        stripped = False
+        for flag in FLAGS:
+            if base.endswith("+" + flag):
+                flags.add(flag)
+                base = base.removesuffix("+" + flag)
+                stripped = True
     name, _, setting = base.partition("@")
     if name not in POLICY_NAMES:
         raise ValueError(f"unknown policy {name!r} in {text!r}: one of {', '.join(POLICY_NAMES)}, "

@@ -63,8 +63,8 @@ def read_input_workload(path: str, engine, default_max_tokens: int = DEFAULT_INP
 
     A line that does not parse, cannot be tokenized (e.g. text on a random: preset, which has no
     tokenizer), or does not fit the model is skipped and listed in `skipped`. Each line's
-    max_tokens is kept (clamped to the context like `batchllm run`; default_max_tokens when
-    absent); outputs are forced to that length by the caller (ignore_eos). The workload is named
+    max_tokens is kept (clamped to the context like `batchllm run`; absent: 16 on a completion line
+    as in `batchllm run`, default_max_tokens on a chat line rather than the whole context); outputs are forced to that length by the caller (ignore_eos). The workload is named
     after the file."""
     from batchllm.batch_job import prepare_request
     from batchllm.io.batch_input import BatchError, read_batch_file

@@ -68,7 +68,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser, default_out: str = DEFA
                              "each line's max_tokens is its forced output length; bad lines are reported and skipped")
     parser.add_argument("--requests", type=int, default=512, help="requests per generated workload (default 512)")
     parser.add_argument("--output-tokens", type=int, default=100,
-                        help="output tokens per generated request, and per --input line without max_tokens (default 100)")
+                        help="output tokens per generated request (default 100); also for an --input chat line without "
+                             "max_tokens (a completion line without it gets 16, as in `batchllm run`)")
     parser.add_argument("--policies", default="batchllm,vllm,sglang",
                         help="comma list (default batchllm,vllm,sglang); NAME@TOKENS or NAME@SEQS/TOKENS sets the "
                              "budget; suffix +eager (no CUDA graphs) or +sync (no asynchronous scheduling)")

@@ -35,8 +35,9 @@ def _cell(row: dict, key: str, form: str) -> str:
 
 def render_markdown(result: dict) -> str:
     """Title line, a table of every row (failed policies show their error), notes."""
-    lines = [f"### {result.get('model', '?')} on {result.get('device', '?')} "
-             f"({result.get('date', '?')}, commit {result.get('git_commit') or '?'})", ""]
+    title = (f"### {result.get('model', '?')} on {result.get('device', '?')} "
+             f"({result.get('date', '?')}, commit {result.get('git_commit') or '?'})")
+    lines = [title, ""]
     lines.append("| " + " | ".join(header for header, _, _ in COLUMNS) + " |")
     lines.append("|" + "|".join("---" if i < 2 else "---:" for i in range(len(COLUMNS))) + "|")
     errors = []

@@ -88,7 +88,7 @@ def git_commit() -> str | None:
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         done = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              timeout=10)
+                              timeout=10, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() or None
@@ -250,7 +250,7 @@ def run_bench(options: BenchOptions, llm=None, log: Callable[[str], None] = prin
             try:
                 row = run_policy(llm, case, policy, params, plan, bound, options.model, base_config,
                                  options.trace_dir, traces)
-            except Exception as error:  # keep measuring the other policies; the row says what failed
+            except Exception as error:  # noqa: BLE001 -- keep measuring the other policies; the row says what failed
                 import traceback
 
                 traceback.print_exc()

@@ -106,8 +106,18 @@ def resolve_model(args) -> str | None:
         return DEFAULT_GPU_MODEL
     print(f"error: no CUDA GPU here, and the default model {DEFAULT_GPU_MODEL} would take hours on a CPU "
           f"(fix: pass --model, e.g. --model '{CPU_SMOKE_MODEL}' --workload micro:64:16:4 --requests 16 "
-          "--output-tokens 4, or a small .gguf file / HF model directory)", file=sys.stderr)
+          f"--output-tokens 4, or a small .gguf file / HF model directory{_default_gguf_hint()})", file=sys.stderr)
     return None
+
+
+def _default_gguf_hint() -> str:
+    try:
+        from batchllm.models.loader import default_model_path
+
+        path = default_model_path()
+    except Exception:  # noqa: BLE001 -- only a hint
+        return ""
+    return f" such as --model {path}" if path is not None and os.path.isfile(path) else ""
 
 
 def _cuda(device: str) -> bool:

@@ -1,0 +1,41 @@
+"""The physical limit of a run: FLOPs of the work / measured bf16 matmul peak (DESIGN.md).
+
+Torch-free; `arch` is a ModelArchConfig (num_params, num_layers, num_heads, head_dim, ...)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+H200_BF16_PEAK_FLOPS = 790e12  # measured on the device here (../shared/DEVICE-NOTES.md)
+
+
+def attention_flops(arch, num_queries_at: Sequence[tuple[int, int]]) -> float:
+    """(first_position, num_tokens) runs of query rows -> QK^T and PV FLOPs over all layers."""
+    total_positions = 0
+    for first, count in num_queries_at:
+        # a row at position p attends p + 1 keys
+        total_positions += count * first + count * (count + 1) // 2
+    return 4.0 * arch.num_layers * arch.num_heads * arch.head_dim * total_positions
+
+
+def workload_flops(arch, groups, output_num_tokens: Sequence[int]) -> float:
+    """groups: (prefix_num_tokens, [distinct_num_tokens per member], [member request indices]).
+    Counts every prefix once (optimal sharing), every distinct prompt and every decode step."""
+    dense_per_token = 2.0 * arch.num_params(include_embeddings=False)
+    lm_head_per_row = 2.0 * arch.vocab_size * arch.hidden_size
+    processed_tokens = 0
+    runs: list[tuple[int, int]] = []
+    num_sampled_rows = 0
+    for prefix_num_tokens, distinct_lengths, members in groups:
+        processed_tokens += prefix_num_tokens
+        runs.append((0, prefix_num_tokens))
+        for distinct, request in zip(distinct_lengths, members):
+            out = output_num_tokens[request]
+            processed_tokens += distinct + max(out - 1, 0)
+            runs.append((prefix_num_tokens, distinct + max(out - 1, 0)))
+            num_sampled_rows += out
+    return dense_per_token * processed_tokens + attention_flops(arch, runs) + lm_head_per_row * num_sampled_rows
+
+
+def flop_bound_seconds(arch, groups, output_num_tokens: Sequence[int], peak_flops: float = H200_BF16_PEAK_FLOPS) -> float:
+    return workload_flops(arch, groups, output_num_tokens) / peak_flops

@@ -1,0 +1,60 @@
+"""Policy labels of a benchmark run: 'NAME[@TOKENS | @SEQS/TOKENS][+eager][+sync]'. Torch-free."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+POLICY_NAMES = ("batchllm", "vllm", "sglang", "simple")
+FLAGS = ("eager", "sync")
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    label: str  # as written, the row's "policy"
+    name: str  # scheduling policy
+    changes: dict  # engine.configure_scheduler(**changes)
+    flags: frozenset  # "eager": no CUDA graphs; "sync": no asynchronous scheduling
+
+    def __iter__(self):  # label, name, changes, flags = parse_policy(...)
+        return iter((self.label, self.name, self.changes, self.flags))
+
+
+def parse_policy(text: str) -> PolicySpec:
+    """'vllm@1024/16384' -> vllm with max_num_seqs 1024, max_num_batched_tokens 16384;
+    'batchllm@8192' -> token budget 8192. Suffixes: '+eager' runs without CUDA graphs, '+sync'
+    without asynchronous scheduling (one step at a time)."""
+    text = text.strip()
+    flags = set()
+    base = text
+    stripped = True
+    while stripped:  # the suffixes in any order
+        stripped = False
+        for flag in FLAGS:
+            if base.endswith("+" + flag):
+                flags.add(flag)
+                base = base.removesuffix("+" + flag)
+                stripped = True
+    name, _, setting = base.partition("@")
+    if name not in POLICY_NAMES:
+        raise ValueError(f"unknown policy {name!r} in {text!r}: one of {', '.join(POLICY_NAMES)}, "
+                         "optionally @TOKENS or @SEQS/TOKENS and +eager / +sync")
+    changes: dict = {"policy": name}
+    if setting:
+        parts = setting.split("/")
+        try:
+            if len(parts) == 2:
+                changes["max_num_seqs"], changes["max_num_batched_tokens"] = int(parts[0]), int(parts[1])
+            elif len(parts) == 1:
+                changes["max_num_batched_tokens"] = int(parts[0])
+            else:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"bad policy setting in {text!r}: NAME@TOKENS or NAME@SEQS/TOKENS") from None
+    return PolicySpec(text, name, changes, frozenset(flags))
+
+
+def parse_policies(text: str) -> list[PolicySpec]:
+    specs = [parse_policy(part) for part in text.split(",") if part.strip()]
+    if not specs:
+        raise ValueError("no policy given (e.g. --policies batchllm,vllm)")
+    return specs

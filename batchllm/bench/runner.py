@@ -1,0 +1,277 @@
+"""Run several policies in ONE process on the same model and measure each (`batchllm bench`,
+benchmarks/e2e.py).
+
+Per workload: the optimal prefix plan and the FLOP bound are computed once; then for each policy
+the scheduler is reconfigured, a warm-up batch of 8 requests runs (kernel compilation excluded),
+and the whole workload runs with outputs forced to their max_tokens (ignore_eos). One row per
+(workload, policy); a policy that fails gets a row with "error" and the others still run.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from batchllm.bench.flop_bound import flop_bound_seconds
+from batchllm.bench.policies import PolicySpec, parse_policies
+from batchllm.bench.workload import DEFAULT_WORKLOAD, make_workload, read_input_workload, split_workload_spec
+from batchllm.workloads import DEFAULT_LOW_TOKEN_ID
+
+GIB = 1 << 30
+
+
+@dataclass
+class BenchOptions:
+    model: str
+    workloads: list[str] = field(default_factory=list)  # "micro:P:D:SD[#N]" | "industrial[#N]"
+    inputs: list[str] = field(default_factory=list)  # JSONL files
+    requests: int = 512
+    output_tokens: int = 100
+    policies: str = "batchllm,vllm,sglang"
+    max_num_batched_tokens: int = 2048
+    attention_backend: str = "auto"
+    kv_cache_tokens: int | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    seed: int = 0
+    trace_dir: str | None = None
+    git_commit: str | None = None
+    hf_peer: int = 0  # time HF generate on the first N requests of the first workload
+
+    def workload_specs(self) -> list[str]:
+        if self.workloads:
+            return list(self.workloads)
+        return [] if self.inputs else [DEFAULT_WORKLOAD]
+
+
+@dataclass
+class _Case:
+    label: str  # the rows' "workload"
+    prompts: list[list[int]]
+    max_tokens: list[int]
+    skipped_lines: int | None = None  # --input files only
+
+
+def gpu_busy_seconds(step_events) -> float:
+    """Sum of the steps' GPU spans (forward + sampling), from CUDA event pairs (after a sync)."""
+    return sum(start.elapsed_time(end) for start, end in step_events if end is not None) / 1000.0
+
+
+def slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text).strip("-")
+
+
+def save_trace(directory: str, workload: str, label: str, engine, steps):
+    from batchllm.sched.trace import Trace, write_trace
+
+    config = engine.scheduler_config
+    trace = Trace(policy=label, max_num_batched_tokens=config.max_num_batched_tokens,
+                  num_kv_blocks=config.num_kv_blocks, block_size=config.block_size, label=workload, steps=list(steps))
+    os.makedirs(directory, exist_ok=True)
+    write_trace(trace, os.path.join(directory, f"trace-{slug(workload)}-{slug(label)}.json"))
+    return trace
+
+
+def engine_kv_bytes_per_token(engine) -> int:
+    from batchllm.engine.kv_cache import kv_bytes_per_token
+
+    arch = engine.arch
+    return kv_bytes_per_token(arch.num_layers, arch.num_kv_heads, arch.head_dim, engine.dtype)
+
+
+def git_commit() -> str | None:
+    """Short commit of the checkout holding this package (None outside git)."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        done = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
+
+
+def device_name(engine) -> str:
+    import torch
+
+    if engine.device.type == "cuda":
+        return torch.cuda.get_device_name(engine.device)
+    return engine.device.type
+
+
+def load_llm(options: BenchOptions):
+    from batchllm import LLM
+
+    return LLM(model=options.model, attention_backend=options.attention_backend,
+               kv_cache_tokens=options.kv_cache_tokens, max_num_batched_tokens=options.max_num_batched_tokens,
+               device=options.device, dtype=options.dtype, seed=options.seed)
+
+
+def _generated_case(spec_text: str, options: BenchOptions, vocab_size: int) -> _Case:
+    spec, num_requests = split_workload_spec(spec_text, options.requests)
+    if vocab_size <= DEFAULT_LOW_TOKEN_ID + 256:
+        raise SystemExit(f"the model's vocabulary ({vocab_size} tokens) is too small for generated workloads "
+                         f"(token ids from {DEFAULT_LOW_TOKEN_ID} up): use a bigger one, e.g. "
+                         "random:tiny?vocab_size=32000, or give --input FILE")
+    workload = make_workload(spec, num_requests, options.output_tokens, vocab_size, options.seed)
+    return _Case(spec, [p.tolist() for p in workload.prompts], list(workload.max_tokens))
+
+
+def _input_case(path: str, engine, options: BenchOptions, log: Callable[[str], None]) -> _Case:
+    loaded = read_input_workload(path, engine, default_max_tokens=options.output_tokens)
+    for line in loaded.skipped[:20]:
+        log(f"{path} line {line.line_number}: skipped ({line.code}: {line.message})")
+    if len(loaded.skipped) > 20:
+        log(f"... and {len(loaded.skipped) - 20} more skipped lines")
+    workload = loaded.workload
+    log(f"{path}: {workload.num_requests} requests, {len(loaded.skipped)} lines skipped")
+    return _Case(workload.name, [p.tolist() for p in workload.prompts], list(workload.max_tokens),
+                 skipped_lines=len(loaded.skipped))
+
+
+def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float, model: str,
+               base_config, trace_dir: str | None = None, traces: list | None = None) -> dict:
+    """One (workload, policy) row. Raises what the run raises (the caller turns it into a row)."""
+    import torch
+
+    engine = llm.engine
+    prompts = case.prompts
+    engine.scheduler_config = base_config
+    engine.configure_scheduler(**policy.changes)
+    graphs = engine.runner.graphs
+    if "eager" in policy.flags:
+        engine.runner.graphs = None
+    engine.async_scheduling = "sync" not in policy.flags
+    try:
+        step_events = None
+        llm.generate(prompts[:8], params[:8], use_tqdm=False)  # warm-up: compile kernels
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize()
+            step_events = engine.runner.step_events = []
+        started = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+        async_scheduling = engine.async_scheduling
+    finally:
+        engine.runner.step_events = None
+        engine.runner.graphs = graphs
+        engine.async_scheduling = True
+    stats = llm.last_run_stats
+    num_prompt_tokens = sum(len(p) for p in prompts)
+    num_output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    if num_output_tokens != sum(case.max_tokens):
+        raise RuntimeError("a request did not produce its fixed length")
+    steps = stats.step_records
+    computed_prefill = sum(s.num_distinct_tokens + s.num_prefix_tokens for s in steps)
+    budget = engine.scheduler_config.max_num_batched_tokens
+    tokens_per_step = [s.num_tokens for s in steps]
+    num_steps = max(len(steps), 1)
+    peak_blocks = max((s.num_used_blocks for s in steps), default=0)
+    peak_bytes = peak_blocks * engine.scheduler_config.block_size * engine_kv_bytes_per_token(engine)
+    row = {
+        "workload": case.label, "requests": len(prompts), "model": model, "policy": policy.label,
+        "seconds": round(seconds, 3), "req_per_s": round(len(prompts) / seconds, 2),
+        "input_tok_per_s": round(num_prompt_tokens / seconds, 1),
+        "output_tok_per_s": round(num_output_tokens / seconds, 1),
+        "processed_prefill_tokens": computed_prefill,
+        "saving_ratio": round(1 - computed_prefill / num_prompt_tokens, 4),
+        "optimal_saving_ratio": round(plan.stats.saving_ratio, 4),
+        "steps": len(steps), "mean_tokens_per_step": round(sum(tokens_per_step) / num_steps, 1),
+        "valley_steps": sum(1 for t in tokens_per_step if t < budget / 2),
+        "peak_kv_blocks": peak_blocks,
+        "peak_kv_gib": float(f"{peak_bytes / GIB:.4g}"),
+        "mean_step_ms": round(1000 * sum(s.step_time_s for s in steps) / num_steps, 2),
+        "schedule_ms_per_step": round(1000 * sum(s.schedule_time_s for s in steps) / num_steps, 2),
+        "launch_ms_per_step": round(1000 * sum(s.launch_time_s for s in steps) / num_steps, 2),
+        "wait_ms_per_step": round(1000 * sum(s.wait_time_s for s in steps) / num_steps, 2),
+        "flop_bound_s": round(bound, 3), "time_over_bound": round(seconds / bound, 2),
+    }
+    if step_events:
+        busy = gpu_busy_seconds(step_events)
+        # GPU idle between steps = host work not hidden behind the GPU (issue 6: < 10%).
+        row["gpu_busy_s"] = round(busy, 3)
+        row["gpu_idle_ms_per_step"] = round(1000 * max(seconds - busy, 0.0) / num_steps, 2)
+        row["gpu_idle_fraction"] = round(max(seconds - busy, 0.0) / seconds, 4)
+    row["async_scheduling"] = async_scheduling
+    if graphs is not None:
+        row["graph_replays"] = graphs.num_replays
+    if case.skipped_lines is not None:
+        row["skipped_lines"] = case.skipped_lines
+    if trace_dir:
+        trace = save_trace(trace_dir, case.label, policy.label, engine, steps)
+        if traces is not None:
+            traces.append(trace)
+    return row
+
+
+def run_bench(options: BenchOptions, llm=None, log: Callable[[str], None] = print,
+              on_row: Callable[[dict], None] | None = None) -> dict:
+    """Run every workload under every policy; returns {device, date, git_commit, model, rows, ...}.
+    llm: an already loaded batchllm.LLM (default: load options.model)."""
+    import json
+
+    from batchllm import SamplingParams
+    from batchllm.prefix.planner import plan_prefix_groups
+
+    policies = parse_policies(options.policies)
+    if llm is None:
+        llm = load_llm(options)
+    engine = llm.engine
+    arch = engine.arch
+    log(f"model {options.model}: {arch.num_layers} layers, hidden {arch.hidden_size}, "
+        f"KV cache {engine.num_kv_tokens} tokens, device {engine.device}")
+    base_config = engine.scheduler_config
+    on_row = on_row or (lambda row: log(json.dumps(row)))
+    rows: list[dict] = []
+    inputs: list[dict] = []
+    sources = [("workload", spec) for spec in options.workload_specs()] + [("input", p) for p in options.inputs]
+    for index, (kind, source) in enumerate(sources):
+        if kind == "workload":
+            case = _generated_case(source, options, arch.vocab_size)
+        else:
+            case = _input_case(source, engine, options, log)
+            inputs.append({"file": source, "workload": case.label, "requests": len(case.prompts),
+                           "skipped_lines": case.skipped_lines})
+            if not case.prompts:
+                log(f"{source}: no request can run, skipped")
+                continue
+        plan = plan_prefix_groups(case.prompts)
+        groups = [(len(g.prefix_token_ids), [len(d) for d in g.distinct_token_ids], g.request_indices)
+                  for g in plan.groups]
+        bound = flop_bound_seconds(arch, groups, case.max_tokens)
+        params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in case.max_tokens]
+        traces: list = []
+        for policy in policies:
+            try:
+                row = run_policy(llm, case, policy, params, plan, bound, options.model, base_config,
+                                 options.trace_dir, traces)
+            except Exception as error:  # noqa: BLE001 -- keep measuring the other policies; the row says what failed
+                import traceback
+
+                traceback.print_exc()
+                row = {"workload": case.label, "policy": policy.label, "error": repr(error)}
+            rows.append(row)
+            on_row(row)
+        engine.scheduler_config = base_config
+        if traces:
+            from batchllm.cli.plot import plot_timelines
+
+            plot_timelines(traces, os.path.join(options.trace_dir, f"timeline-{slug(case.label)}.png"),
+                           title=f"{options.model}, {case.label}, {len(case.prompts)} requests")
+        if options.hf_peer and index == 0:
+            from batchllm.bench.hf_peer import hf_peer_row
+
+            row = hf_peer_row(engine, case.label, options.model, case.prompts, case.max_tokens, options.hf_peer, bound)
+            rows.append(row)
+            on_row(row)
+    result = {"device": device_name(engine), "date": datetime.date.today().isoformat(),
+              "git_commit": options.git_commit or git_commit(), "model": options.model,
+              "kv_bytes_per_token": engine_kv_bytes_per_token(engine), "rows": rows}
+    if inputs:
+        result["inputs"] = inputs
+    return result

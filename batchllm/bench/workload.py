@@ -1,0 +1,103 @@
+"""What a benchmark runs: a generated workload (micro:P:D:SD, industrial; batchllm.workloads) or
+the requests of a user's JSONL file (`--input FILE`). Torch-free.
+
+Every request's output is forced to its max_tokens (ignore_eos), so all policies do the same work.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from batchllm.workloads import Workload
+
+DEFAULT_WORKLOAD = "micro:2000:200:16"
+DEFAULT_INPUT_MAX_TOKENS = 100  # an --input line without max_tokens
+
+
+def make_workload(spec: str, num_requests: int, output_tokens: int, vocab_size: int, seed: int) -> Workload:
+    """'micro:P:D:SD' (prefix P tokens, D distinct tokens, sharing degree SD) or 'industrial'."""
+    from batchllm.workloads import industrial_workload, micro_workload
+
+    kind, *values = spec.split(":")
+    if kind == "micro":
+        try:
+            prefix, distinct, degree = (int(v) for v in values)
+        except ValueError:
+            raise SystemExit(f"bad workload {spec!r}: micro:P:D:SD takes three integers, e.g. micro:2000:200:16")
+        return micro_workload(prefix, distinct, degree, num_requests=num_requests, output_num_tokens=output_tokens,
+                              vocab_size=vocab_size, seed=seed)
+    if kind == "industrial" and not values:
+        return industrial_workload(num_requests=num_requests, output_num_tokens=output_tokens, vocab_size=vocab_size,
+                                   seed=seed)
+    raise SystemExit(f"unknown workload {spec!r}: micro:P:D:SD or industrial")
+
+
+def split_workload_spec(text: str, default_requests: int) -> tuple[str, int]:
+    """'industrial#2000' -> ('industrial', 2000); 'micro:2000:200:16' -> (..., default_requests)."""
+    spec, _, count = text.partition("#")
+    try:
+        return spec, int(count) if count else default_requests
+    except ValueError:
+        raise SystemExit(f"bad workload {text!r}: the request count after '#' must be an integer")
+
+
+@dataclass(frozen=True)
+class SkippedLine:
+    line_number: int
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class InputWorkload:
+    workload: Workload
+    skipped: tuple[SkippedLine, ...]
+
+
+def read_input_workload(path: str, engine, default_max_tokens: int = DEFAULT_INPUT_MAX_TOKENS) -> InputWorkload:
+    """The requests of an OpenAI-Batch (or short-form) JSONL file, tokenized as `batchllm run` does
+    (chat template / prompt through the model's tokenizer, prompt_token_ids as they are).
+
+    A line that does not parse, cannot be tokenized (e.g. text on a random: preset, which has no
+    tokenizer), or does not fit the model is skipped and listed in `skipped`. Each line's
+    max_tokens is kept (clamped to the context like `batchllm run`; absent: 16 on a completion line
+    as in `batchllm run`, default_max_tokens on a chat line rather than the whole context); outputs are forced to that length by the caller (ignore_eos). The workload is named
+    after the file."""
+    from batchllm.batch_job import prepare_request
+    from batchllm.io.batch_input import BatchError, read_batch_file
+
+    prompts: list[np.ndarray] = []
+    max_tokens: list[int] = []
+    custom_ids: list[str] = []
+    skipped: list[SkippedLine] = []
+    for item in read_batch_file(path):
+        if isinstance(item, BatchError):
+            skipped.append(SkippedLine(item.line_number, item.code, item.message))
+            continue
+        if item.prompt_token_ids is None and engine.tokenizer is None:
+            skipped.append(SkippedLine(item.line_number, "invalid_request",
+                                       f"model {engine.model_name} has no tokenizer (random: presets have none): "
+                                       "this line needs prompt_token_ids"))
+            continue
+        sampling = item.sampling
+        if sampling.max_tokens is None:
+            import dataclasses
+
+            sampling = dataclasses.replace(sampling, max_tokens=default_max_tokens)
+            item = dataclasses.replace(item, sampling=sampling)
+        prepared = prepare_request(engine, item)
+        if isinstance(prepared, dict):  # an error record
+            error = prepared.get("error") or {}
+            skipped.append(SkippedLine(item.line_number, error.get("code", "invalid_request"),
+                                       error.get("message", "cannot run")))
+            continue
+        token_ids, params = prepared
+        prompts.append(np.asarray(token_ids, dtype=np.int32))
+        max_tokens.append(int(params.max_tokens))
+        custom_ids.append(item.custom_id)
+    workload = Workload(name=os.path.basename(path), custom_ids=tuple(custom_ids), prompts=tuple(prompts),
+                        max_tokens=tuple(max_tokens))
+    return InputWorkload(workload, tuple(skipped))

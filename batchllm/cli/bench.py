@@ -1,0 +1,199 @@
+"""`batchllm bench`: several scheduling policies in ONE process on the same model, side by side."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+DEFAULT_GPU_MODEL = "random:llama-3.1-8b"
+DEFAULT_OUT = "benchmarks/results/e2e.json"
+CPU_SMOKE_MODEL = "random:tiny?vocab_size=32000"
+
+EPILOG = f"""\
+examples:
+  # the issue-6 comparison on a GPU: 512 requests of micro 2000/200 sd16, three policies
+  batchllm bench --workload micro:2000:200:16 --policies batchllm,vllm,sglang
+
+  # several workloads (#N = its request count), a bigger budget, and the HF generate peer on 64 requests
+  batchllm bench --model random:qwen2.5-7b --workload micro:2000:1000:4#1024 --workload industrial#2000 \\
+      --policies batchllm@4096,batchllm,vllm --hf-peer 64 --out qwen.json --markdown qwen.md
+
+  # your own batch file (prompt_token_ids lines work with any model; text needs a tokenizer)
+  batchllm bench --input requests.jsonl --policies batchllm,vllm
+
+  # a quick smoke test on a CPU
+  batchllm bench --model '{CPU_SMOKE_MODEL}' --workload micro:64:16:4 --requests 16 --output-tokens 4 \\
+      --policies batchllm,vllm --out /tmp/bench.json
+
+Policies: batchllm, vllm, sglang, simple; NAME@TOKENS sets the token budget, NAME@SEQS/TOKENS also
+the request cap; suffix +eager runs without CUDA graphs, +sync without asynchronous scheduling.
+Outputs are forced to max_tokens (EOS ignored), so every policy does the same work. Each policy
+runs after a warm-up batch of 8 requests (kernel compilation excluded). time/bound: wall time over
+the FLOP bound with optimal prefix sharing at the H200 bf16 peak (790 TFLOP/s).
+"""
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="benchmark several scheduling policies on one model (throughput, saving ratio, time/bound)",
+        description=(
+            "Generate a workload (or read --input FILE), load the model once, run every policy on it\n"
+            "and report for each: wall time, requests/s, input and output tokens/s, processed prefill\n"
+            "tokens and saving ratio, mean tokens per step, valleys, peak KV memory and time over the\n"
+            "FLOP bound. Rows go to --out (JSON) and a table to --markdown (and the terminal).\n"
+            f"Default model: {DEFAULT_GPU_MODEL} (random weights) on a CUDA GPU; on a machine without\n"
+            f"CUDA pass --model (e.g. '{CPU_SMOKE_MODEL}' or a small .gguf file)."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_bench_arguments(parser)
+    parser.set_defaults(func=bench_command)
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser, default_out: str = DEFAULT_OUT) -> None:
+    """The options of `batchllm bench` (also benchmarks/e2e.py)."""
+    parser.add_argument("--model", default=None,
+                        help=f"random:PRESET (random:llama-3.1-8b, random:qwen2.5-7b, random:qwen2.5-14b, "
+                             f"random:tiny?vocab_size=32000 ...), a .gguf file or a HF model directory "
+                             f"(default: {DEFAULT_GPU_MODEL}, CUDA only)")
+    parser.add_argument("--workload", action="append", default=None, metavar="SPEC",
+                        help="micro:P:D:SD (prefix P tokens, D distinct, sharing degree SD) or industrial, "
+                             "optionally #N requests (repeatable; default micro:2000:200:16 unless --input)")
+    parser.add_argument("--input", action="append", default=[], metavar="FILE",
+                        help="also (or only) benchmark the requests of this OpenAI-Batch JSONL file (repeatable); "
+                             "each line's max_tokens is its forced output length; bad lines are reported and skipped")
+    parser.add_argument("--requests", type=int, default=512, help="requests per generated workload (default 512)")
+    parser.add_argument("--output-tokens", type=int, default=100,
+                        help="output tokens per generated request (default 100); also for an --input chat line without "
+                             "max_tokens (a completion line without it gets 16, as in `batchllm run`)")
+    parser.add_argument("--policies", default="batchllm,vllm,sglang",
+                        help="comma list (default batchllm,vllm,sglang); NAME@TOKENS or NAME@SEQS/TOKENS sets the "
+                             "budget; suffix +eager (no CUDA graphs) or +sync (no asynchronous scheduling)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step (default 2048)")
+    parser.add_argument("--attention-backend", default="auto",
+                        choices=["auto", "reference", "torch", "triton", "fused"])
+    parser.add_argument("--kv-cache-tokens", type=int, default=None,
+                        help="KV cache capacity in tokens (default: free GPU memory; 32768 on CPU)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
+                        help="auto: float32 on CPU, bfloat16 on GPU")
+    parser.add_argument("--out", default=default_out, metavar="FILE.json",
+                        help=f"raw rows as JSON (default {default_out})")
+    parser.add_argument("--markdown", default=None, metavar="FILE.md",
+                        help="the Markdown table (default: --out with .md)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trace-dir", default=None, metavar="DIR",
+                        help="write each run's step trace (batchllm plot input) and one timeline PNG per "
+                             "workload with every policy's panel into DIR")
+    parser.add_argument("--git-commit", default=None, help="commit id to record (when .git is absent)")
+    parser.add_argument("--hf-peer", type=int, default=0, metavar="N",
+                        help="also time HF transformers static `generate` (sdpa) on the first N requests of the "
+                             "first workload as one batch, and scale its time to the whole workload")
+
+
+def resolve_model(args) -> str | None:
+    """The model to run, or None after printing why not (no CUDA for the 8B default)."""
+    if args.model:
+        if args.model.startswith("random:") and not args.model.startswith("random:tiny") and not _cuda(args.device):
+            print(f"warning: {args.model} on CPU is very slow (hours for the default workload); "
+                  f"for a smoke test use --model '{CPU_SMOKE_MODEL}'", file=sys.stderr)
+        return args.model
+    if _cuda(args.device):
+        return DEFAULT_GPU_MODEL
+    print(f"error: no CUDA GPU here, and the default model {DEFAULT_GPU_MODEL} would take hours on a CPU "
+          f"(fix: pass --model, e.g. --model '{CPU_SMOKE_MODEL}' --workload micro:64:16:4 --requests 16 "
+          f"--output-tokens 4, or a small .gguf file / HF model directory{_default_gguf_hint()})", file=sys.stderr)
+    return None
+
+
+def _default_gguf_hint() -> str:
+    try:
+        from batchllm.models.loader import default_model_path
+
+        path = default_model_path()
+    except Exception:  # noqa: BLE001 -- only a hint
+        return ""
+    return f" such as --model {path}" if path is not None and os.path.isfile(path) else ""
+
+
+def _cuda(device: str) -> bool:
+    if device not in ("auto",) and not device.startswith("cuda"):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def options_from_args(args, model: str):
+    from batchllm.bench.runner import BenchOptions
+
+    return BenchOptions(model=model, workloads=list(args.workload or []), inputs=list(args.input),
+                        requests=args.requests, output_tokens=args.output_tokens, policies=args.policies,
+                        max_num_batched_tokens=args.max_num_batched_tokens, attention_backend=args.attention_backend,
+                        kv_cache_tokens=args.kv_cache_tokens, device=args.device, dtype=args.dtype, seed=args.seed,
+                        trace_dir=args.trace_dir, git_commit=args.git_commit, hf_peer=args.hf_peer)
+
+
+def markdown_path(args) -> str:
+    if args.markdown:
+        return args.markdown
+    root, _ = os.path.splitext(args.out)
+    return root + ".md"
+
+
+def bench_command(args) -> int:
+    """Exit codes: 0 every row measured, 1 some policy failed (its row has "error"), 2 nothing ran."""
+    from batchllm.bench.policies import parse_policies
+    from batchllm.cli.run import _input_problem
+
+    try:
+        parse_policies(args.policies)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for path in args.input:
+        problem = _input_problem(path)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
+    if args.requests < 1 or args.output_tokens < 1:
+        print("error: --requests and --output-tokens must be at least 1", file=sys.stderr)
+        return 2
+    model = resolve_model(args)
+    if model is None:
+        return 2
+    from batchllm.bench.markdown import render_markdown
+    from batchllm.bench.runner import load_llm, run_bench
+
+    options = options_from_args(args, model)
+    print(f"loading model {model} ...", file=sys.stderr)
+    try:
+        llm = load_llm(options)
+    except (FileNotFoundError, ValueError, OSError) as error:
+        print(f"error: cannot load the model {model}: {error} "
+              "(fix: pass --model a .gguf file, a HF model directory or random:PRESET)", file=sys.stderr)
+        return 2
+    try:
+        result = run_bench(options, llm=llm, log=lambda text: print(text, flush=True))
+    except SystemExit as error:  # a bad workload spec or a vocabulary too small for it
+        if isinstance(error.code, int):
+            raise
+        print(f"error: {error.code}", file=sys.stderr)
+        return 2
+    if not result["rows"]:
+        print("error: nothing ran (no request could run)", file=sys.stderr)
+        return 2
+    table = render_markdown(result)
+    for path, text in ((args.out, json.dumps(result, indent=1)), (markdown_path(args), table)):
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        with open(path, "w") as handle:
+            handle.write(text)
+    print()
+    print(table, end="")
+    print(f"\nwrote {args.out} and {markdown_path(args)}")
+    return 1 if any("error" in row for row in result["rows"]) else 0

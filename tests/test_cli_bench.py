@@ -1,0 +1,157 @@
+"""`batchllm bench` on CPU: a tiny random model, a tiny micro workload, two policies; --input files."""
+
+import json
+
+import pytest
+
+from batchllm.bench.markdown import render_markdown
+from batchllm.bench.policies import parse_policy
+from batchllm.cli.main import main
+
+MODEL = "random:tiny?vocab_size=32000"  # plain random:tiny (512 tokens) is too small for the generator
+REQUIRED = {"workload", "requests", "model", "policy", "seconds", "req_per_s", "input_tok_per_s", "output_tok_per_s",
+            "processed_prefill_tokens", "saving_ratio", "optimal_saving_ratio", "steps", "mean_tokens_per_step",
+            "valley_steps", "peak_kv_blocks", "peak_kv_gib", "mean_step_ms", "schedule_ms_per_step",
+            "launch_ms_per_step", "wait_ms_per_step", "flop_bound_s", "time_over_bound", "async_scheduling"}
+BASE = ["bench", "--model", MODEL, "--device", "cpu", "--kv-cache-tokens", "4096", "--output-tokens", "3"]
+
+
+def _table_rows(markdown: str) -> list[str]:
+    lines = [line for line in markdown.splitlines() if line.startswith("|")]
+    return lines[2:]  # header and separator
+
+
+def test_micro_workload_two_policies(tmp_path, capsys):
+    out, md = tmp_path / "e2e.json", tmp_path / "e2e.md"
+    code = main(BASE + ["--workload", "micro:48:8:4", "--requests", "12", "--policies", "batchllm,vllm+sync",
+                        "--out", str(out), "--markdown", str(md), "--git-commit", "abc123"])
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert {"device", "date", "git_commit", "rows"} <= result.keys()
+    assert result["device"] == "cpu" and result["git_commit"] == "abc123"
+    rows = {row["policy"]: row for row in result["rows"]}
+    assert list(rows) == ["batchllm", "vllm+sync"]
+    for row in rows.values():
+        assert REQUIRED <= row.keys(), REQUIRED - row.keys()
+        assert row["workload"] == "micro:48:8:4" and row["requests"] == 12 and row["model"] == MODEL
+        assert row["seconds"] > 0 and row["req_per_s"] > 0 and row["output_tok_per_s"] > 0
+        assert 0 <= row["saving_ratio"] <= row["optimal_saving_ratio"] + 1e-9
+        assert row["peak_kv_blocks"] > 0 and row["peak_kv_gib"] > 0
+        assert row["time_over_bound"] > 0 and row["steps"] >= 3
+    # 3 groups of 4 share 48 of 56 tokens: batchllm processes each prefix once, vllm (cold cache,
+    # whole batch admitted together) recomputes more.
+    assert rows["batchllm"]["optimal_saving_ratio"] == pytest.approx(3 * 48 / (4 * 56), abs=1e-3)
+    assert rows["batchllm"]["saving_ratio"] == pytest.approx(rows["batchllm"]["optimal_saving_ratio"])
+    assert rows["batchllm"]["saving_ratio"] >= rows["vllm+sync"]["saving_ratio"]
+    assert rows["batchllm"]["processed_prefill_tokens"] == 12 * 56 - 9 * 48
+    assert rows["batchllm"]["async_scheduling"] is True and rows["vllm+sync"]["async_scheduling"] is False
+    table = md.read_text()
+    assert len(_table_rows(table)) == len(result["rows"]) == 2
+    assert table in capsys.readouterr().out  # also printed
+
+
+def _write(path, records):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
+    return str(path)
+
+
+def test_input_file_with_bad_lines(tmp_path, capsys):
+    prefix = list(range(1000, 1040))
+    records = [
+        {"custom_id": "a", "prompt_token_ids": prefix + [5, 6], "max_tokens": 2},
+        "{not json",
+        {"custom_id": "b", "method": "POST", "url": "/v1/completions",
+         "body": {"prompt": prefix + [7, 8, 9], "max_tokens": 4}},
+        {"custom_id": "c", "prompt": "text needs a tokenizer", "max_tokens": 4},  # random: has none
+        {"custom_id": "d", "prompt_token_ids": prefix + [10]},  # no max_tokens: 16 (completions default)
+        {"custom_id": "e", "prompt_token_ids": [1, 2, 99999]},  # outside the vocabulary
+    ]
+    path = _write(tmp_path / "mine.jsonl", records)
+    out = tmp_path / "r.json"
+    assert main(BASE + ["--input", path, "--policies", "batchllm,vllm", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(out.read_text())
+    assert [row["policy"] for row in result["rows"]] == ["batchllm", "vllm"]  # no generated workload
+    for row in result["rows"]:
+        assert row["workload"] == "mine.jsonl" and row["requests"] == 3 and row["skipped_lines"] == 3
+        assert row["output_tok_per_s"] / row["req_per_s"] == pytest.approx((2 + 4 + 16) / 3, rel=0.01)
+    assert result["inputs"] == [{"file": path, "workload": "mine.jsonl", "requests": 3, "skipped_lines": 3}]
+    assert "line 2: skipped (invalid_json" in captured.out
+    assert "line 4: skipped" in captured.out and "prompt_token_ids" in captured.out
+    assert "line 6: skipped" in captured.out
+    assert "3 lines skipped" in captured.out
+    assert result["rows"][0]["saving_ratio"] >= result["rows"][1]["saving_ratio"]
+    markdown = (tmp_path / "r.md").read_text()  # default: --out with .md
+    assert len(_table_rows(markdown)) == 2 and "3 lines skipped" in markdown
+
+
+def test_input_with_no_runnable_line(tmp_path, capsys):
+    path = _write(tmp_path / "text.jsonl", [{"custom_id": "a", "prompt": "hi", "max_tokens": 2}])
+    assert main(BASE + ["--input", path, "--policies", "batchllm", "--out", str(tmp_path / "r.json")]) == 2
+    assert "needs prompt_token_ids" in capsys.readouterr().out
+
+
+def test_help_and_bad_arguments(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--input" in out and "--markdown" in out and "examples:" in out
+    assert main(BASE + ["--policies", "nope"]) == 2
+    assert "unknown policy" in capsys.readouterr().err
+    assert main(BASE + ["--input", str(tmp_path / "missing.jsonl")]) == 2
+    assert "not found" in capsys.readouterr().err
+    assert main(["bench", "--model", "random:tiny", "--device", "cpu", "--kv-cache-tokens", "1024",
+                 "--requests", "4", "--output-tokens", "2", "--out", str(tmp_path / "r.json")]) == 2
+    assert "too small for generated workloads" in capsys.readouterr().err
+
+
+def test_default_model_needs_cuda(tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "--out", str(tmp_path / "r.json")]) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA" in err and "--model" in err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_policy_labels():
+    spec = parse_policy("vllm@1024/16384+eager+sync")
+    assert spec.name == "vllm" and spec.flags == {"eager", "sync"}
+    assert spec.changes == {"policy": "vllm", "max_num_seqs": 1024, "max_num_batched_tokens": 16384}
+    label, name, changes, flags = parse_policy("batchllm@8192")
+    assert (label, name, changes, flags) == ("batchllm@8192", "batchllm",
+                                             {"policy": "batchllm", "max_num_batched_tokens": 8192}, frozenset())
+
+
+def test_markdown_failed_and_peer_rows():
+    result = {"model": "m", "device": "d", "date": "x", "git_commit": None, "kv_bytes_per_token": 2, "rows": [
+        {"workload": "w", "policy": "vllm", "error": "RuntimeError('boom|x')"},
+        {"workload": "w", "requests": 4, "model": "m", "policy": "hf-generate (static batch 2, sdpa; scaled)",
+         "seconds": 2.0, "req_per_s": 2.0, "output_tok_per_s": 10.0, "time_over_bound": 3.0},
+    ]}
+    text = render_markdown(result)
+    rows = _table_rows(text)
+    assert len(rows) == 2 and "failed" in rows[0] and "hf-generate" in rows[1]
+    assert all(row.count(" | ") == rows[0].count(" | ") for row in rows)
+    assert "boom" in text
+
+
+def test_benchmarks_e2e_wrapper(tmp_path):
+    """benchmarks/e2e.py keeps its command line (and profile_engine.py's `from e2e import make_workload`)."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "e2e.py"
+    spec = importlib.util.spec_from_file_location("e2e_wrapper", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert callable(module.make_workload) and callable(module.parse_policy)
+    out = tmp_path / "e2e.json"
+    assert module.main(BASE[1:] + ["--workload", "micro:32:8:2#4", "--policies", "batchllm+eager",
+                                   "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    (row,) = result["rows"]
+    assert row["workload"] == "micro:32:8:2" and row["requests"] == 4 and row["policy"] == "batchllm+eager"
+    assert (tmp_path / "e2e.md").exists()

@@ -40,6 +40,33 @@ def _phase_summary(steps) -> dict:
     return out
 
 
+CATEGORIES = (  # (category, substrings of kernel names), first match wins
+    ("attention", ("work_list_attention", "merge_partials")),
+    ("kv_store", ("store_kv", "kv_store")),
+    ("gemm", ("gemm", "cutlass", "xmma", "sm90", "cublas", "matmul", "nvjet")),
+    ("norm_rope_silu", ("rms", "rope", "silu")),
+    ("sampling", ("argmax", "softmax", "topk", "sort", "log_softmax")),
+)
+
+
+def _categories(prof) -> dict:
+    """GPU kernel time by category (ms): where the device time of the profiled run goes."""
+    from torch.autograd import DeviceType
+
+    totals: dict[str, float] = {}
+    try:
+        for event in prof.key_averages():
+            if event.device_type != DeviceType.CUDA:
+                continue
+            device_us = getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0)
+            name = event.key.lower()
+            category = next((c for c, keys in CATEGORIES if any(k in name for k in keys)), "other")
+            totals[category] = totals.get(category, 0.0) + device_us / 1000.0
+    except Exception as error:  # the profile table above is still printed and saved
+        return {"error": repr(error)}
+    return {k: round(v, 2) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="random:llama-3.1-8b")
@@ -50,13 +77,15 @@ def main() -> int:
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--profile-requests", type=int, default=64, help="requests in the torch.profiler run")
     parser.add_argument("--out", default="profile.json")
+    parser.add_argument("--kv-cache-tokens", type=int, default=None)
     args = parser.parse_args()
 
     import torch
 
     from batchllm import LLM, SamplingParams
 
-    llm = LLM(model=args.model, policy=args.policy, max_num_batched_tokens=args.max_num_batched_tokens)
+    llm = LLM(model=args.model, policy=args.policy, max_num_batched_tokens=args.max_num_batched_tokens,
+              kv_cache_tokens=args.kv_cache_tokens)
     arch = llm.engine.arch
     workload = make_workload(args.workload, args.requests, args.output_tokens, arch.vocab_size, 0)
     prompts = [p.tolist() for p in workload.prompts]
@@ -85,6 +114,8 @@ def main() -> int:
         if device_us:
             kernels.append({"name": event.key[:120], "calls": event.count, "device_ms": round(device_us / 1000, 3)})
     kernels.sort(key=lambda k: -k["device_ms"])
+    result["kernel_categories_ms"] = _categories(prof)
+    print(json.dumps(result["kernel_categories_ms"], indent=1), flush=True)
     result["profile_requests"] = count
     result["kernels"] = kernels[:40]
     with open(args.out, "w") as handle:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 POLICY_NAMES = ("batchllm", "vllm", "sglang", "simple")
-FLAGS = ("eager", "sync")
+FLAGS = ("eager", "sync", "ptile")
 
 
 @dataclass(frozen=True)
@@ -13,7 +13,8 @@ class PolicySpec:
     label: str  # as written, the row's "policy"
     name: str  # scheduling policy
     changes: dict  # engine.configure_scheduler(**changes)
-    flags: frozenset  # "eager": no CUDA graphs; "sync": no asynchronous scheduling
+    flags: frozenset  # "eager": no CUDA graphs; "sync": no asynchronous scheduling; "ptile": the
+    # --prefill-tile config for steps with prefill chunks
 
     def __iter__(self):  # label, name, changes, flags = parse_policy(...)
         return iter((self.label, self.name, self.changes, self.flags))
@@ -22,7 +23,8 @@ class PolicySpec:
 def parse_policy(text: str) -> PolicySpec:
     """'vllm@1024/16384' -> vllm with max_num_seqs 1024, max_num_batched_tokens 16384;
     'batchllm@8192' -> token budget 8192. Suffixes: '+eager' runs without CUDA graphs, '+sync'
-    without asynchronous scheduling (one step at a time)."""
+    without asynchronous scheduling (one step at a time), '+ptile' with the bench's --prefill-tile
+    config for steps that hold prefill chunks."""
     text = text.strip()
     flags = set()
     base = text
@@ -37,7 +39,7 @@ def parse_policy(text: str) -> PolicySpec:
     name, _, setting = base.partition("@")
     if name not in POLICY_NAMES:
         raise ValueError(f"unknown policy {name!r} in {text!r}: one of {', '.join(POLICY_NAMES)}, "
-                         "optionally @TOKENS or @SEQS/TOKENS and +eager / +sync")
+                         "optionally @TOKENS or @SEQS/TOKENS and +eager / +sync / +ptile")
     changes: dict = {"policy": name}
     if setting:
         parts = setting.split("/")

@@ -41,6 +41,7 @@ class BenchOptions:
     trace_dir: str | None = None
     git_commit: str | None = None
     hf_peer: int = 0  # time HF generate on the first N requests of the first workload
+    prefill_tile: str | None = None  # a prefill_tile_candidates name, for policies with +ptile
 
     def workload_specs(self) -> list[str]:
         if self.workloads:
@@ -133,7 +134,8 @@ def _input_case(path: str, engine, options: BenchOptions, log: Callable[[str], N
 
 
 def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float, model: str,
-               base_config, trace_dir: str | None = None, traces: list | None = None) -> dict:
+               base_config, trace_dir: str | None = None, traces: list | None = None,
+               prefill_tile: str | None = None) -> dict:
     """One (workload, policy) row. Raises what the run raises (the caller turns it into a row)."""
     import torch
 
@@ -145,6 +147,16 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
     if "eager" in policy.flags:
         engine.runner.graphs = None
     engine.async_scheduling = "sync" not in policy.flags
+    backend = engine.runner.backend
+    if "ptile" in policy.flags:
+        from batchllm.ops.tile_config import prefill_tile_candidates
+
+        candidates = prefill_tile_candidates(engine.arch.head_dim, engine.arch.num_heads // engine.arch.num_kv_heads)
+        if prefill_tile not in candidates:
+            raise ValueError(f"{policy.label}: --prefill-tile must be one of {', '.join(candidates)}, got {prefill_tile!r}")
+        if not hasattr(backend, "prefill_tile"):
+            raise ValueError(f"{policy.label}: the {backend.name} attention backend has no tile configs")
+        backend.prefill_tile = candidates[prefill_tile]
     try:
         step_events = None
         llm.generate(prompts[:8], params[:8], use_tqdm=False)  # warm-up: compile kernels
@@ -161,6 +173,8 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
         engine.runner.step_events = None
         engine.runner.graphs = graphs
         engine.async_scheduling = True
+        if hasattr(backend, "prefill_tile"):
+            backend.prefill_tile = None
     stats = llm.last_run_stats
     num_prompt_tokens = sum(len(p) for p in prompts)
     num_output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
@@ -249,7 +263,7 @@ def run_bench(options: BenchOptions, llm=None, log: Callable[[str], None] = prin
         for policy in policies:
             try:
                 row = run_policy(llm, case, policy, params, plan, bound, options.model, base_config,
-                                 options.trace_dir, traces)
+                                 options.trace_dir, traces, options.prefill_tile)
             except Exception as error:  # noqa: BLE001 -- keep measuring the other policies; the row says what failed
                 import traceback
 

@@ -90,6 +90,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser, default_out: str = DEFA
                         help="write each run's step trace (batchllm plot input) and one timeline PNG per "
                              "workload with every policy's panel into DIR")
     parser.add_argument("--git-commit", default=None, help="commit id to record (when .git is absent)")
+    parser.add_argument("--prefill-tile", default=None, metavar="NAME",
+                        help="attention tile config for steps with prefill chunks, used by policies with the "
+                             "+ptile suffix (names: batchllm.ops.tile_config.prefill_tile_candidates; "
+                             "benchmarks/prefill_tiles.py sweeps them)")
     parser.add_argument("--hf-peer", type=int, default=0, metavar="N",
                         help="also time HF transformers static `generate` (sdpa) on the first N requests of the "
                              "first workload as one batch, and scale its time to the whole workload")
@@ -135,7 +139,8 @@ def options_from_args(args, model: str):
                         requests=args.requests, output_tokens=args.output_tokens, policies=args.policies,
                         max_num_batched_tokens=args.max_num_batched_tokens, attention_backend=args.attention_backend,
                         kv_cache_tokens=args.kv_cache_tokens, device=args.device, dtype=args.dtype, seed=args.seed,
-                        trace_dir=args.trace_dir, git_commit=args.git_commit, hf_peer=args.hf_peer)
+                        trace_dir=args.trace_dir, git_commit=args.git_commit, hf_peer=args.hf_peer,
+                        prefill_tile=args.prefill_tile)
 
 
 def markdown_path(args) -> str:

@@ -62,6 +62,13 @@ class TritonPagedBackend(ReferenceBackend):
         self._attention = prefix_shared_attention
         self.block_size, self.num_heads, self.num_kv_heads = block_size, num_heads, num_kv_heads
         self.head_dim, self.device = head_dim, device
+        # Tile config for steps with prefill chunks (None: the default table for every step).
+        self.prefill_tile = None
+
+    def _tile_for(self, inputs: StepInputs):
+        if self.prefill_tile is None or inputs.num_tokens == inputs.query_start_loc.shape[0] - 1:
+            return None  # decode-only step (one row per seq): the default tiles
+        return self.prefill_tile
 
     supports_cuda_graphs = True
 
@@ -72,7 +79,7 @@ class TritonPagedBackend(ReferenceBackend):
         return build_paged_plan(
             inputs.query_start_loc, inputs.seq_lens, inputs.shared_kv_lens, inputs.block_tables,
             block_size=self.block_size, num_kv_heads=self.num_kv_heads, num_heads=self.num_heads,
-            head_dim=self.head_dim,
+            head_dim=self.head_dim, tile=self._tile_for(inputs),
         )
 
     def prepare(self, inputs: StepInputs, metadata: AttentionMetadata) -> None:
@@ -98,6 +105,7 @@ class FusedPrefixBackend(TritonPagedBackend):
             inputs.query_start_loc, inputs.seq_lens, inputs.shared_kv_lens, inputs.block_tables,
             inputs.group_ids, inputs.is_prefix, block_size=self.block_size,
             num_kv_heads=self.num_kv_heads, num_heads=self.num_heads, head_dim=self.head_dim,
+            tile=self._tile_for(inputs),
         )
 
 

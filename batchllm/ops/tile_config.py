@@ -61,3 +61,22 @@ def candidate_tile_configs(head_dim: int, group_size: int) -> list[TileConfig]:
         TileConfig(small_m=packed_min, small_n=64, big_m=max(128, packed_min), big_n=64,
                    num_warps=8, num_stages=2, min_kv_split_tokens=256),
     ]
+
+
+def prefill_tile_candidates(head_dim: int, group_size: int) -> dict[str, TileConfig]:
+    """Named configs for steps with prefill chunks (swept by benchmarks/prefill_tiles.py): the
+    BIG tiles carry most of such a step's attention work, so larger MMA tiles / more warps may
+    pay even though the SMALL (decode) tiles of the same launch share the warp count."""
+    packed_min = max(16, next_power_of_2(group_size))
+    base = default_tile_config(head_dim, group_size, interpret=False)
+    return {
+        "default": base,
+        "m128_w8": TileConfig(small_m=packed_min, small_n=128, big_m=max(128, packed_min), big_n=64,
+                              num_warps=8, num_stages=2, min_kv_split_tokens=512),
+        "m128_w8_s3": TileConfig(small_m=packed_min, small_n=128, big_m=max(128, packed_min), big_n=64,
+                                 num_warps=8, num_stages=3, min_kv_split_tokens=512),
+        "m64_n128_w4": TileConfig(small_m=packed_min, small_n=128, big_m=max(64, packed_min), big_n=128,
+                                  num_warps=4, num_stages=2, min_kv_split_tokens=512),
+        "m128_n128_w8": TileConfig(small_m=packed_min, small_n=128, big_m=max(128, packed_min), big_n=128,
+                                   num_warps=8, num_stages=2, min_kv_split_tokens=512),
+    }

@@ -1,0 +1,114 @@
+"""Tile configs for attention in steps with prefill chunks (H200): which one runs them fastest?
+
+Steps that hold prefill chunks spend most of their attention time in BIG tiles (a group's rows x
+its prefix, a prefill chunk x its own KV); decode-only steps keep the default table (they run as
+CUDA graphs). This sweep times each `prefill_tile_candidates` config on such steps, for the fused
+kernel in the engine's work order ("auto") and for plain paged attention (the baselines' path),
+each validated against the float32 reference first:
+
+    PYTHONPATH=. python3 benchmarks/prefill_tiles.py --out $OUT/prefill_tiles.json
+
+Scenarios: the issue-4 mixed settings (7 prefill chunks + 256 decode rows) and one step shaped like
+the engine's on micro 2000/200 sd16 (a prefix chunk finishing a 2000-token prefix, 4 members' first
+200-token chunks, 256 decode rows of 16 running groups). Prints the best config by geometric mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import attention  # noqa: E402
+from attention import BLOCK_SIZE, HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, SETTINGS, bench_us, scenario_seqs  # noqa: E402
+
+from batchllm.ops.paged_attention import build_paged_plan  # noqa: E402
+from batchllm.ops.prefix_attention import prefix_shared_attention  # noqa: E402
+from batchllm.ops.reference import paged_attention_reference  # noqa: E402
+from batchllm.ops.synthetic_batch import SeqSpec, make_batch  # noqa: E402
+from batchllm.ops.tile_config import prefill_tile_candidates  # noqa: E402
+from batchllm.ops.work_list import build_prefix_shared_plan  # noqa: E402
+
+
+def engine_like_step(prefix: int = 2000, distinct: int = 200, chunk: int = 976, groups: int = 16) -> list[SeqSpec]:
+    seqs = [SeqSpec(chunk, prefix, 0, 0, is_prefix=True)]  # the rest of group 0's prefix
+    seqs += [SeqSpec(distinct, prefix + distinct, prefix, 0) for _ in range(4)]  # its members' first chunks
+    for g in range(1, groups + 1):  # running groups, 16 decoding members each
+        seqs += [SeqSpec(1, prefix + distinct + 7 * m + g, prefix, g) for m in range(16)]
+    return seqs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="benchmarks/results/prefill_tiles.json")
+    parser.add_argument("--git-commit", default=None)
+    parser.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU (TRITON_INTERPRET=1)")
+    args = parser.parse_args()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    scale = HEAD_DIM ** -0.5
+    configs = prefill_tile_candidates(HEAD_DIM, NUM_HEADS // NUM_KV_HEADS)
+    if args.dry_run:
+        attention.NUM_DECODE = 4
+        scenarios = [(f"{p}/{d}/{g} mixed", scenario_seqs(p, d, g, True, False)) for p, d, g in attention.DRY_SETTINGS]
+        scenarios.append(("engine-like (tiny)", engine_like_step(40, 20, 24, 1)))
+    else:
+        scenarios = [(f"{p}/{d}/{g} mixed", scenario_seqs(p, d, g, True, False)) for p, d, g in SETTINGS]
+        scenarios.append(("engine-like micro 2000/200 sd16 step", engine_like_step()))
+    rows, notes = [], []
+    for where, seqs in scenarios:
+        b = make_batch(seqs, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM, block_size=BLOCK_SIZE,
+                       dtype=dtype, device=dev)
+        ref = paged_attention_reference(b.query, b.k_cache, b.v_cache, b.query_start_loc, b.seq_lens,
+                                        b.shared_kv_lens, b.block_tables, scale).float()
+        meta = b.metadata_numpy()
+        for name, tile in configs.items():
+            kw = {"block_size": BLOCK_SIZE, "num_kv_heads": NUM_KV_HEADS, "num_heads": NUM_HEADS,
+                  "head_dim": HEAD_DIM, "tile": tile}
+            plans = {"fused_auto": build_prefix_shared_plan(**meta, order="auto", **kw).to(dev),
+                     "plain": build_paged_plan(meta["query_start_loc"], meta["seq_lens"], meta["shared_kv_lens"],
+                                               meta["block_tables"], **kw).to(dev)}
+            for impl, plan in plans.items():
+                fn = lambda plan=plan: prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan, scale)  # noqa: E731
+                try:
+                    err = (fn().float() - ref).abs().max().item()
+                    us = bench_us(fn)
+                except Exception as exc:  # noqa: BLE001 -- a config that does not compile is a result too
+                    notes.append(f"{name} {impl} on {where}: {exc!r}"[:400])
+                    continue
+                row = {"scenario": where, "config": name, "impl": impl, "us": round(us, 2), "max_abs_err": err,
+                       "valid": err < 5e-2}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        del b, ref
+    best = {}
+    for impl in ("fused_auto", "plain"):
+        means = {}
+        for name in configs:
+            times = [r["us"] for r in rows if r["impl"] == impl and r["config"] == name and r["valid"]]
+            if len(times) == len(scenarios):
+                means[name] = math.exp(sum(math.log(t) for t in times) / len(times))
+        if means:
+            winner = min(means, key=means.get)
+            best[impl] = {"config": winner, "geomean_us": {k: round(v, 1) for k, v in means.items()},
+                          "speedup_vs_default": round(means["default"] / means[winner], 3) if "default" in means else None}
+    result = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
+              "date": datetime.date.today().isoformat(), "git_commit": args.git_commit,
+              "configs": {k: vars(v) for k, v in configs.items()}, "best": best, "rows": rows, "notes": notes}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as handle:
+        json.dump(result, handle, indent=1)
+    print(json.dumps(best, indent=1))
+    print("BEST_FUSED", best.get("fused_auto", {}).get("config", "default"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,40 @@
+"""Steps with prefill chunks may use their own attention tile config (decode steps keep the
+default, which their CUDA graphs were captured with); the bench's +ptile policy suffix."""
+
+import pytest
+import torch
+
+from batchllm.bench.policies import parse_policy
+from batchllm.engine.attention import FusedPrefixBackend, TritonPagedBackend
+from batchllm.engine.step_inputs import build_step_inputs
+from batchllm.ops.tile_config import default_tile_config, prefill_tile_candidates
+from batchllm.sched.interface import ScheduledChunk, SchedulerOutput
+
+
+def _step(prefill: bool) -> SchedulerOutput:
+    chunks = [ScheduledChunk(seq_id=0, token_ids=(5,), start_position=20, block_ids=(0, 1), sample=True,
+                             is_decode=True)]
+    if prefill:
+        chunks.append(ScheduledChunk(seq_id=1, token_ids=tuple(range(30)), start_position=0, block_ids=(2, 3),
+                                     sample=True))
+    return SchedulerOutput(0, tuple(chunks))
+
+
+@pytest.mark.parametrize("backend_cls", [FusedPrefixBackend, TritonPagedBackend])
+def test_prefill_steps_use_the_prefill_tile(backend_cls):
+    backend = backend_cls(16, 8, 2, 64, torch.device("cpu"))
+    candidates = prefill_tile_candidates(64, 4)
+    default = default_tile_config(64, 4)
+    assert backend.build_host_plan(build_step_inputs(_step(True), 16)).tile == default  # not set: default
+    backend.prefill_tile = candidates["m128_w8"]
+    assert backend.build_host_plan(build_step_inputs(_step(True), 16)).tile == candidates["m128_w8"]
+    assert backend.build_host_plan(build_step_inputs(_step(False), 16)).tile == default
+
+
+def test_candidates_and_policy_suffix():
+    candidates = prefill_tile_candidates(128, 4)
+    assert candidates["default"] == default_tile_config(128, 4, interpret=False)
+    assert all(c.big_m >= 16 and c.small_m >= 16 and c.big_n >= 16 for c in candidates.values())
+    spec = parse_policy("batchllm@4096+ptile+sync")
+    assert spec.name == "batchllm" and spec.flags == {"ptile", "sync"}
+    assert spec.changes == {"policy": "batchllm", "max_num_batched_tokens": 4096}

@@ -90,6 +90,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser, default_out: str = DEFA
                         help="write each run's step trace (batchllm plot input) and one timeline PNG per "
                              "workload with every policy's panel into DIR")
     parser.add_argument("--git-commit", default=None, help="commit id to record (when .git is absent)")
+    parser.add_argument("--no-warm-pass", dest="warm_pass", action="store_false",
+                        help="skip the untimed pass of the first policy over the first workload (by default "
+                             "it runs first, so one-time costs such as CUDA graph captures do not fall on the "
+                             "first timed policy)")
     parser.add_argument("--prefill-tile", default=None, metavar="NAME",
                         help="attention tile config for steps with prefill chunks, used by policies with the "
                              "+ptile suffix (names: batchllm.ops.tile_config.prefill_tile_candidates; "
@@ -140,7 +144,7 @@ def options_from_args(args, model: str):
                         max_num_batched_tokens=args.max_num_batched_tokens, attention_backend=args.attention_backend,
                         kv_cache_tokens=args.kv_cache_tokens, device=args.device, dtype=args.dtype, seed=args.seed,
                         trace_dir=args.trace_dir, git_commit=args.git_commit, hf_peer=args.hf_peer,
-                        prefill_tile=args.prefill_tile)
+                        prefill_tile=args.prefill_tile, warm_pass=args.warm_pass)
 
 
 def markdown_path(args) -> str:

@@ -26,7 +26,7 @@ Work order (the launch grid runs items roughly in list order, KV head fastest):
                 chunks: real compute to overlap with the decode rows' KV streaming), else
                 "cost". Measured on the H200 (benchmarks/attention.py, 16 settings): interleave
                 beat cost order on 7 of the 8 mixed settings (up to 5%, at most 1% worse on the
-                8th) and lost up to 13% on pure decode, where the BIG tiles are light prefix
+                8th) and lost up to 15% on pure decode, where the BIG tiles are light prefix
                 tiles.
 Estimated cost of an item (`item_cost`, one model for both classes, time units of one
 KV token streamed): kv_len * (1 + m_pad / 128): the 1 is the KV read (the same bytes per

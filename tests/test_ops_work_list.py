@@ -96,7 +96,8 @@ def test_interleaved_plan_pins_order_and_keeps_items():
         assert (np.diff(c) <= 0).all()
 
 
-def test_interleaved_plan_same_items_on_a_ragged_batch():
+def _ragged_batch():
+    """40 seqs in 4 groups sharing 300 tokens, 3 of them 64-row prefill chunks: (args, kwargs)."""
     rng = np.random.default_rng(0)
     n = 40
     lens = (300 + rng.integers(1, 700, n)).astype(np.int32)
@@ -109,6 +110,11 @@ def test_interleaved_plan_same_items_on_a_ragged_batch():
             np.zeros(n, bool))
     kw = {"block_size": 16, "num_kv_heads": 8, "num_heads": 32,
           "tile": default_tile_config(128, 4, interpret=False)}
+    return args, kw
+
+
+def test_interleaved_plan_same_items_on_a_ragged_batch():
+    args, kw = _ragged_batch()
     a = build_prefix_shared_plan(*args, order="cost", **kw)
     b = build_prefix_shared_plan(*args, order="interleave", **kw)
     assert sorted(map(tuple, a.work.tolist())) == sorted(map(tuple, b.work.tolist()))
@@ -131,18 +137,7 @@ def test_auto_order_interleaves_only_steps_with_prefill_chunks():
     decode = _pinned_plan("auto")
     assert np.array_equal(decode.work, _pinned_plan("cost").work)
     # the ragged batch has 64-row prefill chunks (BIG distinct tiles): auto = interleave
-    rng = np.random.default_rng(0)
-    n = 40
-    lens = (300 + rng.integers(1, 700, n)).astype(np.int32)
-    q = np.where(np.arange(n) < 3, 64, 1)
-    lens[:3] = 300 + 64
-    qsl = np.concatenate([[0], np.cumsum(q)]).astype(np.int32)
-    groups = (np.arange(n) % 4).astype(np.int32)
-    order = np.argsort(groups, kind="stable")
-    args = (qsl, lens[order], np.full(n, 300, np.int32), np.zeros((n, 64), np.int32), groups[order],
-            np.zeros(n, bool))
-    kw = {"block_size": 16, "num_kv_heads": 8, "num_heads": 32,
-          "tile": default_tile_config(128, 4, interpret=False)}
+    args, kw = _ragged_batch()
     chunked = build_prefix_shared_plan(*args, order="auto", **kw)
     assert ((chunked.work[:, F_SIZE_CLASS] == SIZE_BIG) & (chunked.work[:, F_KIND] == KIND_DISTINCT)).any()
     assert np.array_equal(chunked.work, build_prefix_shared_plan(*args, order="interleave", **kw).work)

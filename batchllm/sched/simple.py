@@ -7,43 +7,33 @@ is the baselines' CachedSeq, without a prefix cache.
 
 from __future__ import annotations
 
-from collections import deque
+import dataclasses
 
-from batchllm.sched.block_pool import BlockPool
 from batchllm.sched.config import SchedulerConfig
-from batchllm.sched.interface import FinishedRequest, ScheduledChunk, SchedRequest, SchedulerOutput
-from batchllm.sched.policies.cached_base import CachedSeq, token_slice
+from batchllm.sched.interface import SchedulerOutput
+from batchllm.sched.policies.cached_base import CachedPolicyBase
 
 
-class SimpleScheduler:
+class SimpleScheduler(CachedPolicyBase):
+    """The baselines' machinery (queues, block growth, recompute preemption, update) with the
+    prefix cache off."""
+
     def __init__(self, config: SchedulerConfig) -> None:
-        self.config = config
-        self.pool = BlockPool(config.num_kv_blocks, config.block_size)
-        self.waiting: deque[CachedSeq] = deque()
-        self.running: list[CachedSeq] = []
-        self.step_index = 0
-        self.num_preemptions = 0
-
-    def add_requests(self, requests: list[SchedRequest]) -> None:
-        for request in requests:
-            self.pool.check_request_fits(request.request_id, request.num_prompt_tokens, request.max_tokens)
-            self.waiting.append(CachedSeq(request))
-
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        super().__init__(dataclasses.replace(config, enable_prefix_caching=False), leaf_only_eviction=False)
 
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
-        scheduled: list[tuple[CachedSeq, int]] = []
+        scheduled = []
         preempted: list[int] = []
         # Running requests first, in admission order; preempt from the back when out of blocks.
         index = 0
         while index < len(self.running) and budget > 0:
             state = self.running[index]
             num_tokens = min(state.num_pending_tokens, budget)
-            if not self._grow(state, num_tokens):
+            if not self.grow(state, num_tokens):
                 victim = self.running.pop()
-                self._preempt(victim)
+                self.preempt(victim)  # recompute later: the KV goes, the generated tokens stay
+                self.waiting.appendleft(victim)
                 preempted.append(victim.request.request_id)
                 if victim is state:
                     break
@@ -58,70 +48,10 @@ class SimpleScheduler:
                 break
             state = self.waiting[0]
             num_tokens = min(state.num_pending_tokens, budget)
-            if not self._grow(state, num_tokens):
+            if not self.grow(state, num_tokens):
                 break
             self.waiting.popleft()
             self.running.append(state)
             scheduled.append((state, num_tokens))
             budget -= num_tokens
-        return self._build_output(scheduled, preempted)
-
-    def update(
-        self,
-        output: SchedulerOutput,
-        sampled_token_ids: dict[int, int],
-        finish_reasons: dict[int, str],
-    ) -> list[FinishedRequest]:
-        by_id = {state.request.request_id: state for state in self.running}
-        finished: list[FinishedRequest] = []
-        for chunk in output.chunks:
-            state = by_id[chunk.seq_id]
-            state.num_computed_tokens += chunk.num_tokens
-            if chunk.sample:
-                state.request.output_token_ids.append(sampled_token_ids[chunk.seq_id])
-            reason = finish_reasons.get(chunk.seq_id)
-            if reason is not None:
-                self.pool.free(state.block_ids)
-                state.block_ids = []
-                self.running.remove(state)
-                finished.append(
-                    FinishedRequest(chunk.seq_id, tuple(state.request.output_token_ids), reason)
-                )
-        self.step_index += 1
-        return finished
-
-    # -- helpers -------------------------------------------------------------------------
-
-    def _grow(self, state: CachedSeq, num_tokens: int) -> bool:
-        needed = self.pool.blocks_for_tokens(state.num_computed_tokens + num_tokens) - len(state.block_ids)
-        if needed <= 0:
-            return True
-        if not self.pool.can_allocate(needed):
-            return False
-        state.block_ids.extend(self.pool.allocate(needed))
-        return True
-
-    def _preempt(self, state: CachedSeq) -> None:
-        # Recompute later: free the KV, keep the generated tokens (they are re-prefilled).
-        self.pool.free(state.block_ids)
-        state.block_ids = []
-        state.num_computed_tokens = 0
-        self.waiting.appendleft(state)
-        self.num_preemptions += 1
-
-    def _build_output(self, scheduled: list[tuple[CachedSeq, int]], preempted: list[int]) -> SchedulerOutput:
-        chunks = []
-        for state, num_tokens in scheduled:
-            start = state.num_computed_tokens
-            chunks.append(
-                ScheduledChunk(
-                    seq_id=state.request.request_id,
-                    token_ids=token_slice(state.request, start, start + num_tokens),
-                    start_position=start,
-                    block_ids=tuple(state.block_ids),
-                    sample=start + num_tokens == state.num_total_tokens,
-                    is_decode=state.is_decoding,
-                )
-            )
-        return SchedulerOutput.from_chunks(self.step_index, chunks, len(self.running), self.pool.num_used_blocks,
-                                           preempted)
+        return self.build_output(scheduled, preempted)

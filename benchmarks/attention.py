@@ -348,7 +348,7 @@ def run(args):
                 for tag, cfg in zip(tags, configs):
                     kw = {"block_size": BLOCK_SIZE, "num_kv_heads": NUM_KV_HEADS, "num_heads": NUM_HEADS,
                           "head_dim": HEAD_DIM, "tile": cfg}
-                    shared_plan = build_prefix_shared_plan(**meta, order="cost", **kw).to(dev)
+                    shared_plan = build_prefix_shared_plan(**meta, order="cost", **kw).to(dev, separate_lists=True)
                     inter_plan = build_prefix_shared_plan(**meta, order="interleave", **kw).to(dev)
                     auto_plan = build_prefix_shared_plan(**meta, order="auto", **kw).to(dev)
                     plain_plan = build_paged_plan(meta["query_start_loc"], meta["seq_lens"], meta["shared_kv_lens"],

@@ -10,7 +10,12 @@ import torch
 
 from batchllm.config import EngineConfig
 from batchllm.engine.llm_engine import LLMEngine, PreparedRequest
-from batchllm.engine.placeholders import has_placeholders, placeholder_for_row, resolve_placeholders_
+from batchllm.engine.placeholders import (
+    has_placeholders,
+    placeholder_for_row,
+    placeholder_source,
+    resolve_placeholders_,
+)
 from batchllm.sampling_params import SamplingParams
 from batchllm.sched.config import SchedulerConfig
 
@@ -136,6 +141,12 @@ def test_placeholders_resolve_on_device():
     assert has_placeholders(np.array([3, -1])) and not has_placeholders(np.array([0, 4]))
     with pytest.raises(ValueError, match="previous step"):
         resolve_placeholders_(torch.tensor([-1]), None)
+    previous = torch.tensor([11])
+    assert placeholder_source(np.array([3, 4]), None) is None
+    assert placeholder_source(np.array([3, 4]), previous) is None
+    assert placeholder_source(np.array([3, -1]), previous) is previous
+    with pytest.raises(ValueError, match="previous step"):
+        placeholder_source(np.array([3, -1]), None)
 
 
 def test_config_default_is_async():

@@ -41,7 +41,7 @@ def _run_case(seqs, heads, dtype, device, block_size=16, kv_split_tokens=16, sep
                                     order=order)
     scale = head_dim ** -0.5
     fn = prefix_shared_attention_separate if separate else prefix_shared_attention
-    out = fn(b.query, b.k_cache, b.v_cache, plan.to(device), scale)
+    out = fn(b.query, b.k_cache, b.v_cache, plan.to(device, separate_lists=separate), scale)
     args = (b.query.float(), b.k_cache.float(), b.v_cache.float(), b.query_start_loc, b.seq_lens,
             b.shared_kv_lens, b.block_tables)
     ref = prefix_shared_attention_reference(*args, b.group_ids, b.is_prefix, scale)
@@ -113,6 +113,9 @@ def test_rejects_mismatched_plan(device):
         prefix_shared_attention(b.query[:-1], b.k_cache, b.v_cache, plan.to(device), 0.1)
     with pytest.raises(ValueError, match="dtypes"):
         prefix_shared_attention(b.query.half(), b.k_cache, b.v_cache, plan.to(device), 0.1)
+    with pytest.raises(ValueError, match="separate_lists"):  # the engine's plans skip those lists
+        prefix_shared_attention_separate(b.query, b.k_cache, b.v_cache, plan.to(device), 0.1)
+    assert plan.to(device).work_prefix.shape[0] == 0
 
 
 def _llama_seqs(rng):

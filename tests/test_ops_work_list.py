@@ -88,7 +88,7 @@ def test_interleaved_plan_pins_order_and_keeps_items():
     assert (inter_plan.work[:, F_SIZE_CLASS] == np.where(inter_plan.work[:, F_KIND] == KIND_PREFIX, SIZE_BIG,
                                                         SIZE_SMALL)).all()
     # the separate-launch lists stay cost-sorted per kind, the same for both orders
-    dev_cost, dev_inter = cost_plan.to("cpu"), inter_plan.to("cpu")
+    dev_cost, dev_inter = cost_plan.to("cpu", separate_lists=True), inter_plan.to("cpu", separate_lists=True)
     for name in ("work_prefix", "work_distinct"):
         a, b = getattr(dev_cost, name).numpy(), getattr(dev_inter, name).numpy()
         assert np.array_equal(a, b)
@@ -126,7 +126,7 @@ def test_interleaved_plan_same_items_on_a_ragged_batch():
     head = b.work[: max(2, len(b.work) // 10), F_SIZE_CLASS]
     assert {SIZE_BIG, SIZE_SMALL} <= set(head.tolist())
     for name in ("work_prefix", "work_distinct"):  # the separate-launch lists: same items, cost-sorted
-        wa, wb = getattr(a.to("cpu"), name).numpy(), getattr(b.to("cpu"), name).numpy()
+        wa, wb = getattr(a.to("cpu", separate_lists=True), name).numpy(), getattr(b.to("cpu", separate_lists=True), name).numpy()
         assert sorted(map(tuple, wa.tolist())) == sorted(map(tuple, wb.tolist()))
         assert np.array_equal(work_cost(wa, a.tile), work_cost(wb, b.tile))
         assert (np.diff(work_cost(wb, b.tile)) <= 0).all()

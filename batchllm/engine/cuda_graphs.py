@@ -55,6 +55,8 @@ class _Graph:
         # one step in flight (step N-1 has been synced before step N+1 is filled).
         self._host64 = [torch.zeros(3 * rows, dtype=torch.int64).pin_memory() for _ in range(2)]
         self._host32 = [torch.zeros(size32, dtype=torch.int32).pin_memory() for _ in range(2)]
+        self._host64_np = [host.numpy() for host in self._host64]
+        self._host32_views = [self._views(host.numpy()) for host in self._host32]
         self._copied: list[torch.cuda.Event | None] = [None, None]
         self._turn = 0
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -79,13 +81,13 @@ class _Graph:
         if copied is not None and not copied.query():
             copied.synchronize()
         rows, num_tokens = self.key.num_rows, inputs.num_tokens
-        ids = self._host64[turn].numpy()
+        ids = self._host64_np[turn]
         ids[:] = 0
         ids[2 * rows:] = -1  # padding rows store no KV
         ids[:num_tokens] = inputs.input_ids
         ids[rows:rows + num_tokens] = inputs.positions
         ids[2 * rows:2 * rows + num_tokens] = inputs.slot_mapping
-        work, tables, limit, merge_tokens, merge_offsets, merge_slots = self._views(self._host32[turn].numpy())
+        work, tables, limit, merge_tokens, merge_offsets, merge_slots = self._host32_views[turn]
         work[:] = 0  # no-op items: q_count 0 and an empty KV range
         work[:, F_PARTIAL_BASE] = -1  # direct write (of nothing)
         work[:plan.work.shape[0]] = plan.work

@@ -326,9 +326,7 @@ class LLMEngine:
         sampled = inflight.result.host_output()
         if sampled is None:
             return 0
-        chosen = sampled.logprobs.tolist() if sampled.logprobs is not None else None
-        top_values = sampled.top_logprobs.tolist() if sampled.top_logprobs is not None else None
-        top_ids = sampled.top_token_ids.tolist() if sampled.top_token_ids is not None else None
+        chosen, top_ids, top_values = _logprob_lists(sampled)
         num_new = 0
         for row, (seq_id, token_id) in enumerate(zip(inflight.result.seq_ids, token_ids)):
             state = live[seq_id]
@@ -367,9 +365,7 @@ class LLMEngine:
         output = result.host_output()
         if output is None:
             return sampled, finish_reasons
-        chosen = output.logprobs.tolist() if output.logprobs is not None else None
-        top_values = output.top_logprobs.tolist() if output.top_logprobs is not None else None
-        top_ids = output.top_token_ids.tolist() if output.top_token_ids is not None else None
+        chosen, top_ids, top_values = _logprob_lists(output)
         for row, (seq_id, token_id) in enumerate(zip(result.seq_ids, token_ids)):
             state = live[seq_id]
             sampled[seq_id] = token_id
@@ -396,6 +392,12 @@ class LLMEngine:
             logprobs=state.logprobs,
             num_cached_prompt_tokens=done.num_cached_prompt_tokens,
         )
+
+
+def _logprob_lists(output) -> tuple:
+    """(chosen logprobs, top ids, top logprobs) of a host SamplerOutput as lists (None if absent)."""
+    return tuple(t.tolist() if t is not None else None
+                 for t in (output.logprobs, output.top_token_ids, output.top_logprobs))
 
 
 def _mix_seed(base_seed: int, request_id: int) -> int:

@@ -9,7 +9,7 @@ import torch
 
 from batchllm.engine.attention import AttentionMetadata, PagedAttention, make_backend
 from batchllm.engine.kv_cache import KVCache
-from batchllm.engine.placeholders import has_placeholders, resolve_placeholders_
+from batchllm.engine.placeholders import placeholder_source, resolve_placeholders_
 from batchllm.engine.sampler import SamplerOutput, SamplingBatch, sample
 from batchllm.engine.step_inputs import StepInputs, build_step_inputs
 from batchllm.sched.interface import SchedulerOutput
@@ -106,7 +106,7 @@ class ModelRunner:
     def forward(self, inputs: StepInputs, allow_graph: bool = True,
                 previous_token_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] of a step: a CUDA graph for decode steps, else eager."""
-        placeholders = previous_token_ids if has_placeholders(inputs.input_ids) else None
+        placeholders = placeholder_source(inputs.input_ids, previous_token_ids)
         host_plan = self.backend.build_host_plan(inputs) if self.graphs is not None else None
         self._record_start()
         hidden = (self.graphs.run(inputs, host_plan, placeholders)

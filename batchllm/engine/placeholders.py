@@ -21,6 +21,16 @@ def has_placeholders(input_ids: np.ndarray) -> bool:
     return bool(input_ids.size) and int(input_ids.min()) < 0
 
 
+def placeholder_source(input_ids: np.ndarray, previous_token_ids: torch.Tensor | None) -> torch.Tensor | None:
+    """The tensor to resolve a step's placeholders from, or None when it has none. Raises when
+    the step holds placeholders but the previous step's tokens were not given."""
+    if not has_placeholders(input_ids):
+        return None
+    if previous_token_ids is None:
+        raise ValueError("the step holds placeholder input ids but the previous step's tokens were not given")
+    return previous_token_ids
+
+
 def resolve_placeholders_(input_ids: torch.Tensor, previous_token_ids: torch.Tensor | None) -> None:
     """In place, on the device: input id -(i + 1) -> previous_token_ids[i] (no host sync)."""
     if previous_token_ids is None:

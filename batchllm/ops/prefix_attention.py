@@ -108,7 +108,10 @@ def prefix_shared_attention_separate(
     plan: PrefixSharedPlanOnDevice,
     scale: float,
 ) -> torch.Tensor:
-    """Cascade-style variant: prefix tiles, then distinct tiles (two launches), then merge."""
+    """Cascade-style variant: prefix tiles, then distinct tiles (two launches), then merge.
+    The plan must be moved with `.to(device, separate_lists=True)`."""
+    check(plan.work_prefix.shape[0] + plan.work_distinct.shape[0] == plan.work.shape[0],
+          "the separate-launch variant needs plan.to(device, separate_lists=True)")
     return _run(query, k_cache, v_cache, plan, scale, [plan.work_prefix, plan.work_distinct])
 
 

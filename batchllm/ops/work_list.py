@@ -120,7 +120,7 @@ class PrefixSharedPlanOnDevice:
     """Device tensors of a plan (views into one int32 buffer: a single host-to-device copy)."""
 
     work: torch.Tensor  # [num_items, WORK_FIELDS] int32, all items (fused launch)
-    work_prefix: torch.Tensor  # prefix items only (separate-launch variant)
+    work_prefix: torch.Tensor  # prefix items only (separate-launch variant; empty unless asked for)
     work_distinct: torch.Tensor  # distinct items only
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
     prefix_limit: torch.Tensor  # [num_tokens] int32
@@ -155,12 +155,19 @@ class PrefixSharedPlan:
     def num_partial_slots(self) -> int:
         return int(self.merge_slots.shape[0])
 
-    def to(self, device) -> PrefixSharedPlanOnDevice:
-        # separate-launch lists: cost-sorted within kind whatever the fused order (for "cost" this
-        # is the work list's own order; other orders may break ties of equal cost differently)
-        by_cost = self.work[np.argsort(-work_cost(self.work, self.tile), kind="stable")]
-        is_prefix = by_cost[:, F_KIND] == KIND_PREFIX
-        parts = [self.work, by_cost[is_prefix], by_cost[~is_prefix], self.block_tables,
+    def to(self, device, separate_lists: bool = False) -> PrefixSharedPlanOnDevice:
+        """One host-to-device copy. separate_lists: also the per-kind lists that
+        `prefix_shared_attention_separate` launches (benchmark and tests; the engine runs the
+        fused launch only, so its steps skip the sort and the second copy of the work list)."""
+        if separate_lists:
+            # cost-sorted within kind whatever the fused order (for "cost" this is the work
+            # list's own order; other orders may break ties of equal cost differently)
+            by_cost = self.work[np.argsort(-work_cost(self.work, self.tile), kind="stable")]
+            is_prefix = by_cost[:, F_KIND] == KIND_PREFIX
+            work_prefix, work_distinct = by_cost[is_prefix], by_cost[~is_prefix]
+        else:
+            work_prefix = work_distinct = self.work[:0]
+        parts = [self.work, work_prefix, work_distinct, self.block_tables,
                  self.prefix_limit, self.merge_tokens, self.merge_offsets, self.merge_slots]
         flat = np.concatenate([np.ascontiguousarray(p, dtype=np.int32).ravel() for p in parts])
         buffer = torch.from_numpy(flat)

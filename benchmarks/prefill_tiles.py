@@ -1,4 +1,5 @@
-"""Tile configs for attention in steps with prefill chunks (H200): which one runs them fastest?
+"""Tile configs of the attention kernel (H200): which one runs steps with prefill chunks fastest,
+and which one decode steps?
 
 Steps that hold prefill chunks spend most of their attention time in BIG tiles (a group's rows x
 its prefix, a prefill chunk x its own KV); decode-only steps keep the default table (they run as
@@ -10,7 +11,9 @@ each validated against the float32 reference first:
 
 Scenarios: the issue-4 mixed settings (7 prefill chunks + 256 decode rows) and one step shaped like
 the engine's on micro 2000/200 sd16 (a prefix chunk finishing a 2000-token prefix, 4 members' first
-200-token chunks, 256 decode rows of 16 running groups). Prints the best config by geometric mean.
+200-token chunks, 256 decode rows of 16 running groups). Decode scenarios (kind "decode"): the
+issue-4 decode settings and a decode step shaped like the engine's on micro 2000/200 sd16 (35
+running groups of 16 members). Prints the best config per scenario kind by geometric mean.
 """
 
 from __future__ import annotations
@@ -45,6 +48,14 @@ def engine_like_step(prefix: int = 2000, distinct: int = 200, chunk: int = 976, 
     return seqs
 
 
+def scenario_kind(where: str) -> str:
+    return "decode" if "decode" in where else "prefill"
+
+
+def engine_like_decode_step(prefix: int = 2000, distinct: int = 200, groups: int = 35) -> list[SeqSpec]:
+    return [SeqSpec(1, prefix + distinct + 3 * m + g, prefix, g) for g in range(groups) for m in range(16)]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="benchmarks/results/prefill_tiles.json")
@@ -59,9 +70,12 @@ def main() -> int:
         attention.NUM_DECODE = 4
         scenarios = [(f"{p}/{d}/{g} mixed", scenario_seqs(p, d, g, True, False)) for p, d, g in attention.DRY_SETTINGS]
         scenarios.append(("engine-like (tiny)", engine_like_step(40, 20, 24, 1)))
+        scenarios.append(("engine-like decode (tiny)", engine_like_decode_step(40, 20, 2)))
     else:
         scenarios = [(f"{p}/{d}/{g} mixed", scenario_seqs(p, d, g, True, False)) for p, d, g in SETTINGS]
         scenarios.append(("engine-like micro 2000/200 sd16 step", engine_like_step()))
+        scenarios += [(f"{p}/{d}/{g} decode", scenario_seqs(p, d, g, False, False)) for p, d, g in SETTINGS]
+        scenarios.append(("engine-like micro 2000/200 sd16 decode", engine_like_decode_step()))
     rows, notes = [], []
     for where, seqs in scenarios:
         b = make_batch(seqs, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM, block_size=BLOCK_SIZE,
@@ -83,22 +97,26 @@ def main() -> int:
                 except Exception as exc:  # noqa: BLE001 -- a config that does not compile is a result too
                     notes.append(f"{name} {impl} on {where}: {exc!r}"[:400])
                     continue
-                row = {"scenario": where, "config": name, "impl": impl, "us": round(us, 2), "max_abs_err": err,
+                row = {"scenario": where, "kind": scenario_kind(where), "config": name, "impl": impl, "us": round(us, 2), "max_abs_err": err,
                        "valid": err < 5e-2}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
         del b, ref
     best = {}
-    for impl in ("fused_auto", "plain"):
-        means = {}
-        for name in configs:
-            times = [r["us"] for r in rows if r["impl"] == impl and r["config"] == name and r["valid"]]
-            if len(times) == len(scenarios):
-                means[name] = math.exp(sum(math.log(t) for t in times) / len(times))
-        if means:
-            winner = min(means, key=means.get)
-            best[impl] = {"config": winner, "geomean_us": {k: round(v, 1) for k, v in means.items()},
-                          "speedup_vs_default": round(means["default"] / means[winner], 3) if "default" in means else None}
+    for kind in ("prefill", "decode"):
+        kind_scenarios = [where for where, _ in scenarios if scenario_kind(where) == kind]
+        for impl in ("fused_auto", "plain"):
+            means = {}
+            for name in configs:
+                times = [r["us"] for r in rows if r["impl"] == impl and r["config"] == name and r["valid"]
+                         and r["scenario"] in kind_scenarios]
+                if times and len(times) == len(kind_scenarios):
+                    means[name] = math.exp(sum(math.log(t) for t in times) / len(times))
+            if means:
+                winner = min(means, key=means.get)
+                best[f"{impl} {kind}"] = {
+                    "config": winner, "geomean_us": {k: round(v, 1) for k, v in means.items()},
+                    "speedup_vs_default": round(means["default"] / means[winner], 3) if "default" in means else None}
     result = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
               "date": datetime.date.today().isoformat(), "git_commit": args.git_commit,
               "configs": {k: vars(v) for k, v in configs.items()}, "best": best, "rows": rows, "notes": notes}
@@ -106,7 +124,7 @@ def main() -> int:
     with open(args.out, "w") as handle:
         json.dump(result, handle, indent=1)
     print(json.dumps(best, indent=1))
-    print("BEST_FUSED", best.get("fused_auto", {}).get("config", "default"))
+    print("BEST_FUSED_PREFILL", best.get("fused_auto prefill", {}).get("config", "default"))
     return 0
 
 

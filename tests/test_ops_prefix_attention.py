@@ -32,13 +32,14 @@ SCENARIOS = {
 HEADS = {"gqa3_d64": (9, 3, 64), "gqa4_d32": (8, 2, 32)}
 
 
-def _run_case(seqs, heads, dtype, device, block_size=16, kv_split_tokens=16, separate=False, order="cost"):
+def _run_case(seqs, heads, dtype, device, block_size=16, kv_split_tokens=16, separate=False, order="cost",
+              tile=None):
     num_heads, num_kv_heads, head_dim = heads
     b = make_batch(seqs, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                    block_size=block_size, dtype=dtype, device=device)
     plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=block_size, num_kv_heads=num_kv_heads,
                                     num_heads=num_heads, head_dim=head_dim, kv_split_tokens=kv_split_tokens,
-                                    order=order)
+                                    order=order, tile=tile)
     scale = head_dim ** -0.5
     fn = prefix_shared_attention_separate if separate else prefix_shared_attention
     out = fn(b.query, b.k_cache, b.v_cache, plan.to(device, separate_lists=separate), scale)
@@ -78,6 +79,22 @@ def test_fused_other_block_sizes_and_splits(device, block_size, kv_split_tokens)
     out, ref = _run_case(SCENARIOS["mixed_ragged"], HEADS["gqa4_d32"], torch.float16, device,
                          block_size=block_size, kv_split_tokens=kv_split_tokens)
     torch.testing.assert_close(out.float(), ref, atol=3e-3, rtol=3e-3)
+
+
+@pytest.mark.parametrize("split_mask", [True, False])
+@pytest.mark.parametrize("scenario", ["prefix_only", "prefix_with_first_chunk", "mixed_ragged"])
+def test_split_and_fully_masked_kv_loops_match(device, scenario, split_mask):
+    """The unmasked KV steps (split_mask, the default) and the every-step-masked kernel agree
+    with the reference on causal chunks, prefix-chunk row limits and ragged tails; BLOCK_N 32
+    so that some tiles hold whole unmasked steps and a masked remainder."""
+    from dataclasses import replace
+
+    from batchllm.ops.tile_config import default_tile_config
+
+    tile = replace(default_tile_config(64, 3), small_n=32, big_n=32, split_mask=split_mask)
+    out, ref = _run_case(SCENARIOS[scenario], HEADS["gqa3_d64"], torch.float32, device, tile=tile,
+                         kv_split_tokens=None)
+    torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)
 
 
 def _random_seqs(rng, max_groups=3):

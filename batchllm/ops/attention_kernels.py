@@ -14,13 +14,56 @@ import triton.language as tl
 
 
 @triton.jit
+def _kv_steps(
+    q, m_i, l_i, acc, limit, k_cache_ptr, v_cache_ptr, table_row, head_off, base_block, base_pos,
+    n_begin, n_end, kv_end, qk_scale_log2, stride_cb, stride_cs,
+    HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """Online softmax over KV positions [n_begin, n_end) in BLOCK_N steps. MASKED=False: every
+    packed row sees every position of the range (no bounds or limit checks, no -inf guard)."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    for n0 in range(n_begin, n_end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        rel = offs_n - base_pos  # position relative to the range's first block
+        if MASKED:
+            n_valid = offs_n < kv_end
+            block = tl.load(table_row + base_block + rel // PAGE, mask=n_valid, other=0).to(tl.int64)
+        else:
+            block = tl.load(table_row + base_block + rel // PAGE).to(tl.int64)
+        kv_off = block * stride_cb + (rel % PAGE) * stride_cs + head_off  # [BLOCK_N]
+        if MASKED:
+            k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)
+        else:
+            k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :])
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2  # [BLOCK_M, BLOCK_N]
+        if MASKED:
+            s = tl.where(offs_n[None, :] < limit[:, None], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = m_new
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MASKED:
+            v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)
+        else:
+            v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :])
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _attend_tile(
     q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, limit_ptr,
     q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode, q_pos0, partial_base,
     kv_head, qk_scale_log2,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table,
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT_MASK: tl.constexpr,
 ):
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -31,37 +74,40 @@ def _attend_tile(
     # q: [BLOCK_M, HEAD_DIM] (rows x packed GQA heads)
     q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                 mask=m_valid[:, None], other=0.0)
-    # KV positions each packed row may see: < limit
+    # KV positions each packed row may see: < limit. [lo, hi): the least and the most any valid
+    # row of the tile sees.
     if mask_mode == 1:
         limit = q_pos0 + row + 1
+        lo = q_pos0 + 1
+        hi = q_pos0 + q_count
     elif mask_mode == 2:
         limit = tl.load(limit_ptr + token, mask=m_valid, other=0)
+        lo = tl.min(tl.where(m_valid, limit, kv_end), 0)
+        hi = tl.max(tl.where(m_valid, limit, 0), 0)
     else:
         limit = tl.zeros([BLOCK_M], dtype=tl.int32) + kv_end
+        lo = kv_end
+        hi = kv_end
     limit = tl.minimum(limit, kv_end)
+    hi = tl.minimum(hi, kv_end)
+    if SPLIT_MASK:
+        # whole BLOCK_N steps below every row's limit run unmasked; the rest up to hi masked
+        full_end = kv_start + (tl.maximum(tl.minimum(lo, kv_end) - kv_start, 0) // BLOCK_N) * BLOCK_N
+    else:
+        full_end = kv_start
+        hi = kv_end
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     table_row = tables_ptr + seq.to(tl.int64) * stride_table
     head_off = kv_head * stride_ch
-    for n0 in range(kv_start, kv_end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_valid = offs_n < kv_end
-        rel = offs_n - base_pos  # position relative to the range's first block
-        block = tl.load(table_row + base_block + rel // PAGE, mask=n_valid, other=0).to(tl.int64)
-        kv_off = block * stride_cb + (rel % PAGE) * stride_cs + head_off  # [BLOCK_N]
-        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2  # [BLOCK_M, BLOCK_N]
-        s = tl.where(offs_n[None, :] < limit[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+    m_i, l_i, acc = _kv_steps(q, m_i, l_i, acc, limit, k_cache_ptr, v_cache_ptr, table_row, head_off, base_block,
+                              base_pos, kv_start, full_end, kv_end, qk_scale_log2, stride_cb, stride_cs,
+                              HEAD_DIM, PAGE, BLOCK_N, DOT_PRECISION, False)
+    m_i, l_i, acc = _kv_steps(q, m_i, l_i, acc, limit, k_cache_ptr, v_cache_ptr, table_row, head_off, base_block,
+                              base_pos, full_end, hi, kv_end, qk_scale_log2, stride_cb, stride_cs,
+                              HEAD_DIM, PAGE, BLOCK_N, DOT_PRECISION, True)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
@@ -90,7 +136,7 @@ def work_list_attention_kernel(
     NUM_KV_HEADS: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     WORK_FIELDS: tl.constexpr,
     SMALL_M: tl.constexpr, SMALL_N: tl.constexpr, BIG_M: tl.constexpr, BIG_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SPLIT_MASK: tl.constexpr,
 ):
     """Heterogeneous work in ONE launch: prefix tiles and distinct tiles from the work list."""
     pid = tl.program_id(0)
@@ -114,13 +160,13 @@ def work_list_attention_kernel(
                      limit_ptr, q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode,
                      q_pos0, partial_base, kv_head, qk_scale_log2,
                      stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
-                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, SMALL_M, SMALL_N, DOT_PRECISION)
+                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, SMALL_M, SMALL_N, DOT_PRECISION, SPLIT_MASK)
     else:
         _attend_tile(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr,
                      limit_ptr, q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode,
                      q_pos0, partial_base, kv_head, qk_scale_log2,
                      stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
-                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, BIG_M, BIG_N, DOT_PRECISION)
+                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, BIG_M, BIG_N, DOT_PRECISION, SPLIT_MASK)
 
 
 @triton.jit

@@ -58,7 +58,7 @@ def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, 
         NUM_KV_HEADS=plan.num_kv_heads, NUM_HEADS=plan.num_heads, HEAD_DIM=head_dim,
         PAGE=plan.block_size, WORK_FIELDS=WORK_FIELDS,
         SMALL_M=tile.small_m, SMALL_N=tile.small_n, BIG_M=tile.big_m, BIG_N=tile.big_n,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", SPLIT_MASK=tile.split_mask,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
 

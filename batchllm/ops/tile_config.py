@@ -23,6 +23,10 @@ class TileConfig:
     num_warps: int
     num_stages: int
     min_kv_split_tokens: int  # never split a KV range into pieces shorter than this
+    # run the whole BLOCK_N steps that every row of a tile sees fully without masks (bounds,
+    # causal / row limits), and skip steps past the tile's last visible position; False: every
+    # step masked (the kernel before this option, kept for benchmarks/prefill_tiles.py)
+    split_mask: bool = True
 
     @property
     def kv_split_multiple(self) -> int:
@@ -64,13 +68,20 @@ def candidate_tile_configs(head_dim: int, group_size: int) -> list[TileConfig]:
 
 
 def prefill_tile_candidates(head_dim: int, group_size: int) -> dict[str, TileConfig]:
-    """Named configs for steps with prefill chunks (swept by benchmarks/prefill_tiles.py): the
-    BIG tiles carry most of such a step's attention work, so larger MMA tiles / more warps may
-    pay even though the SMALL (decode) tiles of the same launch share the warp count."""
+    """Named configs swept by benchmarks/prefill_tiles.py on steps with prefill chunks and on
+    decode steps: the BIG tiles carry most of a prefill step's attention work, so larger MMA
+    tiles / more warps may pay even though the SMALL (decode) tiles of the same launch share the
+    warp count; decode steps stream KV, where pipeline depth (num_stages) and BLOCK_N matter."""
+    from dataclasses import replace
+
     packed_min = max(16, next_power_of_2(group_size))
     base = default_tile_config(head_dim, group_size, interpret=False)
     return {
         "default": base,
+        "masked": replace(base, split_mask=False),  # every KV step masked (before split_mask)
+        "s3": replace(base, num_stages=3),
+        "sn64_s3": replace(base, small_n=64, num_stages=3),
+        "sn64_s4": replace(base, small_n=64, num_stages=4),
         "m128_w8": TileConfig(small_m=packed_min, small_n=128, big_m=max(128, packed_min), big_n=64,
                               num_warps=8, num_stages=2, min_kv_split_tokens=512),
         "m128_w8_s3": TileConfig(small_m=packed_min, small_n=128, big_m=max(128, packed_min), big_n=64,
@@ -79,4 +90,5 @@ def prefill_tile_candidates(head_dim: int, group_size: int) -> dict[str, TileCon
                                   num_warps=4, num_stages=2, min_kv_split_tokens=512),
         "m128_n128_w8": TileConfig(small_m=packed_min, small_n=128, big_m=max(128, packed_min), big_n=128,
                                    num_warps=8, num_stages=2, min_kv_split_tokens=512),
+        "split256": replace(base, min_kv_split_tokens=256),
     }

@@ -3,9 +3,11 @@
 Scenarios: pure decode of 256 requests, and chunked prefill (7 prefill chunks + 256 decode
 requests), over prefix/distinct/group-size settings, with and without jittered distinct
 lengths. Implementations, all validated against the float32 reference first:
-  fused      ours, one launch of prefix + distinct tiles, then the LSE merge kernel; work list
+  fused      ours, ONE launch of prefix + distinct tiles, then the LSE merge kernel; work list
              in "cost" order (largest first: in practice all BIG tiles, then all SMALL ones)
   fused_auto the engine's default order ("auto": interleave when the step has prefill chunks)
+  fused_auto_ikm  fused_auto with the merge in the same launch (TileConfig.fused_merge: the last
+             program to finish a part of a row merges it; no second launch)
   fused_interleave  the same kernel and items, work list in "interleave" order (BIG and SMALL
              tiles merged by cumulative cost, so tensor-core and KV-streaming tiles co-run)
   separate   ours, cascade style: prefix launch, distinct launch, merge
@@ -35,12 +37,14 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 from batchllm.ops.paged_attention import build_paged_plan
 from batchllm.ops.prefix_attention import (
+    merge_counters,
     prefix_shared_attention,
     prefix_shared_attention_separate,
 )
@@ -351,15 +355,21 @@ def run(args):
                     shared_plan = build_prefix_shared_plan(**meta, order="cost", **kw).to(dev, separate_lists=True)
                     inter_plan = build_prefix_shared_plan(**meta, order="interleave", **kw).to(dev)
                     auto_plan = build_prefix_shared_plan(**meta, order="auto", **kw).to(dev)
+                    ikm_plan = build_prefix_shared_plan(**meta, order="auto", block_size=BLOCK_SIZE,
+                                                        num_kv_heads=NUM_KV_HEADS, num_heads=NUM_HEADS,
+                                                        head_dim=HEAD_DIM, tile=replace(cfg, fused_merge=True)).to(dev)
+                    counters = merge_counters(ikm_plan, dev)  # one zeroed buffer, as in the engine
                     plain_plan = build_paged_plan(meta["query_start_loc"], meta["seq_lens"], meta["shared_kv_lens"],
                                                   meta["block_tables"], **kw).to(dev)
                     for name, fn, p in (("fused", prefix_shared_attention, shared_plan),
                                         ("fused_interleave", prefix_shared_attention, inter_plan),
                                         ("fused_auto", prefix_shared_attention, auto_plan),
+                                        ("fused_auto_ikm", prefix_shared_attention, ikm_plan),
                                         ("separate", prefix_shared_attention_separate, shared_plan),
                                         ("plain", prefix_shared_attention, plain_plan)):
+                        extra_args = (counters,) if fn is prefix_shared_attention else ()
                         impls.setdefault(name, []).append(
-                            (tag, lambda fn=fn, p=p, b=b: fn(b.query, b.k_cache, b.v_cache, p, scale)))
+                            (tag, lambda fn=fn, p=p, b=b, e=extra_args: fn(b.query, b.k_cache, b.v_cache, p, scale, *e)))
                 sdpa = Sdpa(b, seqs, scale)
                 impls["sdpa"] = [("", lambda sdpa=sdpa: sdpa(False))]
                 if have_flashinfer and not mode.startswith("mixed"):
@@ -405,7 +415,8 @@ def markdown_table(result) -> str:
     by_key = {}
     for r in result["rows"]:
         by_key.setdefault((r["prefix"], r["distinct"], r["group"], r["scenario"]), {})[r["impl"]] = r
-    impls = ["fused", "fused_interleave", "fused_auto", "separate", "plain", "sdpa", "sdpa_nogather", "flex", "flashinfer"]
+    impls = ["fused", "fused_interleave", "fused_auto", "fused_auto_ikm", "separate", "plain", "sdpa", "sdpa_nogather",
+             "flex", "flashinfer"]
     lines = ["| prefix/distinct/group | scenario | " + " | ".join(f"{i} us" for i in impls)
              + " | fused vs separate | interleave vs separate | auto vs separate | fused vs plain | fused vs flashinfer"
              " | fused KV TB/s | fused prefix TFLOP/s |",

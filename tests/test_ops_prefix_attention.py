@@ -158,3 +158,75 @@ def test_fused_llama_shapes_gpu(separate, order, dtype):
 def test_fused_smollm_shapes_gpu(scenario):
     out, ref = _run_case(SCENARIOS[scenario], HEADS["gqa3_d64"], torch.bfloat16, "cuda", kv_split_tokens=None)
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+def _merge_case(seqs, heads, dtype, device, tile, kv_split_tokens):
+    num_heads, num_kv_heads, head_dim = heads
+    b = make_batch(seqs, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=16,
+                   dtype=dtype, device=device)
+    plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=num_kv_heads,
+                                    num_heads=num_heads, head_dim=head_dim, kv_split_tokens=kv_split_tokens,
+                                    tile=tile)
+    ref = paged_attention_reference(b.query.float(), b.k_cache.float(), b.v_cache.float(), b.query_start_loc,
+                                    b.seq_lens, b.shared_kv_lens, b.block_tables, head_dim ** -0.5)
+    return b, plan, ref
+
+
+@pytest.mark.parametrize("fused_merge", [True, False])
+@pytest.mark.parametrize("scenario", ["decode_only", "prefix_with_first_chunk", "mixed_ragged"])
+def test_in_kernel_merge_and_merge_kernel_match(device, scenario, fused_merge):
+    """Rows with several parts (prefix + distinct, split-KV pieces) merged by the last program
+    to finish one of their parts, or by the separate merge kernel: both equal the reference."""
+    from dataclasses import replace
+
+    from batchllm.ops.tile_config import default_tile_config
+
+    tile = replace(default_tile_config(64, 3), fused_merge=fused_merge)
+    b, plan, ref = _merge_case(SCENARIOS[scenario], HEADS["gqa3_d64"], torch.float32, device, tile, 16)
+    assert plan.merge_tokens.shape[0] > 0  # the case has rows to merge
+    np.testing.assert_array_equal(plan.merge_index[plan.merge_tokens], np.arange(plan.merge_tokens.shape[0]))
+    assert int((plan.merge_index >= 0).sum()) == plan.merge_tokens.shape[0]
+    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan.to(device), 64 ** -0.5)
+    torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)
+
+
+def _in_kernel_merge_tile(head_dim, group_size):
+    from dataclasses import replace
+
+    from batchllm.ops.tile_config import default_tile_config
+
+    return replace(default_tile_config(head_dim, group_size), fused_merge=True)
+
+
+def test_in_kernel_merge_leaves_counters_zeroed_for_reuse(device):
+    """One counter buffer serves consecutive launches of different plans (the engine and its CUDA
+    graphs keep one): each launch resets every counter it used."""
+    from batchllm.ops.prefix_attention import merge_counters
+
+    counters = None
+    tile = _in_kernel_merge_tile(32, 4)
+    for scenario in ("mixed_ragged", "decode_only", "mixed_ragged"):
+        b, plan, ref = _merge_case(SCENARIOS[scenario], HEADS["gqa4_d32"], torch.float32, device, tile, 16)
+        device_plan = plan.to(device)
+        if counters is None:
+            counters = merge_counters(device_plan, device)
+            counters = torch.zeros(counters.numel() * 4, dtype=torch.int32, device=device)
+        out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, device_plan, 32 ** -0.5, counters)
+        torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)
+        assert int(counters.abs().sum()) == 0
+    with pytest.raises(ValueError, match="merge counters"):
+        prefix_shared_attention(b.query, b.k_cache, b.v_cache, device_plan, 32 ** -0.5, counters[:3])
+
+
+@pytest.mark.gpu
+def test_in_kernel_merge_repeated_launches_gpu():
+    """Real concurrency: which program arrives last varies between launches; every launch must
+    still equal the reference and leave the counters zeroed (no lost or early merge)."""
+    seqs = _llama_seqs(np.random.default_rng(1))
+    b, plan, ref = _merge_case(seqs, (32, 8, 128), torch.bfloat16, "cuda", _in_kernel_merge_tile(128, 4), 64)
+    device_plan = plan.to("cuda")
+    counters = torch.zeros(plan.num_tokens * 32, dtype=torch.int32, device="cuda")
+    for _ in range(50):
+        out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, device_plan, 128 ** -0.5, counters)
+        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    assert int(counters.abs().sum()) == 0

@@ -24,7 +24,7 @@ import torch
 from batchllm.engine.attention import AttentionMetadata, PagedAttention
 from batchllm.engine.placeholders import resolve_placeholders_
 from batchllm.engine.step_inputs import StepInputs
-from batchllm.ops.work_list import F_PARTIAL_BASE, WORK_FIELDS
+from batchllm.ops.work_list import F_PARTIAL_BASE, WORK_FIELDS, aligned_size
 
 TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
 
@@ -43,10 +43,10 @@ class _Graph:
         self.slots_cap = 8 * rows + 1024  # partial results to merge
         # int64 part: input_ids, positions, slot_mapping
         self.dev64 = torch.zeros(3 * rows, dtype=torch.int64, device=device)
-        # int32 part: work, block_tables, prefix_limit, merge_tokens, merge_offsets, merge_slots
+        # int32 part: work, block_tables, prefix_limit, merge_tokens, merge_offsets, merge_slots, merge_index
         self.shapes32 = [(self.items_cap, work_fields), (rows, key.num_blocks), (rows,), (rows,), (rows + 1,),
-                         (self.slots_cap,)]
-        size32 = sum(int(np.prod(shape)) for shape in self.shapes32)
+                         (self.slots_cap,), (rows,)]
+        size32 = sum(aligned_size(int(np.prod(shape))) for shape in self.shapes32)
         self.dev32 = torch.zeros(size32, dtype=torch.int32, device=device)
         self.dev32_views = self._views(self.dev32)
         # Two pinned host copies, used in turn: with asynchronous scheduling the host fills step
@@ -64,10 +64,10 @@ class _Graph:
 
     def _views(self, flat):
         views, offset = [], 0
-        for shape in self.shapes32:
+        for shape in self.shapes32:  # 16-byte aligned starts (Triton specialises on alignment)
             size = int(np.prod(shape))
             views.append(flat[offset:offset + size].reshape(shape))
-            offset += size
+            offset += aligned_size(size)
         return views
 
     def fits(self, plan) -> bool:
@@ -87,7 +87,7 @@ class _Graph:
         ids[:num_tokens] = inputs.input_ids
         ids[rows:rows + num_tokens] = inputs.positions
         ids[2 * rows:2 * rows + num_tokens] = inputs.slot_mapping
-        work, tables, limit, merge_tokens, merge_offsets, merge_slots = self._host32_views[turn]
+        work, tables, limit, merge_tokens, merge_offsets, merge_slots, merge_index = self._host32_views[turn]
         work[:] = 0  # no-op items: q_count 0 and an empty KV range
         work[:, F_PARTIAL_BASE] = -1  # direct write (of nothing)
         work[:plan.work.shape[0]] = plan.work
@@ -102,6 +102,8 @@ class _Graph:
         merge_offsets[:num_merge + 1] = plan.merge_offsets
         merge_slots[:] = 0
         merge_slots[:plan.num_partial_slots] = plan.merge_slots
+        merge_index[:] = -1  # padding rows: no parts (in-kernel merge)
+        merge_index[:num_tokens] = plan.merge_index
         self.dev64.copy_(self._host64[turn], non_blocking=True)
         self.dev32.copy_(self._host32[turn], non_blocking=True)
         event = torch.cuda.Event()
@@ -112,10 +114,10 @@ class _Graph:
         """A PrefixSharedPlanOnDevice over the static buffers, shaped like the graph."""
         from batchllm.ops.work_list import PrefixSharedPlanOnDevice
 
-        work, tables, limit, merge_tokens, merge_offsets, merge_slots = self.dev32_views
+        work, tables, limit, merge_tokens, merge_offsets, merge_slots, merge_index = self.dev32_views
         return PrefixSharedPlanOnDevice(
             work=work, work_prefix=work[:0], work_distinct=work[:0], block_tables=tables, prefix_limit=limit,
-            merge_tokens=merge_tokens, merge_offsets=merge_offsets, merge_slots=merge_slots,
+            merge_tokens=merge_tokens, merge_offsets=merge_offsets, merge_slots=merge_slots, merge_index=merge_index,
             num_partial_slots=self.slots_cap, num_tokens=self.key.num_rows, num_heads=template.num_heads,
             num_kv_heads=template.num_kv_heads, block_size=template.block_size, tile=template.tile)
 

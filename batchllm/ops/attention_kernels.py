@@ -59,11 +59,13 @@ def _kv_steps(
 @triton.jit
 def _attend_tile(
     q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, limit_ptr,
+    merge_index_ptr, merge_offsets_ptr, merge_slots_ptr, counters_ptr,
     q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode, q_pos0, partial_base,
     kv_head, qk_scale_log2,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table,
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT_MASK: tl.constexpr,
+    FUSED_MERGE: tl.constexpr,
 ):
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -119,9 +121,59 @@ def _attend_tile(
         tl.store(part_out_ptr + slot[:, None] * HEAD_DIM + offs_d[None, :], o, mask=m_valid[:, None])
         lse2 = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
         tl.store(part_lse_ptr + slot, lse2, mask=m_valid)
+        if FUSED_MERGE:
+            _merge_if_last(o, lse2, partial_base + row, token, head, m_valid, out_ptr, part_out_ptr, part_lse_ptr,
+                           merge_index_ptr, merge_offsets_ptr, merge_slots_ptr, counters_ptr, stride_ot, stride_oh,
+                           NUM_HEADS, HEAD_DIM)
 
 
 @triton.jit
+def _merge_if_last(
+    o, lse2, own_slot, token, head, m_valid, out_ptr, part_out_ptr, part_lse_ptr,
+    merge_index_ptr, merge_offsets_ptr, merge_slots_ptr, counters_ptr, stride_ot, stride_oh,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+):
+    """In-kernel last-arriver merge (no spin-waits): after storing its partial, a program bumps a
+    counter per (row, head); the program that brings it to the row's number of parts merges all
+    of them by log-sum-exp, writes the output and resets the counter to 0 for the next launch.
+    Release/acquire: a CTA barrier orders every thread's partial stores before the gpu-scope
+    acq_rel atomic, and the reads after it bypass L1 (.cg), which is not coherent across SMs."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    tl.debug_barrier()
+    merge_row = tl.load(merge_index_ptr + token, mask=m_valid, other=0)
+    counter = counters_ptr + merge_row.to(tl.int64) * NUM_HEADS + head
+    arrived = tl.atomic_add(counter, 1, mask=m_valid, sem="acq_rel", scope="gpu")
+    begin = tl.load(merge_offsets_ptr + merge_row, mask=m_valid, other=0)
+    num_parts = tl.load(merge_offsets_ptr + merge_row + 1, mask=m_valid, other=0) - begin
+    is_last = m_valid & (arrived == num_parts - 1)
+    tl.debug_barrier()
+    if tl.max(is_last.to(tl.int32), 0) > 0:
+        m = lse2
+        l = tl.where(lse2 == float("-inf"), 0.0, 1.0)
+        acc = o * l[:, None]
+        for j in range(0, tl.max(tl.where(is_last, num_parts, 0), 0)):
+            take = is_last & (j < num_parts)
+            slot = tl.load(merge_slots_ptr + begin + j, mask=take, other=0)
+            take = take & (slot != own_slot)
+            flat = slot.to(tl.int64) * NUM_HEADS + head
+            lse = tl.load(part_lse_ptr + flat, mask=take, other=float("-inf"), cache_modifier=".cg")
+            part = tl.load(part_out_ptr + flat[:, None] * HEAD_DIM + offs_d[None, :], mask=take[:, None], other=0.0,
+                           cache_modifier=".cg")
+            m_new = tl.maximum(m, lse)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m - m_safe)
+            weight = tl.exp2(lse - m_safe)
+            acc = acc * alpha[:, None] + part * weight[:, None]
+            l = l * alpha + weight
+            m = m_new
+        merged = acc / tl.where(l == 0.0, 1.0, l)[:, None]
+        tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+                 merged.to(out_ptr.dtype.element_ty), mask=is_last[:, None])
+        tl.store(counter, tl.zeros_like(arrived), mask=is_last)
+
+
+# the block-table width changes from step to step: no recompiles on its divisibility by 16
+@triton.jit(do_not_specialize=["stride_table"])
 def work_list_attention_kernel(
     work_ptr,  # [num_items, WORK_FIELDS] int32
     q_ptr,  # [num_tokens, num_heads, head_dim]
@@ -131,12 +183,15 @@ def work_list_attention_kernel(
     k_cache_ptr, v_cache_ptr,  # [num_blocks, PAGE, num_kv_heads, head_dim]
     tables_ptr,  # [num_seqs, max_blocks] int32
     limit_ptr,  # [num_tokens] int32: prefix KV positions visible to each row
+    merge_index_ptr,  # [num_tokens] int32: row -> its merge row (-1: one part, written directly)
+    merge_offsets_ptr, merge_slots_ptr,  # CSR: merge row -> its partial slots
+    counters_ptr,  # [>= num_merge_rows * NUM_HEADS] int32, zero between launches (FUSED_MERGE)
     qk_scale_log2,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table,
     NUM_KV_HEADS: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     WORK_FIELDS: tl.constexpr,
     SMALL_M: tl.constexpr, SMALL_N: tl.constexpr, BIG_M: tl.constexpr, BIG_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, SPLIT_MASK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SPLIT_MASK: tl.constexpr, FUSED_MERGE: tl.constexpr,
 ):
     """Heterogeneous work in ONE launch: prefix tiles and distinct tiles from the work list."""
     pid = tl.program_id(0)
@@ -157,16 +212,20 @@ def work_list_attention_kernel(
     GROUP: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
     if size_class == 0:
         _attend_tile(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr,
-                     limit_ptr, q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode,
+                     limit_ptr, merge_index_ptr, merge_offsets_ptr, merge_slots_ptr, counters_ptr,
+                     q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode,
                      q_pos0, partial_base, kv_head, qk_scale_log2,
                      stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
-                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, SMALL_M, SMALL_N, DOT_PRECISION, SPLIT_MASK)
+                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, SMALL_M, SMALL_N, DOT_PRECISION, SPLIT_MASK,
+                     FUSED_MERGE)
     else:
         _attend_tile(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr,
-                     limit_ptr, q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode,
+                     limit_ptr, merge_index_ptr, merge_offsets_ptr, merge_slots_ptr, counters_ptr,
+                     q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode,
                      q_pos0, partial_base, kv_head, qk_scale_log2,
                      stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
-                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, BIG_M, BIG_N, DOT_PRECISION, SPLIT_MASK)
+                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, BIG_M, BIG_N, DOT_PRECISION, SPLIT_MASK,
+                     FUSED_MERGE)
 
 
 @triton.jit

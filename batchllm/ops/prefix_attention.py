@@ -1,10 +1,11 @@
 """Horizontally fused prefix-shared attention over a paged KV cache (BatchLLM section 5).
 
 `prefix_shared_attention` runs ONE launch of heterogeneous work (prefix MatMul tiles of every
-group + distinct tiles of every request, see work_list.py), then a tiny merge kernel
-combines the rows that got several partial results. `prefix_shared_attention_separate` is
-the cascade-style variant of the same math (prefix launch, distinct launch, merge), kept for
-the benchmark.
+group + distinct tiles of every request, see work_list.py). Rows that get several partial
+results are merged by a tiny second merge kernel (the default), or in the same launch by the
+last program to finish one of their parts (TileConfig.fused_merge; measured slower, see there).
+`prefix_shared_attention_separate` is the cascade-style variant of the same math (prefix
+launch, distinct launch, merge kernel), kept for the benchmark.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from batchllm.ops.attention_kernels import merge_partials_kernel, work_list_atte
 from batchllm.ops.validation import check, next_power_of_2
 from batchllm.ops.work_list import WORK_FIELDS, PrefixSharedPlan, PrefixSharedPlanOnDevice, build_prefix_shared_plan
 
-__all__ = ["build_prefix_shared_plan", "PrefixSharedPlan", "PrefixSharedPlanOnDevice",
+__all__ = ["build_prefix_shared_plan", "PrefixSharedPlan", "PrefixSharedPlanOnDevice", "merge_counters",
            "prefix_shared_attention", "prefix_shared_attention_separate"]
 
 LOG2_E = 1.4426950408889634
@@ -43,7 +44,7 @@ def _validate(query, k_cache, v_cache, plan: PrefixSharedPlanOnDevice) -> None:
     check(query.device == k_cache.device == plan.work.device, "query, caches and plan must be on one device")
 
 
-def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale) -> None:
+def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale, counters) -> None:
     num_items = work.shape[0]
     if num_items == 0:
         return
@@ -52,6 +53,7 @@ def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, 
     grid = (num_items * plan.num_kv_heads,)
     work_list_attention_kernel[grid](
         work, query, out, part_out, part_lse, k_cache, v_cache, plan.block_tables, plan.prefix_limit,
+        plan.merge_index, plan.merge_offsets, plan.merge_slots, plan.merge_index if counters is None else counters,
         float(scale) * LOG2_E,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), plan.block_tables.stride(0),
@@ -59,6 +61,7 @@ def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, 
         PAGE=plan.block_size, WORK_FIELDS=WORK_FIELDS,
         SMALL_M=tile.small_m, SMALL_N=tile.small_n, BIG_M=tile.big_m, BIG_N=tile.big_n,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", SPLIT_MASK=tile.split_mask,
+        FUSED_MERGE=counters is not None,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
 
@@ -75,15 +78,26 @@ def _merge(plan, out, part_out, part_lse) -> None:
     )
 
 
-def _run(query, k_cache, v_cache, plan, scale, work_lists) -> torch.Tensor:
+def merge_counters(plan: PrefixSharedPlanOnDevice, device) -> torch.Tensor:
+    """Zeroed counters for the in-kernel merge of `plan` (the kernel leaves them zeroed again, so
+    a caller may keep one buffer of at least num_tokens * num_heads for every launch)."""
+    return torch.zeros(max(plan.num_tokens, 1) * plan.num_heads, dtype=torch.int32, device=device)
+
+
+def _run(query, k_cache, v_cache, plan, scale, work_lists, counters) -> torch.Tensor:
     _validate(query, k_cache, v_cache, plan)
+    if counters is not None:
+        check(counters.dtype == torch.int32 and counters.device == query.device
+              and counters.numel() >= plan.num_tokens * plan.num_heads,
+              f"merge counters must be int32 on {query.device} with >= {plan.num_tokens * plan.num_heads} entries")
     out = torch.empty_like(query)  # out: [num_tokens, num_heads, head_dim]
     slots = max(plan.num_partial_slots, 1)
     part_out = torch.empty((slots, plan.num_heads, query.shape[2]), dtype=torch.float32, device=query.device)
     part_lse = torch.empty((slots, plan.num_heads), dtype=torch.float32, device=query.device)
     for work in work_lists:
-        _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale)
-    _merge(plan, out, part_out, part_lse)
+        _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale, counters)
+    if counters is None:
+        _merge(plan, out, part_out, part_lse)
     return out
 
 
@@ -93,12 +107,20 @@ def prefix_shared_attention(
     v_cache: torch.Tensor,
     plan: PrefixSharedPlanOnDevice,
     scale: float,
+    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Fused prefix-shared attention: one launch for all prefix and distinct tiles, then merge.
+    """Fused prefix-shared attention: one launch for all prefix and distinct tiles; rows with
+    several parts merged by a merge kernel or, with plan.tile.fused_merge, in that launch.
 
+    counters: zeroed int32 buffer of >= num_tokens * num_heads for the in-kernel merge (see
+    `merge_counters`; pass a persistent one to skip a memset per call, e.g. in CUDA graphs).
     Returns out [num_tokens, num_heads, head_dim] in the query dtype.
     """
-    return _run(query, k_cache, v_cache, plan, scale, [plan.work])
+    if not plan.tile.fused_merge:
+        counters = None
+    elif counters is None:
+        counters = merge_counters(plan, query.device)
+    return _run(query, k_cache, v_cache, plan, scale, [plan.work], counters)
 
 
 def prefix_shared_attention_separate(
@@ -112,7 +134,7 @@ def prefix_shared_attention_separate(
     The plan must be moved with `.to(device, separate_lists=True)`."""
     check(plan.work_prefix.shape[0] + plan.work_distinct.shape[0] == plan.work.shape[0],
           "the separate-launch variant needs plan.to(device, separate_lists=True)")
-    return _run(query, k_cache, v_cache, plan, scale, [plan.work_prefix, plan.work_distinct])
+    return _run(query, k_cache, v_cache, plan, scale, [plan.work_prefix, plan.work_distinct], None)
 
 
 def default_scale(head_dim: int) -> float:

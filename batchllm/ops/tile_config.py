@@ -27,6 +27,12 @@ class TileConfig:
     # causal / row limits), and skip steps past the tile's last visible position; False: every
     # step masked (the kernel before this option, kept for benchmarks/prefill_tiles.py)
     split_mask: bool = True
+    # merge a row's partial results in the attention launch itself (the last program to finish a
+    # part of the row merges; no spin-waits) instead of a second, merge-kernel launch. Off: on
+    # the H200 it made the launch 0-13% slower than launch + merge kernel on every setting of
+    # benchmarks/attention.py (the epilogue's atomics, barriers and L1-bypassing loads cost more
+    # than the second launch saves). The cascade-style separate variant always uses the kernel.
+    fused_merge: bool = False
 
     @property
     def kv_split_multiple(self) -> int:
@@ -79,6 +85,7 @@ def prefill_tile_candidates(head_dim: int, group_size: int) -> dict[str, TileCon
     return {
         "default": base,
         "masked": replace(base, split_mask=False),  # every KV step masked (before split_mask)
+        "in_kernel_merge": replace(base, fused_merge=True),  # last-arriver merge in the launch
         "s3": replace(base, num_stages=3),
         "sn64_s3": replace(base, small_n=64, num_stages=3),
         "sn64_s4": replace(base, small_n=64, num_stages=4),

@@ -60,6 +60,11 @@ WORK_ORDERS = ("cost", "interleave", "auto")
 DEFAULT_WORK_ORDER = "auto"
 
 
+def aligned_size(num_int32: int) -> int:
+    """num_int32 rounded up to whole 16-byte units (4 int32)."""
+    return -(-int(num_int32) // 4) * 4
+
+
 def _as_numpy(x, dtype) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         x = x.detach().cpu().numpy()
@@ -127,6 +132,7 @@ class PrefixSharedPlanOnDevice:
     merge_tokens: torch.Tensor  # [num_merge_tokens] int32
     merge_offsets: torch.Tensor  # [num_merge_tokens + 1] int32
     merge_slots: torch.Tensor  # [num_partial_slots] int32
+    merge_index: torch.Tensor  # [num_tokens] int32
     num_partial_slots: int
     num_tokens: int
     num_heads: int
@@ -145,6 +151,7 @@ class PrefixSharedPlan:
     merge_tokens: np.ndarray  # [num_merge_tokens] int32: rows whose partials need merging
     merge_offsets: np.ndarray  # [num_merge_tokens + 1] int32 (CSR into merge_slots)
     merge_slots: np.ndarray  # [num_partial_slots] int32
+    merge_index: np.ndarray  # [num_tokens] int32: row -> its index in merge_tokens, -1 if none
     num_tokens: int
     num_heads: int
     num_kv_heads: int
@@ -168,17 +175,19 @@ class PrefixSharedPlan:
         else:
             work_prefix = work_distinct = self.work[:0]
         parts = [self.work, work_prefix, work_distinct, self.block_tables,
-                 self.prefix_limit, self.merge_tokens, self.merge_offsets, self.merge_slots]
-        flat = np.concatenate([np.ascontiguousarray(p, dtype=np.int32).ravel() for p in parts])
+                 self.prefix_limit, self.merge_tokens, self.merge_offsets, self.merge_slots, self.merge_index]
+        # every view starts 16-byte aligned: Triton specialises pointer arguments on 16-byte
+        # alignment, so views at varying offsets would compile new kernel variants mid-run
+        starts = np.cumsum([0] + [aligned_size(p.size) for p in parts])
+        flat = np.zeros(int(starts[-1]), np.int32)
+        for p, start in zip(parts, starts):
+            flat[start:start + p.size] = np.asarray(p, dtype=np.int32).ravel()
         buffer = torch.from_numpy(flat)
         if torch.device(device).type == "cuda":
             buffer = buffer.pin_memory().to(device, non_blocking=True)
         else:
             buffer = buffer.to(device)
-        views, offset = [], 0
-        for p in parts:
-            views.append(buffer[offset:offset + p.size].view(p.shape))
-            offset += p.size
+        views = [buffer[start:start + p.size].view(p.shape) for p, start in zip(parts, starts)]
         return PrefixSharedPlanOnDevice(
             *views, num_partial_slots=self.num_partial_slots, num_tokens=self.num_tokens,
             num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, block_size=self.block_size,
@@ -337,6 +346,8 @@ def build_prefix_shared_plan(
     slot_order = np.argsort(slot_tokens, kind="stable")
     merge_tokens, first = np.unique(slot_tokens[slot_order], return_index=True)
     merge_offsets = np.concatenate([first, [slot_order.shape[0]]])
+    merge_index = np.full(num_tokens, -1, np.int64)
+    merge_index[merge_tokens] = np.arange(merge_tokens.shape[0])
 
     # --- the work list in `order` (largest estimated cost first within each class, section 5)
     cost = item_cost(i_kv_end - i_kv_start, i_size, tile)
@@ -350,5 +361,5 @@ def build_prefix_shared_plan(
     return PrefixSharedPlan(
         work=work, block_tables=tables, prefix_limit=prefix_limit.astype(np.int32),
         merge_tokens=merge_tokens.astype(np.int32), merge_offsets=merge_offsets.astype(np.int32),
-        merge_slots=slot_order.astype(np.int32), num_tokens=num_tokens, num_heads=num_heads,
-        num_kv_heads=num_kv_heads, block_size=block_size, tile=tile)
+        merge_slots=slot_order.astype(np.int32), merge_index=merge_index.astype(np.int32), num_tokens=num_tokens,
+        num_heads=num_heads, num_kv_heads=num_kv_heads, block_size=block_size, tile=tile)

@@ -29,6 +29,7 @@ def test_micro_workload_two_policies(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert {"device", "date", "git_commit", "rows"} <= result.keys()
     assert result["device"] == "cpu" and result["git_commit"] == "abc123"
+    assert result["compiled_kernel_variants"] == {}  # CPU: no Triton kernel compiled
     rows = {row["policy"]: row for row in result["rows"]}
     assert list(rows) == ["batchllm", "vllm+sync"]
     for row in rows.values():
@@ -155,3 +156,21 @@ def test_benchmarks_e2e_wrapper(tmp_path):
     (row,) = result["rows"]
     assert row["workload"] == "micro:32:8:2" and row["requests"] == 4 and row["policy"] == "batchllm+eager"
     assert (tmp_path / "e2e.md").exists()
+
+
+def test_compiled_kernel_variants_counts_triton_caches(monkeypatch):
+    """The bench records how many variants of each kernel were compiled (more than one per dtype /
+    tile config means mid-run recompiles); counted from Triton's per-device kernel caches."""
+    from batchllm.bench.runner import compiled_kernel_variants
+    from batchllm.ops import attention_kernels, kv_store
+
+    class FakeJit:
+        def __init__(self, per_device):
+            self.device_caches = {dev: (dict.fromkeys(range(n)), "target") for dev, n in per_device.items()}
+
+        def run(self):
+            pass
+
+    monkeypatch.setattr(attention_kernels, "work_list_attention_kernel", FakeJit({0: 1, 1: 2}), raising=True)
+    monkeypatch.setattr(kv_store, "fake_store_kernel", FakeJit({0: 0}), raising=False)
+    assert compiled_kernel_variants() == {"work_list_attention_kernel": 3}

@@ -100,6 +100,26 @@ def git_commit() -> str | None:
     return done.stdout.strip() or None
 
 
+def compiled_kernel_variants() -> dict[str, int]:
+    """Compiled variants of each Triton kernel of batchllm.ops in this process. One per dtype /
+    tile config is expected; more means some step compiled a new specialisation mid-run (Triton
+    specialises on pointer alignment and integer divisibility, as unaligned plan views once did).
+    Empty under the interpreter or before any launch."""
+    import importlib
+
+    counts: dict[str, int] = {}
+    for module_name in ("attention_kernels", "kv_store", "fused_layers"):
+        module = importlib.import_module(f"batchllm.ops.{module_name}")
+        for name, fn in vars(module).items():
+            caches = getattr(fn, "device_caches", None)
+            if not isinstance(caches, dict) or not hasattr(fn, "run"):
+                continue
+            num = sum(len(entry[0]) for entry in caches.values() if entry and isinstance(entry[0], dict))
+            if num:
+                counts[name] = num
+    return counts
+
+
 def device_name(engine) -> str:
     import torch
 
@@ -296,7 +316,8 @@ def run_bench(options: BenchOptions, llm=None, log: Callable[[str], None] = prin
             on_row(row)
     result = {"device": device_name(engine), "date": datetime.date.today().isoformat(),
               "git_commit": options.git_commit or git_commit(), "model": options.model,
-              "kv_bytes_per_token": engine_kv_bytes_per_token(engine), "rows": rows}
+              "kv_bytes_per_token": engine_kv_bytes_per_token(engine),
+              "compiled_kernel_variants": compiled_kernel_variants(), "rows": rows}
     if inputs:
         result["inputs"] = inputs
     return result

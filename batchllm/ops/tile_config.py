@@ -29,9 +29,10 @@ class TileConfig:
     split_mask: bool = True
     # merge a row's partial results in the attention launch itself (the last program to finish a
     # part of the row merges; no spin-waits) instead of a second, merge-kernel launch. Off: on
-    # the H200 it made the launch 0-13% slower than launch + merge kernel on every setting of
-    # benchmarks/attention.py (the epilogue's atomics, barriers and L1-bypassing loads cost more
-    # than the second launch saves). The cascade-style separate variant always uses the kernel.
+    # the H200 it was 5-13% slower than launch + merge kernel on 12 of the 16 settings of
+    # benchmarks/attention.py and within 2% on the rest (the epilogue's atomics, barriers and
+    # L1-bypassing loads cost more than the second launch saves). The cascade-style separate
+    # variant always uses the merge kernel.
     fused_merge: bool = False
 
     @property

@@ -151,7 +151,7 @@ def _merge_if_last(
         m = lse2
         l = tl.where(lse2 == float("-inf"), 0.0, 1.0)
         acc = o * l[:, None]
-        for j in range(0, tl.max(tl.where(is_last, num_parts, 0), 0)):
+        for j in range(tl.max(tl.where(is_last, num_parts, 0), 0)):
             take = is_last & (j < num_parts)
             slot = tl.load(merge_slots_ptr + begin + j, mask=take, other=0)
             take = take & (slot != own_slot)

@@ -128,6 +128,17 @@ def _attend_tile(
 
 
 @triton.jit
+def _lse_combine(m, l, acc, lse, part):
+    """Fold one partial (normalised output `part`, base-2 LSE `lse`) into a running
+    log-sum-exp merge (max m, weight sum l, weighted sum acc); -inf parts weigh nothing."""
+    m_new = tl.maximum(m, lse)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m - m_safe)
+    weight = tl.exp2(lse - m_safe)
+    return m_new, l * alpha + weight, acc * alpha[:, None] + part * weight[:, None]
+
+
+@triton.jit
 def _merge_if_last(
     o, lse2, own_slot, token, head, m_valid, out_ptr, part_out_ptr, part_lse_ptr,
     merge_index_ptr, merge_offsets_ptr, merge_slots_ptr, counters_ptr, stride_ot, stride_oh,
@@ -159,13 +170,7 @@ def _merge_if_last(
             lse = tl.load(part_lse_ptr + flat, mask=take, other=float("-inf"), cache_modifier=".cg")
             part = tl.load(part_out_ptr + flat[:, None] * HEAD_DIM + offs_d[None, :], mask=take[:, None], other=0.0,
                            cache_modifier=".cg")
-            m_new = tl.maximum(m, lse)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m - m_safe)
-            weight = tl.exp2(lse - m_safe)
-            acc = acc * alpha[:, None] + part * weight[:, None]
-            l = l * alpha + weight
-            m = m_new
+            m, l, acc = _lse_combine(m, l, acc, lse, part)
         merged = acc / tl.where(l == 0.0, 1.0, l)[:, None]
         tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
                  merged.to(out_ptr.dtype.element_ty), mask=is_last[:, None])
@@ -253,13 +258,7 @@ def merge_partials_kernel(
         lse = tl.load(part_lse_ptr + slot * NUM_HEADS + offs_h, mask=h_valid, other=float("-inf"))
         o = tl.load(part_out_ptr + (slot * NUM_HEADS + offs_h)[:, None] * HEAD_DIM + offs_d[None, :],
                     mask=h_valid[:, None], other=0.0)
-        m_new = tl.maximum(m, lse)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_safe)
-        weight = tl.exp2(lse - m_safe)
-        acc = acc * alpha[:, None] + o * weight[:, None]
-        l = l * alpha + weight
-        m = m_new
+        m, l, acc = _lse_combine(m, l, acc, lse, o)
     o = acc / tl.where(l == 0.0, 1.0, l)[:, None]
     tl.store(out_ptr + token * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :],
              o.to(out_ptr.dtype.element_ty), mask=h_valid[:, None])

@@ -355,9 +355,8 @@ def run(args):
                     shared_plan = build_prefix_shared_plan(**meta, order="cost", **kw).to(dev, separate_lists=True)
                     inter_plan = build_prefix_shared_plan(**meta, order="interleave", **kw).to(dev)
                     auto_plan = build_prefix_shared_plan(**meta, order="auto", **kw).to(dev)
-                    ikm_plan = build_prefix_shared_plan(**meta, order="auto", block_size=BLOCK_SIZE,
-                                                        num_kv_heads=NUM_KV_HEADS, num_heads=NUM_HEADS,
-                                                        head_dim=HEAD_DIM, tile=replace(cfg, fused_merge=True)).to(dev)
+                    ikm_plan = build_prefix_shared_plan(**meta, order="auto",
+                                                        **{**kw, "tile": replace(cfg, fused_merge=True)}).to(dev)
                     counters = merge_counters(ikm_plan, dev)  # one zeroed buffer, as in the engine
                     plain_plan = build_paged_plan(meta["query_start_loc"], meta["seq_lens"], meta["shared_kv_lens"],
                                                   meta["block_tables"], **kw).to(dev)

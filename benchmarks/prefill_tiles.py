@@ -33,7 +33,7 @@ import attention  # noqa: E402
 from attention import BLOCK_SIZE, HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, SETTINGS, bench_us, scenario_seqs  # noqa: E402
 
 from batchllm.ops.paged_attention import build_paged_plan  # noqa: E402
-from batchllm.ops.prefix_attention import prefix_shared_attention  # noqa: E402
+from batchllm.ops.prefix_attention import merge_counters, prefix_shared_attention  # noqa: E402
 from batchllm.ops.reference import paged_attention_reference  # noqa: E402
 from batchllm.ops.synthetic_batch import SeqSpec, make_batch  # noqa: E402
 from batchllm.ops.tile_config import prefill_tile_candidates  # noqa: E402
@@ -89,28 +89,31 @@ def main() -> int:
             plans = {"fused_auto": build_prefix_shared_plan(**meta, order="auto", **kw).to(dev),
                      "plain": build_paged_plan(meta["query_start_loc"], meta["seq_lens"], meta["shared_kv_lens"],
                                                meta["block_tables"], **kw).to(dev)}
+            # in-kernel merge configs get one zeroed counter buffer, as in the engine (no memset per call)
+            counters = merge_counters(plans["fused_auto"], dev) if tile.fused_merge else None
             for impl, plan in plans.items():
-                fn = lambda plan=plan: prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan, scale)  # noqa: E731
+                fn = lambda plan=plan: prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan, scale,  # noqa: E731
+                                                               counters)
                 try:
                     err = (fn().float() - ref).abs().max().item()
                     us = bench_us(fn)
                 except Exception as exc:  # noqa: BLE001 -- a config that does not compile is a result too
                     notes.append(f"{name} {impl} on {where}: {exc!r}"[:400])
                     continue
-                row = {"scenario": where, "kind": scenario_kind(where), "config": name, "impl": impl, "us": round(us, 2), "max_abs_err": err,
-                       "valid": err < 5e-2}
+                row = {"scenario": where, "kind": scenario_kind(where), "config": name, "impl": impl,
+                       "us": round(us, 2), "max_abs_err": err, "valid": err < 5e-2}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
         del b, ref
     best = {}
     for kind in ("prefill", "decode"):
-        kind_scenarios = [where for where, _ in scenarios if scenario_kind(where) == kind]
+        num_kind_scenarios = sum(scenario_kind(where) == kind for where, _ in scenarios)
         for impl in ("fused_auto", "plain"):
             means = {}
             for name in configs:
                 times = [r["us"] for r in rows if r["impl"] == impl and r["config"] == name and r["valid"]
-                         and r["scenario"] in kind_scenarios]
-                if times and len(times) == len(kind_scenarios):
+                         and r["kind"] == kind]
+                if times and len(times) == num_kind_scenarios:
                     means[name] = math.exp(sum(math.log(t) for t in times) / len(times))
             if means:
                 winner = min(means, key=means.get)

@@ -24,7 +24,7 @@ import torch
 from batchllm.engine.attention import AttentionMetadata, PagedAttention
 from batchllm.engine.placeholders import resolve_placeholders_
 from batchllm.engine.step_inputs import StepInputs
-from batchllm.ops.work_list import F_PARTIAL_BASE, WORK_FIELDS, aligned_size
+from batchllm.ops.work_list import F_PARTIAL_BASE, WORK_FIELDS, aligned_offsets
 
 TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
 
@@ -46,7 +46,8 @@ class _Graph:
         # int32 part: work, block_tables, prefix_limit, merge_tokens, merge_offsets, merge_slots, merge_index
         self.shapes32 = [(self.items_cap, work_fields), (rows, key.num_blocks), (rows,), (rows,), (rows + 1,),
                          (self.slots_cap,), (rows,)]
-        size32 = sum(aligned_size(int(np.prod(shape))) for shape in self.shapes32)
+        self.starts32 = aligned_offsets(int(np.prod(shape)) for shape in self.shapes32)
+        size32 = self.starts32[-1]
         self.dev32 = torch.zeros(size32, dtype=torch.int32, device=device)
         self.dev32_views = self._views(self.dev32)
         # Two pinned host copies, used in turn: with asynchronous scheduling the host fills step
@@ -63,12 +64,8 @@ class _Graph:
         self.hidden: torch.Tensor | None = None
 
     def _views(self, flat):
-        views, offset = [], 0
-        for shape in self.shapes32:  # 16-byte aligned starts (Triton specialises on alignment)
-            size = int(np.prod(shape))
-            views.append(flat[offset:offset + size].reshape(shape))
-            offset += aligned_size(size)
-        return views
+        return [flat[start:start + int(np.prod(shape))].reshape(shape)
+                for shape, start in zip(self.shapes32, self.starts32)]
 
     def fits(self, plan) -> bool:
         return (plan.work.shape[0] <= self.items_cap and plan.num_partial_slots <= self.slots_cap

@@ -53,6 +53,7 @@ def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, 
     grid = (num_items * plan.num_kv_heads,)
     work_list_attention_kernel[grid](
         work, query, out, part_out, part_lse, k_cache, v_cache, plan.block_tables, plan.prefix_limit,
+        # without the in-kernel merge the counters pointer is never read: any int32 tensor will do
         plan.merge_index, plan.merge_offsets, plan.merge_slots, plan.merge_index if counters is None else counters,
         float(scale) * LOG2_E,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),

@@ -60,9 +60,15 @@ WORK_ORDERS = ("cost", "interleave", "auto")
 DEFAULT_WORK_ORDER = "auto"
 
 
-def aligned_size(num_int32: int) -> int:
-    """num_int32 rounded up to whole 16-byte units (4 int32)."""
-    return -(-int(num_int32) // 4) * 4
+def aligned_offsets(sizes) -> list[int]:
+    """Starts of parts of `sizes` int32 each laid out in turn in one int32 buffer, every start
+    16-byte aligned (Triton specialises pointer arguments on 16-byte alignment, so views at
+    size-dependent offsets would compile new kernel variants mid-run); the last entry is the
+    buffer's length."""
+    starts = [0]
+    for size in sizes:
+        starts.append(starts[-1] + -(-int(size) // 4) * 4)
+    return starts
 
 
 def _as_numpy(x, dtype) -> np.ndarray:
@@ -176,10 +182,8 @@ class PrefixSharedPlan:
             work_prefix = work_distinct = self.work[:0]
         parts = [self.work, work_prefix, work_distinct, self.block_tables,
                  self.prefix_limit, self.merge_tokens, self.merge_offsets, self.merge_slots, self.merge_index]
-        # every view starts 16-byte aligned: Triton specialises pointer arguments on 16-byte
-        # alignment, so views at varying offsets would compile new kernel variants mid-run
-        starts = np.cumsum([0] + [aligned_size(p.size) for p in parts])
-        flat = np.zeros(int(starts[-1]), np.int32)
+        starts = aligned_offsets(p.size for p in parts)
+        flat = np.zeros(starts[-1], np.int32)
         for p, start in zip(parts, starts):
             flat[start:start + p.size] = np.asarray(p, dtype=np.int32).ravel()
         buffer = torch.from_numpy(flat)

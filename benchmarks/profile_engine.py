@@ -67,6 +67,84 @@ def _categories(prof) -> dict:
     return {k: round(v, 2) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
 
 
+def _sync(torch) -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _kernel_ms(prof) -> dict[str, float]:
+    from torch.autograd import DeviceType
+
+    by_kernel: dict[str, float] = {}
+    for event in prof.key_averages():
+        if event.device_type != DeviceType.CUDA:
+            continue
+        device_us = getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0)
+        by_kernel[event.key[:90]] = by_kernel.get(event.key[:90], 0.0) + device_us / 1000.0
+    return by_kernel
+
+
+def _window_summary(by_kernel: dict[str, float], records, first: int, end: int, wall_s: float) -> dict:
+    """GPU kernel time per step in one window, by category and by top kernels."""
+    num_steps = end - first
+    categories: dict[str, float] = {}
+    for name, ms in by_kernel.items():
+        lowered = name.lower()
+        category = next((c for c, keys in CATEGORIES if any(k in lowered for k in keys)), "other")
+        categories[category] = categories.get(category, 0.0) + ms
+    steps = [r for r in records if first <= r.step_index < end]
+    top = sorted(by_kernel.items(), key=lambda kv: -kv[1])[:14]
+    return {
+        "steps": [first, end],
+        "mean_tokens": round(sum(r.num_tokens for r in steps) / max(1, len(steps)), 1),
+        "mean_decode_rows": round(sum(r.num_decode_tokens for r in steps) / max(1, len(steps)), 1),
+        "mean_running": round(sum(r.num_running_requests for r in steps) / max(1, len(steps)), 1),
+        "wall_ms_per_step": round(1000 * wall_s / num_steps, 2),
+        "gpu_ms_per_step": round(sum(categories.values()) / num_steps, 2),
+        "category_ms_per_step": {k: round(v / num_steps, 3) for k, v in sorted(categories.items(), key=lambda kv: -kv[1])},
+        "top_kernels_ms_per_step": [[k, round(v / num_steps, 3)] for k, v in top],
+    }
+
+
+def _profile_windows(llm, prompts, params, windows) -> list[dict]:
+    """One full run with torch.profiler recording only the given step windows (GPU kernels,
+    graph replays included). Async scheduling makes a window's edges fuzzy by one step."""
+    import torch
+    from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
+    from batchllm.engine.llm_engine import PreparedRequest, RunStats
+
+    def action(step: int):
+        for first, end in windows:
+            if step == first - 1:
+                return ProfilerAction.WARMUP
+            if first <= step < end - 1:
+                return ProfilerAction.RECORD
+            if step == end - 1:
+                return ProfilerAction.RECORD_AND_SAVE
+        return ProfilerAction.NONE
+
+    marks: dict[int, float] = {}
+    stats = RunStats()
+    summaries: list[dict[str, float]] = []
+    requests = [PreparedRequest(i, list(p), q) for i, (p, q) in enumerate(zip(prompts, params))]
+    step = {"n": 0}
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], schedule=action,
+                 on_trace_ready=lambda p: summaries.append(_kernel_ms(p))) as prof:
+        def on_step(num_finished, num_new):
+            marks[step["n"]] = time.perf_counter()
+            step["n"] += 1
+            prof.step()
+        for _ in llm.engine.run(requests, on_step=on_step, stats=stats):
+            pass
+        _sync(torch)
+    out = []
+    for (first, end), trace in zip(windows, summaries):
+        wall = marks.get(end - 1, 0.0) - marks.get(first - 1, 0.0)
+        out.append(_window_summary(trace, stats.step_records, first, end, wall))
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="random:llama-3.1-8b")
@@ -78,6 +156,10 @@ def main() -> int:
     parser.add_argument("--profile-requests", type=int, default=64, help="requests in the torch.profiler run")
     parser.add_argument("--out", default="profile.json")
     parser.add_argument("--kv-cache-tokens", type=int, default=None)
+    parser.add_argument("--windows", default="",
+                        help="profile step windows of a second full run instead of a run of the first "
+                             "--profile-requests requests, e.g. '40:44,150:154,260:264' (step indices, end excluded)")
+    parser.add_argument("--policies", default="", help="comma list: repeat the windowed profile for each policy")
     args = parser.parse_args()
 
     import torch
@@ -91,21 +173,33 @@ def main() -> int:
     prompts = [p.tolist() for p in workload.prompts]
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in workload.max_tokens]
     llm.generate(prompts[:8], params[:8], use_tqdm=False)  # compile
-    torch.cuda.synchronize()
+    _sync(torch)
     started = time.perf_counter()
     llm.generate(prompts, params, use_tqdm=False)
-    torch.cuda.synchronize()
+    _sync(torch)
     result = {"model": args.model, "workload": args.workload, "requests": len(prompts), "policy": args.policy,
               "seconds": round(time.perf_counter() - started, 3),
               "phases": _phase_summary(llm.last_run_stats.step_records)}
     print(json.dumps(result, indent=1), flush=True)
+
+    if args.windows:
+        windows = [tuple(int(x) for x in w.split(":")) for w in args.windows.split(",")]
+        result["windows"] = {}
+        for policy in (args.policies.split(",") if args.policies else [args.policy]):
+            if policy != args.policy:
+                llm.engine.configure_scheduler(policy=policy)
+            result["windows"][policy] = _profile_windows(llm, prompts, params, windows)
+            print(json.dumps(result["windows"][policy], indent=1), flush=True)
+        with open(args.out, "w") as handle:
+            json.dump(result, handle, indent=1)
+        return 0
 
     from torch.profiler import ProfilerActivity, profile
 
     count = args.profile_requests
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         llm.generate(prompts[:count], params[:count], use_tqdm=False)
-        torch.cuda.synchronize()
+        _sync(torch)
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70)
     print(table)
     kernels = []

@@ -227,3 +227,50 @@ def test_in_kernel_merge_repeated_launches_gpu():
         out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, device_plan, 128 ** -0.5, counters)
         torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
     assert int(counters.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("fused_merge", [False, True])
+@pytest.mark.parametrize("scenario", ["decode_only", "mixed_ragged"])
+def test_persistent_launch_runs_only_the_counted_items(device, scenario, fused_merge):
+    """CUDA-graph launches are persistent: a fixed grid of programs strides over the first
+    num_items items of a padded work list. Padding past the count must never run: here it is
+    items that would write wrong results into the same rows and partial slots."""
+    import dataclasses
+
+    from batchllm.ops.work_list import F_KV_END, F_KV_START
+
+    tile = _in_kernel_merge_tile(64, 3) if fused_merge else None
+    b, plan, ref = _merge_case(SCENARIOS[scenario], HEADS["gqa3_d64"], torch.float32, device, tile, 16)
+    num_items = plan.work.shape[0]
+    poison = plan.work.copy()
+    poison[:, F_KV_END] = poison[:, F_KV_START] + 1  # one KV position instead of the item's range
+    padded = torch.from_numpy(np.concatenate([plan.work, poison])).to(device)
+    device_plan = plan.to(device)
+    counters = torch.zeros(plan.num_tokens * plan.num_heads, dtype=torch.int32, device=device)
+    results = []
+    for count in (num_items, 2 * num_items):
+        persistent = dataclasses.replace(device_plan, work=padded, persistent_programs=3,
+                                         num_items=torch.tensor([count], dtype=torch.int32, device=device))
+        results.append(prefix_shared_attention(b.query, b.k_cache, b.v_cache, persistent, 64 ** -0.5,
+                                               counters).float())
+        assert int(counters.abs().sum()) == 0
+    torch.testing.assert_close(results[0], ref, atol=2e-5, rtol=2e-5)
+    assert not torch.allclose(results[1], ref, atol=1e-3)  # counting the padding would show
+
+
+@pytest.mark.parametrize("fused_merge", [False, True])
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_class_split_launches_match_reference(device, scenario, fused_merge):
+    """tile.split_classes: BIG items, then SMALL items, each launch a class-specialised kernel
+    variant with its own warps / stages; the same results as the single fused launch."""
+    from dataclasses import replace
+
+    from batchllm.ops.tile_config import default_tile_config
+
+    tile = replace(default_tile_config(64, 3), split_classes=True, small_num_warps=2, small_num_stages=1,
+                   fused_merge=fused_merge)
+    b, plan, ref = _merge_case(SCENARIOS[scenario], HEADS["gqa3_d64"], torch.float32, device, tile, 16)
+    device_plan = plan.to(device)
+    assert device_plan.work_big.shape[0] + device_plan.work_small.shape[0] == plan.work.shape[0]
+    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, device_plan, 64 ** -0.5)
+    torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)

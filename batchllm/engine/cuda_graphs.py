@@ -43,9 +43,10 @@ class _Graph:
         self.slots_cap = 8 * rows + 1024  # partial results to merge
         # int64 part: input_ids, positions, slot_mapping
         self.dev64 = torch.zeros(3 * rows, dtype=torch.int64, device=device)
-        # int32 part: work, block_tables, prefix_limit, merge_tokens, merge_offsets, merge_slots, merge_index
+        # int32 part: work, block_tables, prefix_limit, merge_tokens, merge_offsets, merge_slots, merge_index,
+        # num_items (the persistent attention launch runs this many items of the padded work list)
         self.shapes32 = [(self.items_cap, work_fields), (rows, key.num_blocks), (rows,), (rows,), (rows + 1,),
-                         (self.slots_cap,), (rows,)]
+                         (self.slots_cap,), (rows,), (1,)]
         self.starts32 = aligned_offsets(int(np.prod(shape)) for shape in self.shapes32)
         size32 = self.starts32[-1]
         self.dev32 = torch.zeros(size32, dtype=torch.int32, device=device)
@@ -84,7 +85,9 @@ class _Graph:
         ids[:num_tokens] = inputs.input_ids
         ids[rows:rows + num_tokens] = inputs.positions
         ids[2 * rows:2 * rows + num_tokens] = inputs.slot_mapping
-        work, tables, limit, merge_tokens, merge_offsets, merge_slots, merge_index = self._host32_views[turn]
+        work, tables, limit, merge_tokens, merge_offsets, merge_slots, merge_index, num_items = \
+            self._host32_views[turn]
+        num_items[0] = plan.work.shape[0]
         work[:] = 0  # no-op items: q_count 0 and an empty KV range
         work[:, F_PARTIAL_BASE] = -1  # direct write (of nothing)
         work[:plan.work.shape[0]] = plan.work
@@ -107,16 +110,18 @@ class _Graph:
         event.record()
         self._copied[turn] = event
 
-    def device_plan(self, template):
-        """A PrefixSharedPlanOnDevice over the static buffers, shaped like the graph."""
+    def device_plan(self, template, num_sms: int):
+        """A PrefixSharedPlanOnDevice over the static buffers, shaped like the graph; its attention
+        launch is persistent (the grid is frozen at capture, the step's item count is not)."""
         from batchllm.ops.work_list import PrefixSharedPlanOnDevice
 
-        work, tables, limit, merge_tokens, merge_offsets, merge_slots, merge_index = self.dev32_views
+        work, tables, limit, merge_tokens, merge_offsets, merge_slots, merge_index, num_items = self.dev32_views
         return PrefixSharedPlanOnDevice(
             work=work, work_prefix=work[:0], work_distinct=work[:0], block_tables=tables, prefix_limit=limit,
             merge_tokens=merge_tokens, merge_offsets=merge_offsets, merge_slots=merge_slots, merge_index=merge_index,
             num_partial_slots=self.slots_cap, num_tokens=self.key.num_rows, num_heads=template.num_heads,
-            num_kv_heads=template.num_kv_heads, block_size=template.block_size, tile=template.tile)
+            num_kv_heads=template.num_kv_heads, block_size=template.block_size, tile=template.tile,
+            num_items=num_items, persistent_programs=num_sms * template.tile.graph_programs_per_sm)
 
 
 class DecodeGraphRunner:
@@ -127,6 +132,7 @@ class DecodeGraphRunner:
         self.graphs: dict[GraphKey, _Graph] = {}
         self.num_replays = 0
         self.num_eager = 0
+        self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
 
     def key_for(self, inputs: StepInputs) -> GraphKey | None:
         q_lens = np.diff(inputs.query_start_loc)
@@ -164,7 +170,7 @@ class DecodeGraphRunner:
         input_ids, positions, slot_mapping = graph.dev64[:rows], graph.dev64[rows:2 * rows], graph.dev64[2 * rows:]
         metadata = AttentionMetadata(slot_mapping=slot_mapping, query_start_loc=None, seq_lens=None,
                                      shared_kv_lens=None, block_tables=None, max_seq_len=0,
-                                     plan=graph.device_plan(template_plan))
+                                     plan=graph.device_plan(template_plan, self.num_sms))
         attention = PagedAttention(self.kv_cache, metadata, self.backend, self.scale)
         # Warm up on a side stream (Triton compiles, allocator settles), then capture. The
         # buffers hold the current step, so the warm-up writes the same KV the replay will.

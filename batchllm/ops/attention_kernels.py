@@ -177,10 +177,57 @@ def _merge_if_last(
         tl.store(counter, tl.zeros_like(arrived), mask=is_last)
 
 
+@triton.jit
+def _work_item(
+    pid, work_ptr, q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, limit_ptr,
+    merge_index_ptr, merge_offsets_ptr, merge_slots_ptr, counters_ptr, qk_scale_log2,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table,
+    NUM_KV_HEADS: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+    WORK_FIELDS: tl.constexpr,
+    SMALL_M: tl.constexpr, SMALL_N: tl.constexpr, BIG_M: tl.constexpr, BIG_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SPLIT_MASK: tl.constexpr, FUSED_MERGE: tl.constexpr, CLASSES: tl.constexpr,
+):
+    """One (work item, KV head): pid = item * NUM_KV_HEADS + kv_head."""
+    item = pid // NUM_KV_HEADS  # KV head fastest: the order of the work list is kept
+    kv_head = pid % NUM_KV_HEADS
+    w = work_ptr + item.to(tl.int64) * WORK_FIELDS
+    q_start = tl.load(w + 0)
+    q_count = tl.load(w + 1)
+    seq = tl.load(w + 2)
+    kv_start = tl.load(w + 3)
+    kv_end = tl.load(w + 4)
+    base_block = tl.load(w + 5)
+    base_pos = tl.load(w + 6)
+    mask_mode = tl.load(w + 7)
+    q_pos0 = tl.load(w + 8)
+    partial_base = tl.load(w + 9)
+    size_class = tl.load(w + 10)
+    GROUP: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
+    # CLASSES 1 / 2: a launch of SMALL / BIG items only (the other branch is not compiled, so
+    # registers and shared memory, hence occupancy, are those of the one tile class)
+    if CLASSES == 1 or (CLASSES == 0 and size_class == 0):
+        _attend_tile(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr,
+                     limit_ptr, merge_index_ptr, merge_offsets_ptr, merge_slots_ptr, counters_ptr,
+                     q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode,
+                     q_pos0, partial_base, kv_head, qk_scale_log2,
+                     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
+                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, SMALL_M, SMALL_N, DOT_PRECISION, SPLIT_MASK,
+                     FUSED_MERGE)
+    else:
+        _attend_tile(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr,
+                     limit_ptr, merge_index_ptr, merge_offsets_ptr, merge_slots_ptr, counters_ptr,
+                     q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode,
+                     q_pos0, partial_base, kv_head, qk_scale_log2,
+                     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
+                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, BIG_M, BIG_N, DOT_PRECISION, SPLIT_MASK,
+                     FUSED_MERGE)
+
+
 # the block-table width changes from step to step: no recompiles on its divisibility by 16
 @triton.jit(do_not_specialize=["stride_table"])
 def work_list_attention_kernel(
     work_ptr,  # [num_items, WORK_FIELDS] int32
+    num_items_ptr,  # [1] int32: items of work_ptr to run (PERSISTENT; else never read)
     q_ptr,  # [num_tokens, num_heads, head_dim]
     out_ptr,  # [num_tokens, num_heads, head_dim]
     part_out_ptr,  # [num_partial_slots, num_heads, head_dim] float32
@@ -197,40 +244,29 @@ def work_list_attention_kernel(
     WORK_FIELDS: tl.constexpr,
     SMALL_M: tl.constexpr, SMALL_N: tl.constexpr, BIG_M: tl.constexpr, BIG_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr, SPLIT_MASK: tl.constexpr, FUSED_MERGE: tl.constexpr,
+    CLASSES: tl.constexpr,  # 0: both tile classes (size_class per item); 1: SMALL only; 2: BIG only
+    PERSISTENT: tl.constexpr,
 ):
-    """Heterogeneous work in ONE launch: prefix tiles and distinct tiles from the work list."""
-    pid = tl.program_id(0)
-    item = pid // NUM_KV_HEADS  # KV head fastest: the order of the work list is kept
-    kv_head = pid % NUM_KV_HEADS
-    w = work_ptr + item.to(tl.int64) * WORK_FIELDS
-    q_start = tl.load(w + 0)
-    q_count = tl.load(w + 1)
-    seq = tl.load(w + 2)
-    kv_start = tl.load(w + 3)
-    kv_end = tl.load(w + 4)
-    base_block = tl.load(w + 5)
-    base_pos = tl.load(w + 6)
-    mask_mode = tl.load(w + 7)
-    q_pos0 = tl.load(w + 8)
-    partial_base = tl.load(w + 9)
-    size_class = tl.load(w + 10)
-    GROUP: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
-    if size_class == 0:
-        _attend_tile(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr,
-                     limit_ptr, merge_index_ptr, merge_offsets_ptr, merge_slots_ptr, counters_ptr,
-                     q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode,
-                     q_pos0, partial_base, kv_head, qk_scale_log2,
-                     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
-                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, SMALL_M, SMALL_N, DOT_PRECISION, SPLIT_MASK,
-                     FUSED_MERGE)
+    """Heterogeneous work in ONE launch: prefix tiles and distinct tiles from the work list.
+
+    PERSISTENT=False: one program per (item, KV head). PERSISTENT=True: a fixed grid whose
+    programs stride over the first *num_items_ptr items (CUDA graphs: the grid is frozen at
+    capture, the item count is not, and a grid sized for the largest step would spend most of a
+    small step launching no-op programs)."""
+    if PERSISTENT:
+        num_programs = tl.load(num_items_ptr) * NUM_KV_HEADS
+        for pid in tl.range(tl.program_id(0), num_programs, tl.num_programs(0), num_stages=1):
+            _work_item(pid, work_ptr, q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr,
+                       tables_ptr, limit_ptr, merge_index_ptr, merge_offsets_ptr, merge_slots_ptr, counters_ptr,
+                       qk_scale_log2, stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
+                       stride_table, NUM_KV_HEADS, NUM_HEADS, HEAD_DIM, PAGE, WORK_FIELDS, SMALL_M, SMALL_N,
+                       BIG_M, BIG_N, DOT_PRECISION, SPLIT_MASK, FUSED_MERGE, CLASSES)
     else:
-        _attend_tile(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr,
-                     limit_ptr, merge_index_ptr, merge_offsets_ptr, merge_slots_ptr, counters_ptr,
-                     q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode,
-                     q_pos0, partial_base, kv_head, qk_scale_log2,
-                     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
-                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, BIG_M, BIG_N, DOT_PRECISION, SPLIT_MASK,
-                     FUSED_MERGE)
+        _work_item(tl.program_id(0), work_ptr, q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr,
+                   v_cache_ptr, tables_ptr, limit_ptr, merge_index_ptr, merge_offsets_ptr, merge_slots_ptr,
+                   counters_ptr, qk_scale_log2, stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs,
+                   stride_ch, stride_table, NUM_KV_HEADS, NUM_HEADS, HEAD_DIM, PAGE, WORK_FIELDS, SMALL_M,
+                   SMALL_N, BIG_M, BIG_N, DOT_PRECISION, SPLIT_MASK, FUSED_MERGE, CLASSES)
 
 
 @triton.jit

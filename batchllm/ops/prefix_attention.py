@@ -44,15 +44,24 @@ def _validate(query, k_cache, v_cache, plan: PrefixSharedPlanOnDevice) -> None:
     check(query.device == k_cache.device == plan.work.device, "query, caches and plan must be on one device")
 
 
-def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale, counters) -> None:
+def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale, counters,
+                  classes: int = 0) -> None:
+    """One launch over `work`. classes: 0 both tile classes, 1 SMALL items only, 2 BIG only."""
     num_items = work.shape[0]
     if num_items == 0:
         return
     tile = plan.tile
+    num_warps, num_stages = tile.num_warps, tile.num_stages
+    if classes == 1:
+        num_warps = tile.small_num_warps or num_warps
+        num_stages = tile.small_num_stages or num_stages
     head_dim = query.shape[2]
-    grid = (num_items * plan.num_kv_heads,)
+    persistent = plan.persistent_programs > 0 and plan.num_items is not None and work is plan.work
+    grid = (plan.persistent_programs if persistent else num_items * plan.num_kv_heads,)
     work_list_attention_kernel[grid](
-        work, query, out, part_out, part_lse, k_cache, v_cache, plan.block_tables, plan.prefix_limit,
+        # without a persistent launch the item-count pointer is never read
+        work, plan.num_items if persistent else work,
+        query, out, part_out, part_lse, k_cache, v_cache, plan.block_tables, plan.prefix_limit,
         # without the in-kernel merge the counters pointer is never read: any int32 tensor will do
         plan.merge_index, plan.merge_offsets, plan.merge_slots, plan.merge_index if counters is None else counters,
         float(scale) * LOG2_E,
@@ -62,8 +71,8 @@ def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, 
         PAGE=plan.block_size, WORK_FIELDS=WORK_FIELDS,
         SMALL_M=tile.small_m, SMALL_N=tile.small_n, BIG_M=tile.big_m, BIG_N=tile.big_n,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", SPLIT_MASK=tile.split_mask,
-        FUSED_MERGE=counters is not None,
-        num_warps=tile.num_warps, num_stages=tile.num_stages,
+        FUSED_MERGE=counters is not None, CLASSES=classes, PERSISTENT=persistent,
+        num_warps=num_warps, num_stages=num_stages,
     )
 
 
@@ -95,8 +104,8 @@ def _run(query, k_cache, v_cache, plan, scale, work_lists, counters) -> torch.Te
     slots = max(plan.num_partial_slots, 1)
     part_out = torch.empty((slots, plan.num_heads, query.shape[2]), dtype=torch.float32, device=query.device)
     part_lse = torch.empty((slots, plan.num_heads), dtype=torch.float32, device=query.device)
-    for work in work_lists:
-        _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale, counters)
+    for work, classes in work_lists:
+        _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale, counters, classes)
     if counters is None:
         _merge(plan, out, part_out, part_lse)
     return out
@@ -121,7 +130,11 @@ def prefix_shared_attention(
         counters = None
     elif counters is None:
         counters = merge_counters(plan, query.device)
-    return _run(query, k_cache, v_cache, plan, scale, [plan.work], counters)
+    if plan.tile.split_classes and plan.work_big is not None and plan.persistent_programs == 0:
+        work_lists = [(plan.work_big, 2), (plan.work_small, 1)]  # two class-specialised launches
+    else:
+        work_lists = [(plan.work, 0)]
+    return _run(query, k_cache, v_cache, plan, scale, work_lists, counters)
 
 
 def prefix_shared_attention_separate(
@@ -135,7 +148,7 @@ def prefix_shared_attention_separate(
     The plan must be moved with `.to(device, separate_lists=True)`."""
     check(plan.work_prefix.shape[0] + plan.work_distinct.shape[0] == plan.work.shape[0],
           "the separate-launch variant needs plan.to(device, separate_lists=True)")
-    return _run(query, k_cache, v_cache, plan, scale, [plan.work_prefix, plan.work_distinct], None)
+    return _run(query, k_cache, v_cache, plan, scale, [(plan.work_prefix, 0), (plan.work_distinct, 0)], None)
 
 
 def default_scale(head_dim: int) -> float:

@@ -34,6 +34,18 @@ class TileConfig:
     # L1-bypassing loads cost more than the second launch saves). The cascade-style separate
     # variant always uses the merge kernel.
     fused_merge: bool = False
+    # CUDA graphs freeze the launch grid at capture while a decode step's item count varies, so
+    # graph launches are persistent: this many programs per SM stride over the step's items
+    # (before: one program per item of the graph's padded capacity; on micro 2000/200 sd16 a
+    # tail decode step of 96 rows ran 12,288 programs for 960 real ones)
+    graph_programs_per_sm: int = 4
+    # eager launches: run BIG and SMALL items as two launches of class-specialised kernel variants
+    # (CLASSES 2 then 1), each compiled for one tile class only, so the SMALL (decode) launch gets
+    # the registers and shared memory of a SMALL tile (more programs per SM) and its own warps /
+    # stages (None: num_warps / num_stages)
+    split_classes: bool = False
+    small_num_warps: int | None = None
+    small_num_stages: int | None = None
 
     @property
     def kv_split_multiple(self) -> int:

@@ -145,6 +145,13 @@ class PrefixSharedPlanOnDevice:
     num_kv_heads: int
     block_size: int
     tile: TileConfig
+    # Persistent launch (CUDA graphs): a grid of `persistent_programs` programs runs the first
+    # `num_items[0]` items of `work` (the rest is padding). 0: one program per item of `work`.
+    num_items: torch.Tensor | None = None  # [1] int32 on the device
+    persistent_programs: int = 0
+    # tile.split_classes: the BIG and the SMALL items of `work`, each in work order
+    work_big: torch.Tensor | None = None
+    work_small: torch.Tensor | None = None
 
 
 @dataclass
@@ -182,6 +189,9 @@ class PrefixSharedPlan:
             work_prefix = work_distinct = self.work[:0]
         parts = [self.work, work_prefix, work_distinct, self.block_tables,
                  self.prefix_limit, self.merge_tokens, self.merge_offsets, self.merge_slots, self.merge_index]
+        if self.tile.split_classes:
+            big = self.work[:, F_SIZE_CLASS] == SIZE_BIG
+            parts += [self.work[big], self.work[~big]]
         starts = aligned_offsets(p.size for p in parts)
         flat = np.zeros(starts[-1], np.int32)
         for p, start in zip(parts, starts):
@@ -192,8 +202,10 @@ class PrefixSharedPlan:
         else:
             buffer = buffer.to(device)
         views = [buffer[start:start + p.size].view(p.shape) for p, start in zip(parts, starts)]
+        by_class = views[9:]
         return PrefixSharedPlanOnDevice(
-            *views, num_partial_slots=self.num_partial_slots, num_tokens=self.num_tokens,
+            *views[:9], work_big=by_class[0] if by_class else None, work_small=by_class[1] if by_class else None,
+            num_partial_slots=self.num_partial_slots, num_tokens=self.num_tokens,
             num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, block_size=self.block_size,
             tile=self.tile)
 

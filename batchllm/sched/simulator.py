@@ -19,7 +19,7 @@ group per step (BatchLLM's fused prefix tile), not once per member.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from batchllm.sched.checker import ChunkStreamChecker
 from batchllm.sched.config import SchedulerConfig
@@ -90,8 +90,11 @@ def simulate(
     cost_model: CostModel | None = None,
     trace_label: str | None = None,
     check: bool = False,
+    on_output: Callable[[SchedulerOutput], None] | None = None,
 ) -> tuple[SimResult, Trace | None, dict[int, tuple[int, ...]]]:
-    """Run the whole batch; returns (result, trace or None, outputs per request index)."""
+    """Run the whole batch; returns (result, trace or None, outputs per request index).
+    on_output: called with every step's SchedulerOutput before its update (replays of real
+    steps, e.g. benchmarks/engine_steps.py)."""
     cost_model = cost_model or CostModel()
     sched_requests = [SchedRequest(i, list(r.prompt_token_ids), r.max_tokens) for i, r in enumerate(requests)]
     max_tokens = {r.request_id: r.max_tokens for r in sched_requests}
@@ -118,6 +121,8 @@ def simulate(
                 raise RuntimeError(f"policy {config.policy!r} stalled: {MAX_EMPTY_STEPS} empty steps with work left")
         else:
             empty_steps = 0
+        if on_output is not None:
+            on_output(output)
         seen = checker.check_step(output) if checker is not None else None
         sampled: dict[int, int] = {}
         finish: dict[int, str] = {}

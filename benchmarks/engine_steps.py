@@ -1,0 +1,204 @@
+"""Attention on the real steps of an engine run, under each launch variant (H200).
+
+The scheduler runs the workload without a model (batchllm.sched.simulator, the same policy code
+as the engine); a few of its steps are rebuilt exactly as the engine builds them (StepInputs, the
+fused work list with the engine's tile config) and the attention of one layer is timed on a KV
+cache of the engine's size, for each launch variant:
+
+  graph_padded         decode-only steps as CUDA graphs ran them before the persistent launch: the
+                       work list padded with no-op items to the graph's capacity (4 x rows bucket +
+                       1024), one program per (item, KV head)
+  graph_persistent_N   the same padded list, a persistent launch of N programs per SM over the
+                       step's real items (the engine's graph path now; N = graph_programs_per_sm)
+  exact                one program per real item (the eager path; the ideal for graph launches)
+  split_*              eager, TileConfig.split_classes: a BIG launch, then a SMALL launch, each a
+                       class-specialised kernel variant (SMALL warps / stages / BLOCK_N as named)
+
+Every variant is checked against `exact` (max abs error). Steps: by default three with prefill
+chunks and three decode-only ones per policy (at 20/50/80% of each kind, in run order).
+
+    PYTHONPATH=. python3 benchmarks/engine_steps.py --out $OUT/engine_steps.json
+    TRITON_INTERPRET=1 PYTHONPATH=. python3 benchmarks/engine_steps.py --dry-run   # CPU, tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from attention import bench_us  # noqa: E402
+
+from batchllm.bench.workload import make_workload  # noqa: E402
+from batchllm.engine.cuda_graphs import TOKEN_BUCKETS  # noqa: E402
+from batchllm.engine.step_inputs import build_step_inputs  # noqa: E402
+from batchllm.ops.prefix_attention import prefix_shared_attention  # noqa: E402
+from batchllm.ops.tile_config import default_tile_config  # noqa: E402
+from batchllm.ops.work_list import F_PARTIAL_BASE, WORK_FIELDS, build_prefix_shared_plan  # noqa: E402
+from batchllm.sched.config import SchedulerConfig  # noqa: E402
+from batchllm.sched.simulator import SimRequest, simulate  # noqa: E402
+
+BLOCK_SIZE = 16
+# (name, small_n, small_num_warps, small_num_stages) of the split_* variants
+SPLIT_VARIANTS = [("split_n128_w4_s2", 128, 4, 2), ("split_n64_w4_s2", 64, 4, 2), ("split_n64_w4_s3", 64, 4, 3),
+                  ("split_n64_w2_s2", 64, 2, 2), ("split_n32_w2_s3", 32, 2, 3)]
+GRAPH_PROGRAMS_PER_SM = (2, 4, 8)
+
+
+def _sched_config(policy: str, kv_tokens: int, max_model_len: int) -> SchedulerConfig:
+    return SchedulerConfig(policy=policy, num_kv_blocks=kv_tokens // BLOCK_SIZE, block_size=BLOCK_SIZE,
+                           max_model_len=max_model_len)
+
+
+def pick_steps(summary: list[tuple[int, bool]], fractions=(0.2, 0.5, 0.8)) -> list[int]:
+    """summary: (step index, has prefill chunks) in run order -> indices at `fractions` of each kind."""
+    picked = []
+    for kind in (True, False):
+        steps = [i for i, mixed in summary if mixed == kind]
+        picked += sorted({steps[min(len(steps) - 1, int(f * len(steps)))] for f in fractions} if steps else set())
+    return sorted(picked)
+
+
+def record_steps(requests: list[SimRequest], config: SchedulerConfig, wanted: list[int] | None):
+    """Run the policy; returns (summary per step, {step index: StepInputs} for `wanted`)."""
+    summary, inputs = [], {}
+
+    def on_output(output):
+        index = len(summary)
+        summary.append((index, output.num_distinct_tokens + output.num_prefix_tokens > 0))
+        if wanted is not None and index in wanted:
+            inputs[index] = build_step_inputs(output, BLOCK_SIZE)  # now: block lists change later
+
+    simulate(requests, config, on_output=on_output)
+    return summary, inputs
+
+
+def padded_work(work: np.ndarray, num_tokens: int) -> np.ndarray:
+    """The work list as a decode CUDA graph holds it (engine/cuda_graphs.py capacities)."""
+    rows = next((b for b in TOKEN_BUCKETS if b > num_tokens), TOKEN_BUCKETS[-1])
+    capacity = max(4 * rows + 1024, work.shape[0])
+    padded = np.zeros((capacity, WORK_FIELDS), np.int32)
+    padded[:, F_PARTIAL_BASE] = -1
+    padded[:work.shape[0]] = work
+    return padded
+
+
+def variants_for(step_inputs, plan, device, num_sms: int) -> dict:
+    """name -> a zero-argument callable running that variant's attention launch(es)."""
+    tile = plan.tile
+    exact = plan.to(device)
+    out = {"exact": exact}
+    decode_only = step_inputs.num_tokens == step_inputs.query_start_loc.shape[0] - 1
+    if decode_only:
+        work = torch.from_numpy(padded_work(plan.work, step_inputs.num_tokens)).to(device)
+        out["graph_padded"] = dataclasses.replace(exact, work=work)
+        count = torch.tensor([plan.work.shape[0]], dtype=torch.int32, device=device)
+        for per_sm in GRAPH_PROGRAMS_PER_SM:
+            out[f"graph_persistent_{per_sm}"] = dataclasses.replace(exact, work=work, num_items=count,
+                                                                    persistent_programs=per_sm * num_sms)
+    for name, small_n, warps, stages in SPLIT_VARIANTS:
+        split_tile = dataclasses.replace(tile, split_classes=True, small_n=small_n, small_num_warps=warps,
+                                         small_num_stages=stages)
+        out[name] = dataclasses.replace(plan, tile=split_tile).to(device)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", default="micro:2000:200:16")
+    parser.add_argument("--requests", type=int, default=1024)
+    parser.add_argument("--output-tokens", type=int, default=100)
+    parser.add_argument("--policies", default="batchllm,vllm")
+    parser.add_argument("--kv-cache-tokens", type=int, default=500_000)
+    parser.add_argument("--steps", default="auto", help="'auto' or a comma list of step indices (every policy)")
+    parser.add_argument("--out", default="benchmarks/results/engine_steps.json")
+    parser.add_argument("--git-commit", default=None)
+    parser.add_argument("--dry-run", action="store_true",
+                        help="tiny workload and heads on CPU (run with TRITON_INTERPRET=1)")
+    args = parser.parse_args()
+    num_heads, num_kv_heads, head_dim, vocab = 32, 8, 128, 128256  # Llama-3.1-8B
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    if args.dry_run:
+        num_heads, num_kv_heads, head_dim = 8, 2, 32
+        args.workload, args.requests, args.output_tokens, args.kv_cache_tokens = "micro:40:8:4", 8, 4, 4096
+    elif device != "cuda":
+        sys.exit("benchmarks/engine_steps.py needs a CUDA device (or --dry-run)")
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else 4
+    workload = make_workload(args.workload, args.requests, args.output_tokens, vocab, 0)
+    requests = [SimRequest(tuple(p.tolist()), int(m)) for p, m in zip(workload.prompts, workload.max_tokens)]
+    num_blocks = args.kv_cache_tokens // BLOCK_SIZE
+    shape = (num_blocks, BLOCK_SIZE, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, dtype=dtype, device=device)
+    v_cache = torch.randn(shape, dtype=dtype, device=device)
+    tile = default_tile_config(head_dim, num_heads // num_kv_heads)
+    scale = head_dim ** -0.5
+    rows, notes = [], []
+    for policy in args.policies.split(","):
+        config = _sched_config(policy, args.kv_cache_tokens, 131072)
+        if args.steps == "auto":
+            summary, _ = record_steps(requests, config, None)
+            wanted = pick_steps(summary)
+        else:
+            wanted = [int(x) for x in args.steps.split(",")]
+        summary, steps = record_steps(requests, config, wanted)
+        print(f"{policy}: {len(summary)} steps; timing steps {sorted(steps)}", flush=True)
+        for index, step_inputs in sorted(steps.items()):
+            plan = build_prefix_shared_plan(
+                step_inputs.query_start_loc, step_inputs.seq_lens, step_inputs.shared_kv_lens,
+                step_inputs.block_tables, step_inputs.group_ids if policy == "batchllm" else None,
+                step_inputs.is_prefix if policy == "batchllm" else None, block_size=BLOCK_SIZE,
+                num_kv_heads=num_kv_heads, num_heads=num_heads, head_dim=head_dim, tile=tile)
+            query = torch.randn(step_inputs.num_tokens, num_heads, head_dim, dtype=dtype, device=device)
+            variants = variants_for(step_inputs, plan, device, num_sms)
+            reference = prefix_shared_attention(query, k_cache, v_cache, variants["exact"], scale).float()
+            decode_rows = int((np.diff(step_inputs.query_start_loc) == 1).sum())
+            for name, device_plan in variants.items():
+                fn = lambda p=device_plan: prefix_shared_attention(query, k_cache, v_cache, p, scale)  # noqa: E731
+                try:
+                    err = (fn().float() - reference).abs().max().item()
+                    us = bench_us(fn)
+                except Exception as exc:  # noqa: BLE001 -- a variant that fails is a result too
+                    notes.append(f"{policy} step {index} {name}: {exc!r}"[:400])
+                    continue
+                row = {"policy": policy, "step": index, "kind": "mixed" if step_inputs.num_tokens > decode_rows
+                       else "decode", "num_tokens": step_inputs.num_tokens, "decode_rows": decode_rows,
+                       "items": int(plan.work.shape[0]), "variant": name, "us": round(us, 2),
+                       "max_abs_err": err, "valid": err < 5e-2}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    summary_rows = {}
+    for policy in args.policies.split(","):
+        for kind, base in (("decode", "graph_padded"), ("mixed", "exact")):
+            chosen = [r for r in rows if r["policy"] == policy and r["kind"] == kind]
+            names = sorted({r["variant"] for r in chosen})
+            speedups = {}
+            for name in names:
+                ratios = [b["us"] / r["us"] for r in chosen if r["variant"] == name and r["valid"]
+                          for b in chosen if b["variant"] == base and b["step"] == r["step"]]
+                if ratios:
+                    speedups[name] = round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3)
+            if speedups:
+                summary_rows[f"{policy} {kind} (geomean speedup vs {base})"] = speedups
+    result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)",
+              "date": datetime.date.today().isoformat(), "git_commit": args.git_commit,
+              "workload": args.workload, "requests": args.requests, "kv_cache_tokens": args.kv_cache_tokens,
+              "tile": vars(tile), "summary": summary_rows, "rows": rows, "notes": notes}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as handle:
+        json.dump(result, handle, indent=1)
+    print(json.dumps(summary_rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -5,14 +5,19 @@ as the engine); a few of its steps are rebuilt exactly as the engine builds them
 fused work list with the engine's tile config) and the attention of one layer is timed on a KV
 cache of the engine's size, for each launch variant:
 
-  graph_padded         decode-only steps as CUDA graphs ran them before the persistent launch: the
-                       work list padded with no-op items to the graph's capacity (4 x rows bucket +
-                       1024), one program per (item, KV head)
-  graph_persistent_N   the same padded list, a persistent launch of N programs per SM over the
-                       step's real items (the engine's graph path now; N = graph_programs_per_sm)
-  exact                one program per real item (the eager path; the ideal for graph launches)
-  split_*              eager, TileConfig.split_classes: a BIG launch, then a SMALL launch, each a
-                       class-specialised kernel variant (SMALL warps / stages / BLOCK_N as named)
+  exact                the default tile table, one fused launch, one program per (item, KV head):
+                       the engine's eager path for steps with prefill chunks
+  decode-only steps (the engine runs them as CUDA graphs):
+  graph_padded         the work list padded with no-op items to the graph's capacity (4 x rows
+                       bucket + 1024), one program per padded item (the graph path before
+                       persistent launches)
+  graph_persistent     the same padded list, one persistent fused launch over the real items
+  graph_split_persistent  decode_tile_config: BIG and SMALL items in two padded lists, a persistent
+                       class-specialised launch each (the engine's graph path now)
+  split                decode_tile_config, eager (one program per item)
+  steps with prefill chunks:
+  split_*              TileConfig.split_classes: a BIG launch, then a SMALL launch, each a
+                       class-specialised kernel variant (SMALL BLOCK_N / warps / stages as named)
 
 Every variant is checked against `exact` (max abs error). Steps: by default three with prefill
 chunks and three decode-only ones per policy (at 20/50/80% of each kind, in run order).
@@ -42,7 +47,7 @@ from batchllm.bench.workload import make_workload  # noqa: E402
 from batchllm.engine.cuda_graphs import TOKEN_BUCKETS  # noqa: E402
 from batchllm.engine.step_inputs import build_step_inputs  # noqa: E402
 from batchllm.ops.prefix_attention import prefix_shared_attention  # noqa: E402
-from batchllm.ops.tile_config import default_tile_config  # noqa: E402
+from batchllm.ops.tile_config import decode_tile_config, default_tile_config  # noqa: E402
 from batchllm.ops.work_list import F_PARTIAL_BASE, WORK_FIELDS, build_prefix_shared_plan  # noqa: E402
 from batchllm.sched.config import SchedulerConfig  # noqa: E402
 from batchllm.sched.simulator import SimRequest, simulate  # noqa: E402
@@ -51,7 +56,6 @@ BLOCK_SIZE = 16
 # (name, small_n, small_num_warps, small_num_stages) of the split_* variants
 SPLIT_VARIANTS = [("split_n128_w4_s2", 128, 4, 2), ("split_n64_w4_s2", 64, 4, 2), ("split_n64_w4_s3", 64, 4, 3),
                   ("split_n64_w2_s2", 64, 2, 2), ("split_n32_w2_s3", 32, 2, 3)]
-GRAPH_PROGRAMS_PER_SM = (2, 4, 8)
 
 
 def _sched_config(policy: str, kv_tokens: int, max_model_len: int) -> SchedulerConfig:
@@ -92,21 +96,35 @@ def padded_work(work: np.ndarray, num_tokens: int) -> np.ndarray:
     return padded
 
 
-def variants_for(step_inputs, plan, device, num_sms: int) -> dict:
-    """name -> a zero-argument callable running that variant's attention launch(es)."""
-    tile = plan.tile
+def _graph_plan(plan, device, num_sms: int, split: bool):
+    """`plan` laid out as a decode CUDA graph holds it (padded lists, device item counts),
+    launched persistently; split: BIG and SMALL items in two class-specialised launches."""
+    from batchllm.engine.cuda_graphs import _class_lists
+
+    tile = dataclasses.replace(plan.tile, split_classes=split)
+    plan = dataclasses.replace(plan, tile=tile)
+    lists = _class_lists(plan)
+    work = [torch.from_numpy(padded_work(items, plan.num_tokens)).to(device) for items in lists]
+    counts = torch.tensor([items.shape[0] for items in lists], dtype=torch.int32, device=device)
+    return dataclasses.replace(plan.to(device), work=work[0], work_big=work[0] if split else None,
+                               work_small=work[1] if split else None, num_items=counts,
+                               persistent_programs=tile.graph_programs_per_sm * num_sms)
+
+
+def variants_for(step_inputs, plan, decode_plan, device, num_sms: int) -> dict:
+    """name -> device plan of each variant (see the module docstring)."""
     exact = plan.to(device)
     out = {"exact": exact}
     decode_only = step_inputs.num_tokens == step_inputs.query_start_loc.shape[0] - 1
     if decode_only:
         work = torch.from_numpy(padded_work(plan.work, step_inputs.num_tokens)).to(device)
         out["graph_padded"] = dataclasses.replace(exact, work=work)
-        count = torch.tensor([plan.work.shape[0]], dtype=torch.int32, device=device)
-        for per_sm in GRAPH_PROGRAMS_PER_SM:
-            out[f"graph_persistent_{per_sm}"] = dataclasses.replace(exact, work=work, num_items=count,
-                                                                    persistent_programs=per_sm * num_sms)
+        out["graph_persistent"] = _graph_plan(plan, device, num_sms, split=False)
+        out["graph_split_persistent"] = _graph_plan(decode_plan, device, num_sms, split=True)
+        out["split"] = decode_plan.to(device)
+        return out
     for name, small_n, warps, stages in SPLIT_VARIANTS:
-        split_tile = dataclasses.replace(tile, split_classes=True, small_n=small_n, small_num_warps=warps,
+        split_tile = dataclasses.replace(plan.tile, split_classes=True, small_n=small_n, small_num_warps=warps,
                                          small_num_stages=stages)
         out[name] = dataclasses.replace(plan, tile=split_tile).to(device)
     return out
@@ -141,6 +159,7 @@ def main() -> int:
     k_cache = torch.randn(shape, dtype=dtype, device=device)
     v_cache = torch.randn(shape, dtype=dtype, device=device)
     tile = default_tile_config(head_dim, num_heads // num_kv_heads)
+    decode_tile = decode_tile_config(head_dim, num_heads // num_kv_heads)
     scale = head_dim ** -0.5
     rows, notes = [], []
     for policy in args.policies.split(","):
@@ -153,13 +172,14 @@ def main() -> int:
         summary, steps = record_steps(requests, config, wanted)
         print(f"{policy}: {len(summary)} steps; timing steps {sorted(steps)}", flush=True)
         for index, step_inputs in sorted(steps.items()):
-            plan = build_prefix_shared_plan(
+            plan, decode_plan = (build_prefix_shared_plan(
                 step_inputs.query_start_loc, step_inputs.seq_lens, step_inputs.shared_kv_lens,
                 step_inputs.block_tables, step_inputs.group_ids if policy == "batchllm" else None,
                 step_inputs.is_prefix if policy == "batchllm" else None, block_size=BLOCK_SIZE,
-                num_kv_heads=num_kv_heads, num_heads=num_heads, head_dim=head_dim, tile=tile)
+                num_kv_heads=num_kv_heads, num_heads=num_heads, head_dim=head_dim, tile=t)
+                for t in (tile, decode_tile))
             query = torch.randn(step_inputs.num_tokens, num_heads, head_dim, dtype=dtype, device=device)
-            variants = variants_for(step_inputs, plan, device, num_sms)
+            variants = variants_for(step_inputs, plan, decode_plan, device, num_sms)
             reference = prefix_shared_attention(query, k_cache, v_cache, variants["exact"], scale).float()
             decode_rows = int((np.diff(step_inputs.query_start_loc) == 1).sum())
             for name, device_plan in variants.items():
@@ -192,7 +212,7 @@ def main() -> int:
     result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)",
               "date": datetime.date.today().isoformat(), "git_commit": args.git_commit,
               "workload": args.workload, "requests": args.requests, "kv_cache_tokens": args.kv_cache_tokens,
-              "tile": vars(tile), "summary": summary_rows, "rows": rows, "notes": notes}
+              "tile": vars(tile), "decode_tile": vars(decode_tile), "summary": summary_rows, "rows": rows, "notes": notes}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as handle:
         json.dump(result, handle, indent=1)

@@ -1,5 +1,5 @@
-"""Steps with prefill chunks may use their own attention tile config (decode steps keep the
-default, which their CUDA graphs were captured with); the bench's +ptile policy suffix."""
+"""Steps with prefill chunks may use their own attention tile config; decode-only steps (the
+CUDA-graph steps) use decode_tile_config (class-split launches); the bench's +ptile suffix."""
 
 import pytest
 import torch
@@ -7,7 +7,7 @@ import torch
 from batchllm.bench.policies import parse_policy
 from batchllm.engine.attention import FusedPrefixBackend, TritonPagedBackend
 from batchllm.engine.step_inputs import build_step_inputs
-from batchllm.ops.tile_config import default_tile_config, prefill_tile_candidates
+from batchllm.ops.tile_config import decode_tile_config, default_tile_config, prefill_tile_candidates
 from batchllm.sched.interface import ScheduledChunk, SchedulerOutput
 
 
@@ -28,7 +28,8 @@ def test_prefill_steps_use_the_prefill_tile(backend_cls):
     assert backend.build_host_plan(build_step_inputs(_step(True), 16)).tile == default  # not set: default
     backend.prefill_tile = candidates["m128_w8"]
     assert backend.build_host_plan(build_step_inputs(_step(True), 16)).tile == candidates["m128_w8"]
-    assert backend.build_host_plan(build_step_inputs(_step(False), 16)).tile == default
+    decode = backend.build_host_plan(build_step_inputs(_step(False), 16)).tile
+    assert decode == decode_tile_config(64, 4) and decode.split_classes
 
 
 def test_candidates_and_policy_suffix():

@@ -274,3 +274,30 @@ def test_class_split_launches_match_reference(device, scenario, fused_merge):
     assert device_plan.work_big.shape[0] + device_plan.work_small.shape[0] == plan.work.shape[0]
     out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, device_plan, 64 ** -0.5)
     torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("scenario", ["prefix_with_first_chunk", "mixed_ragged"])
+def test_persistent_class_split_launches_match_reference(device, scenario):
+    """The CUDA-graph decode path: BIG and SMALL items in two padded lists, their counts on the
+    device ([BIG, SMALL]), one persistent class-specialised launch each."""
+    import dataclasses
+
+    from batchllm.engine.cuda_graphs import _class_lists
+    from batchllm.ops.tile_config import decode_tile_config
+    from batchllm.ops.work_list import F_KV_END, F_KV_START
+
+    tile = decode_tile_config(64, 3)
+    assert tile.split_classes
+    b, plan, ref = _merge_case(SCENARIOS[scenario], HEADS["gqa3_d64"], torch.float32, device, tile, 16)
+    big, small = _class_lists(plan)
+    assert big.shape[0] > 0 and small.shape[0] > 0
+    padded = []
+    for items in (big, small):
+        poison = items.copy()
+        poison[:, F_KV_END] = poison[:, F_KV_START] + 1  # padding that would corrupt rows if run
+        padded.append(torch.from_numpy(np.concatenate([items, poison, poison])).to(device))
+    counts = torch.tensor([big.shape[0], small.shape[0]], dtype=torch.int32, device=device)
+    persistent = dataclasses.replace(plan.to(device), work_big=padded[0], work_small=padded[1], num_items=counts,
+                                     persistent_programs=2)
+    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, persistent, 64 ** -0.5)
+    torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)

@@ -62,16 +62,20 @@ class TritonPagedBackend(ReferenceBackend):
         self._attention = prefix_shared_attention
         self.block_size, self.num_heads, self.num_kv_heads = block_size, num_heads, num_kv_heads
         self.head_dim, self.device = head_dim, device
-        # Tile config for steps with prefill chunks (None: the default table for every step).
+        # Tile config for steps with prefill chunks (None: the default table), and for decode-only
+        # steps (the CUDA-graph steps: class-split launches, see tile_config.decode_tile_config).
         self.prefill_tile = None
+        from batchllm.ops.tile_config import decode_tile_config
+
+        self.decode_tile = decode_tile_config(head_dim, num_heads // num_kv_heads)
         # Zeroed counters of the in-kernel merge (TileConfig.fused_merge), grown on demand. Every buffer ever handed out
         # stays alive: captured CUDA graphs keep pointing at the one of their capture.
         self._counters: list[torch.Tensor] = []
 
     def _tile_for(self, inputs: StepInputs):
-        if self.prefill_tile is None or inputs.num_tokens == inputs.query_start_loc.shape[0] - 1:
-            return None  # decode-only step (one row per seq): the default tiles
-        return self.prefill_tile
+        if inputs.num_tokens == inputs.query_start_loc.shape[0] - 1:
+            return self.decode_tile  # decode-only step (one row per seq)
+        return self.prefill_tile  # None: the default table
 
     supports_cuda_graphs = True
 

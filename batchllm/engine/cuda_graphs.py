@@ -6,9 +6,10 @@ forward with one launch. Shapes are fixed per graph, so each graph owns static b
 
   rows:   the step's rows padded to a bucket with at least one spare row (padding rows store
           no KV: slot -1; their outputs are garbage and never sampled)
-  plan:   the attention work list padded with no-op items (q_count 0, empty KV range), block
-          tables padded to a power-of-two width, merge entries padded to point at the spare row
-          with zero partials.
+  plan:   the attention work list(s) in buffers of a fixed capacity, with the number of real
+          items on the device (the attention launches are persistent, see
+          ops/attention_kernels.py), block tables padded to a power-of-two width, merge entries
+          padded to point at the spare row with zero partials.
 
 Each step fills a pinned host copy of the buffers, copies it once to the device and replays.
 A step that does not fit a graph's capacities runs eagerly.
@@ -24,7 +25,7 @@ import torch
 from batchllm.engine.attention import AttentionMetadata, PagedAttention
 from batchllm.engine.placeholders import resolve_placeholders_
 from batchllm.engine.step_inputs import StepInputs
-from batchllm.ops.work_list import F_PARTIAL_BASE, WORK_FIELDS, aligned_offsets
+from batchllm.ops.work_list import F_SIZE_CLASS, SIZE_BIG, WORK_FIELDS, aligned_offsets
 
 TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
 
@@ -44,9 +45,11 @@ class _Graph:
         # int64 part: input_ids, positions, slot_mapping
         self.dev64 = torch.zeros(3 * rows, dtype=torch.int64, device=device)
         # int32 part: work, block_tables, prefix_limit, merge_tokens, merge_offsets, merge_slots, merge_index,
-        # num_items (the persistent attention launch runs this many items of the padded work list)
+        # num_items, work_small. The attention launches are persistent: each runs the first num_items[i]
+        # items of its padded list. A tile with split_classes keeps the BIG items in `work` and the
+        # SMALL ones in `work_small` (num_items: [BIG, SMALL]); otherwise `work` holds them all.
         self.shapes32 = [(self.items_cap, work_fields), (rows, key.num_blocks), (rows,), (rows,), (rows + 1,),
-                         (self.slots_cap,), (rows,), (1,)]
+                         (self.slots_cap,), (rows,), (2,), (self.items_cap, work_fields)]
         self.starts32 = aligned_offsets(int(np.prod(shape)) for shape in self.shapes32)
         size32 = self.starts32[-1]
         self.dev32 = torch.zeros(size32, dtype=torch.int32, device=device)
@@ -69,8 +72,8 @@ class _Graph:
                 for shape, start in zip(self.shapes32, self.starts32)]
 
     def fits(self, plan) -> bool:
-        return (plan.work.shape[0] <= self.items_cap and plan.num_partial_slots <= self.slots_cap
-                and plan.merge_tokens.shape[0] < self.key.num_rows)
+        return (max(items.shape[0] for items in _class_lists(plan)) <= self.items_cap
+                and plan.num_partial_slots <= self.slots_cap and plan.merge_tokens.shape[0] < self.key.num_rows)
 
     def fill(self, plan, inputs: StepInputs) -> None:
         turn = self._turn
@@ -85,12 +88,12 @@ class _Graph:
         ids[:num_tokens] = inputs.input_ids
         ids[rows:rows + num_tokens] = inputs.positions
         ids[2 * rows:2 * rows + num_tokens] = inputs.slot_mapping
-        work, tables, limit, merge_tokens, merge_offsets, merge_slots, merge_index, num_items = \
+        work, tables, limit, merge_tokens, merge_offsets, merge_slots, merge_index, num_items, work_small = \
             self._host32_views[turn]
-        num_items[0] = plan.work.shape[0]
-        work[:] = 0  # no-op items: q_count 0 and an empty KV range
-        work[:, F_PARTIAL_BASE] = -1  # direct write (of nothing)
-        work[:plan.work.shape[0]] = plan.work
+        lists = _class_lists(plan)
+        for padded, items, index in zip((work, work_small), lists, range(2)):
+            num_items[index] = items.shape[0]
+            padded[:items.shape[0]] = items  # (the persistent launch never reads past num_items)
         tables[:] = 0
         tables[:plan.block_tables.shape[0], :plan.block_tables.shape[1]] = plan.block_tables
         limit[:] = 0
@@ -115,13 +118,24 @@ class _Graph:
         launch is persistent (the grid is frozen at capture, the step's item count is not)."""
         from batchllm.ops.work_list import PrefixSharedPlanOnDevice
 
-        work, tables, limit, merge_tokens, merge_offsets, merge_slots, merge_index, num_items = self.dev32_views
+        work, tables, limit, merge_tokens, merge_offsets, merge_slots, merge_index, num_items, work_small = \
+            self.dev32_views
+        split = template.tile.split_classes
         return PrefixSharedPlanOnDevice(
             work=work, work_prefix=work[:0], work_distinct=work[:0], block_tables=tables, prefix_limit=limit,
+            work_big=work if split else None, work_small=work_small if split else None,
             merge_tokens=merge_tokens, merge_offsets=merge_offsets, merge_slots=merge_slots, merge_index=merge_index,
             num_partial_slots=self.slots_cap, num_tokens=self.key.num_rows, num_heads=template.num_heads,
             num_kv_heads=template.num_kv_heads, block_size=template.block_size, tile=template.tile,
             num_items=num_items, persistent_programs=num_sms * template.tile.graph_programs_per_sm)
+
+
+def _class_lists(plan) -> tuple[np.ndarray, np.ndarray]:
+    """(BIG items, SMALL items) of a split_classes plan, else (all items, none), in work order."""
+    if not plan.tile.split_classes:
+        return plan.work, plan.work[:0]
+    big = plan.work[:, F_SIZE_CLASS] == SIZE_BIG
+    return plan.work[big], plan.work[~big]
 
 
 class DecodeGraphRunner:

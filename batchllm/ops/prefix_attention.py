@@ -45,10 +45,12 @@ def _validate(query, k_cache, v_cache, plan: PrefixSharedPlanOnDevice) -> None:
 
 
 def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale, counters,
-                  classes: int = 0) -> None:
-    """One launch over `work`. classes: 0 both tile classes, 1 SMALL items only, 2 BIG only."""
-    num_items = work.shape[0]
-    if num_items == 0:
+                  classes: int = 0, num_items=None) -> None:
+    """One launch over `work`. classes: 0 both tile classes, 1 SMALL items only, 2 BIG only.
+    num_items: [1] int32 device count of the items of `work` to run, by a persistent launch of
+    plan.persistent_programs programs (CUDA graphs); None: one program per item of `work`."""
+    persistent = num_items is not None
+    if not persistent and work.shape[0] == 0:
         return
     tile = plan.tile
     num_warps, num_stages = tile.num_warps, tile.num_stages
@@ -56,11 +58,10 @@ def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, 
         num_warps = tile.small_num_warps or num_warps
         num_stages = tile.small_num_stages or num_stages
     head_dim = query.shape[2]
-    persistent = plan.persistent_programs > 0 and plan.num_items is not None and work is plan.work
-    grid = (plan.persistent_programs if persistent else num_items * plan.num_kv_heads,)
+    grid = (plan.persistent_programs if persistent else work.shape[0] * plan.num_kv_heads,)
     work_list_attention_kernel[grid](
         # without a persistent launch the item-count pointer is never read
-        work, plan.num_items if persistent else work,
+        work, num_items if persistent else work,
         query, out, part_out, part_lse, k_cache, v_cache, plan.block_tables, plan.prefix_limit,
         # without the in-kernel merge the counters pointer is never read: any int32 tensor will do
         plan.merge_index, plan.merge_offsets, plan.merge_slots, plan.merge_index if counters is None else counters,
@@ -74,6 +75,16 @@ def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, 
         FUSED_MERGE=counters is not None, CLASSES=classes, PERSISTENT=persistent,
         num_warps=num_warps, num_stages=num_stages,
     )
+
+
+def _work_lists(plan) -> list[tuple]:
+    """(work, classes, num_items) of each launch of `plan` (see _launch_items)."""
+    persistent = plan.persistent_programs > 0 and plan.num_items is not None
+    if plan.tile.split_classes and plan.work_big is not None:  # two class-specialised launches
+        if persistent:  # num_items holds [BIG count, SMALL count]
+            return [(plan.work_big, 2, plan.num_items[0:1]), (plan.work_small, 1, plan.num_items[1:2])]
+        return [(plan.work_big, 2, None), (plan.work_small, 1, None)]
+    return [(plan.work, 0, plan.num_items[0:1] if persistent else None)]
 
 
 def _merge(plan, out, part_out, part_lse) -> None:
@@ -104,8 +115,9 @@ def _run(query, k_cache, v_cache, plan, scale, work_lists, counters) -> torch.Te
     slots = max(plan.num_partial_slots, 1)
     part_out = torch.empty((slots, plan.num_heads, query.shape[2]), dtype=torch.float32, device=query.device)
     part_lse = torch.empty((slots, plan.num_heads), dtype=torch.float32, device=query.device)
-    for work, classes in work_lists:
-        _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale, counters, classes)
+    for work, classes, num_items in work_lists:
+        _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale, counters, classes,
+                      num_items)
     if counters is None:
         _merge(plan, out, part_out, part_lse)
     return out
@@ -130,11 +142,7 @@ def prefix_shared_attention(
         counters = None
     elif counters is None:
         counters = merge_counters(plan, query.device)
-    if plan.tile.split_classes and plan.work_big is not None and plan.persistent_programs == 0:
-        work_lists = [(plan.work_big, 2), (plan.work_small, 1)]  # two class-specialised launches
-    else:
-        work_lists = [(plan.work, 0)]
-    return _run(query, k_cache, v_cache, plan, scale, work_lists, counters)
+    return _run(query, k_cache, v_cache, plan, scale, _work_lists(plan), counters)
 
 
 def prefix_shared_attention_separate(
@@ -148,7 +156,8 @@ def prefix_shared_attention_separate(
     The plan must be moved with `.to(device, separate_lists=True)`."""
     check(plan.work_prefix.shape[0] + plan.work_distinct.shape[0] == plan.work.shape[0],
           "the separate-launch variant needs plan.to(device, separate_lists=True)")
-    return _run(query, k_cache, v_cache, plan, scale, [(plan.work_prefix, 0), (plan.work_distinct, 0)], None)
+    return _run(query, k_cache, v_cache, plan, scale, [(plan.work_prefix, 0, None), (plan.work_distinct, 0, None)],
+                None)
 
 
 def default_scale(head_dim: int) -> float:

@@ -73,6 +73,21 @@ def default_tile_config(head_dim: int, group_size: int, interpret: bool | None =
                       num_warps=4, num_stages=2, min_kv_split_tokens=512)
 
 
+def decode_tile_config(head_dim: int, group_size: int, interpret: bool | None = None) -> TileConfig:
+    """Tiles of decode-only steps (the engine's CUDA-graph steps): the default table with the BIG
+    and SMALL items in two class-specialised launches, the SMALL one streaming KV in BLOCK_N 64
+    steps. On the H200 (benchmarks/engine_steps.py, real steps of micro 2000/200 sd16) this
+    cut a decode step's attention by 14-33% against the single fused launch on steps of 96-256
+    rows and matched it at 384 rows; on steps with prefill chunks it was -7% to +5% for batchllm,
+    so those keep the fused launch (default_tile_config)."""
+    from dataclasses import replace
+
+    base = default_tile_config(head_dim, group_size, interpret)
+    if base.small_n < 64:  # the interpreter's tiny config (CPU tests): only the split
+        return replace(base, split_classes=True)
+    return replace(base, split_classes=True, small_n=64, small_num_warps=4, small_num_stages=2)
+
+
 def candidate_tile_configs(head_dim: int, group_size: int) -> list[TileConfig]:
     """A few GPU configs the benchmark sweeps (the 'autotune' step, done once per shape)."""
     packed_min = max(16, next_power_of_2(group_size))
@@ -111,4 +126,6 @@ def prefill_tile_candidates(head_dim: int, group_size: int) -> dict[str, TileCon
         "m128_n128_w8": TileConfig(small_m=packed_min, small_n=128, big_m=max(128, packed_min), big_n=128,
                                    num_warps=8, num_stages=2, min_kv_split_tokens=512),
         "split256": replace(base, min_kv_split_tokens=256),
+        # class-specialised BIG and SMALL launches (the decode steps' config, decode_tile_config)
+        "split_classes": decode_tile_config(head_dim, group_size, interpret=False),
     }

@@ -19,7 +19,9 @@ cache of the engine's size, for each launch variant:
   split_*              TileConfig.split_classes: a BIG launch, then a SMALL launch, each a
                        class-specialised kernel variant (SMALL BLOCK_N / warps / stages as named)
 
-Every variant is checked against `exact` (max abs error). Steps: by default three with prefill
+Times are GPU times of the variant's launches replayed from a CUDA graph (the engine's decode
+steps are graphs; eager timing of a 100 us step measured Python launch overhead). Every variant
+is checked against `exact` (max abs error). Steps: by default three with prefill
 chunks and three decode-only ones per policy (at 20/50/80% of each kind, in run order).
 
     PYTHONPATH=. python3 benchmarks/engine_steps.py --out $OUT/engine_steps.json
@@ -41,7 +43,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from attention import bench_us  # noqa: E402
+from attention import bench_us as eager_us  # noqa: E402
 
 from batchllm.bench.workload import make_workload  # noqa: E402
 from batchllm.engine.cuda_graphs import TOKEN_BUCKETS  # noqa: E402
@@ -56,6 +58,18 @@ BLOCK_SIZE = 16
 # (name, small_n, small_num_warps, small_num_stages) of the split_* variants
 SPLIT_VARIANTS = [("split_n128_w4_s2", 128, 4, 2), ("split_n64_w4_s2", 64, 4, 2), ("split_n64_w4_s3", 64, 4, 3),
                   ("split_n64_w2_s2", 64, 2, 2), ("split_n32_w2_s3", 32, 2, 3)]
+
+
+def bench_us(fn) -> float:
+    """GPU time of fn in microseconds, replayed from a CUDA graph: no host launch gaps between
+    the two or three kernels of a variant (on small steps eager timing measured the host)."""
+    if not torch.cuda.is_available():
+        return eager_us(fn)
+    import triton.testing
+
+    fn()  # compile outside the capture
+    torch.cuda.synchronize()
+    return float(triton.testing.do_bench_cudagraph(fn, rep=40)) * 1e3
 
 
 def _sched_config(policy: str, kv_tokens: int, max_model_len: int) -> SchedulerConfig:

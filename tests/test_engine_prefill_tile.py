@@ -39,3 +39,10 @@ def test_candidates_and_policy_suffix():
     spec = parse_policy("batchllm@4096+ptile+sync")
     assert spec.name == "batchllm" and spec.flags == {"ptile", "sync"}
     assert spec.changes == {"policy": "batchllm", "max_num_batched_tokens": 4096}
+
+
+def test_decode_tile_policy_suffix():
+    spec = parse_policy("batchllm+dtile")
+    assert spec.name == "batchllm" and spec.flags == {"dtile"}
+    assert "split_classes" in prefill_tile_candidates(128, 4) and "default" in prefill_tile_candidates(128, 4)
+    assert prefill_tile_candidates(128, 4)["split_classes"] == decode_tile_config(128, 4, interpret=False)

@@ -42,6 +42,7 @@ class BenchOptions:
     git_commit: str | None = None
     hf_peer: int = 0  # time HF generate on the first N requests of the first workload
     prefill_tile: str | None = None  # a prefill_tile_candidates name, for policies with +ptile
+    decode_tile: str | None = None  # a prefill_tile_candidates name, for policies with +dtile
     # An untimed pass of the first policy over the first workload before any timed run: the one-time
     # costs (CUDA graph captures per row bucket and block-table width, Triton specialisations,
     # pinned host pool growth; about 1 s on the 8B micro set) would otherwise fall on whichever
@@ -160,7 +161,7 @@ def _input_case(path: str, engine, options: BenchOptions, log: Callable[[str], N
 
 def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float, model: str,
                base_config, trace_dir: str | None = None, traces: list | None = None,
-               prefill_tile: str | None = None) -> dict:
+               prefill_tile: str | None = None, decode_tile: str | None = None) -> dict:
     """One (workload, policy) row. Raises what the run raises (the caller turns it into a row)."""
     import torch
 
@@ -173,15 +174,18 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
         engine.runner.graphs = None
     engine.async_scheduling = "sync" not in policy.flags
     backend = engine.runner.backend
-    if "ptile" in policy.flags:
-        from batchllm.ops.tile_config import prefill_tile_candidates
+    default_decode_tile = getattr(backend, "decode_tile", None)
+    for flag, option, attribute, name in (("ptile", "--prefill-tile", "prefill_tile", prefill_tile),
+                                          ("dtile", "--decode-tile", "decode_tile", decode_tile)):
+        if flag in policy.flags:
+            from batchllm.ops.tile_config import prefill_tile_candidates
 
-        candidates = prefill_tile_candidates(engine.arch.head_dim, engine.arch.num_heads // engine.arch.num_kv_heads)
-        if prefill_tile not in candidates:
-            raise ValueError(f"{policy.label}: --prefill-tile must be one of {', '.join(candidates)}, got {prefill_tile!r}")
-        if not hasattr(backend, "prefill_tile"):
-            raise ValueError(f"{policy.label}: the {backend.name} attention backend has no tile configs")
-        backend.prefill_tile = candidates[prefill_tile]
+            candidates = prefill_tile_candidates(engine.arch.head_dim, engine.arch.num_heads // engine.arch.num_kv_heads)
+            if name not in candidates:
+                raise ValueError(f"{policy.label}: {option} must be one of {', '.join(candidates)}, got {name!r}")
+            if not hasattr(backend, attribute):
+                raise ValueError(f"{policy.label}: the {backend.name} attention backend has no tile configs")
+            setattr(backend, attribute, candidates[name])
     try:
         step_events = None
         llm.generate(prompts[:8], params[:8], use_tqdm=False)  # warm-up: compile kernels
@@ -200,6 +204,7 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
         engine.async_scheduling = True
         if hasattr(backend, "prefill_tile"):
             backend.prefill_tile = None
+            backend.decode_tile = default_decode_tile
     stats = llm.last_run_stats
     num_prompt_tokens = sum(len(p) for p in prompts)
     num_output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
@@ -294,7 +299,8 @@ def run_bench(options: BenchOptions, llm=None, log: Callable[[str], None] = prin
         for policy in policies:
             try:
                 row = run_policy(llm, case, policy, params, plan, bound, options.model, base_config,
-                                 options.trace_dir, traces, options.prefill_tile)
+                                 options.trace_dir, traces, options.prefill_tile,
+                                 options.decode_tile)
             except Exception as error:  # noqa: BLE001 -- keep measuring the other policies; the row says what failed
                 import traceback
 

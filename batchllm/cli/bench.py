@@ -98,6 +98,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser, default_out: str = DEFA
                         help="attention tile config for steps with prefill chunks, used by policies with the "
                              "+ptile suffix (names: batchllm.ops.tile_config.prefill_tile_candidates; "
                              "benchmarks/prefill_tiles.py sweeps them)")
+    parser.add_argument("--decode-tile", default=None, metavar="NAME",
+                        help="attention tile config for decode-only steps (the CUDA-graph steps), used by "
+                             "policies with the +dtile suffix (the same names as --prefill-tile; 'default' is "
+                             "the single fused launch, 'split_classes' the engine's decode default)")
     parser.add_argument("--hf-peer", type=int, default=0, metavar="N",
                         help="also time HF transformers static `generate` (sdpa) on the first N requests of the "
                              "first workload as one batch, and scale its time to the whole workload")
@@ -144,7 +148,8 @@ def options_from_args(args, model: str):
                         max_num_batched_tokens=args.max_num_batched_tokens, attention_backend=args.attention_backend,
                         kv_cache_tokens=args.kv_cache_tokens, device=args.device, dtype=args.dtype, seed=args.seed,
                         trace_dir=args.trace_dir, git_commit=args.git_commit, hf_peer=args.hf_peer,
-                        prefill_tile=args.prefill_tile, warm_pass=args.warm_pass)
+                        prefill_tile=args.prefill_tile, decode_tile=args.decode_tile,
+                        warm_pass=args.warm_pass)
 
 
 def markdown_path(args) -> str:

@@ -34,6 +34,7 @@ TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
 class GraphKey:
     num_rows: int  # bucket: rows of the graph (> the step's tokens)
     num_blocks: int  # block-table width (power of two)
+    tile: object = None  # the attention TileConfig the graph's launches were captured with
 
 
 class _Graph:
@@ -164,6 +165,7 @@ class DecodeGraphRunner:
         key = self.key_for(inputs)
         if key is None:
             return None
+        key = GraphKey(key.num_rows, key.num_blocks, plan.tile)  # a new tile config: a new graph
         graph = self.graphs.get(key)
         if graph is None:
             graph = self.graphs[key] = _Graph(key, self.work_fields, self.device)

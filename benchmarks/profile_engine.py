@@ -2,6 +2,12 @@
 
     PYTHONPATH=. python3 benchmarks/profile_engine.py --model random:llama-3.1-8b \
         --workload micro:2000:200:16 --requests 256 --out $OUT/profile.json
+
+With --windows A:B,... the profile instead records those step windows of a second full run
+(per policy of --policies), so steps deep inside a large batch can be looked at:
+
+    PYTHONPATH=. python3 benchmarks/profile_engine.py --kv-cache-tokens 500000 --requests 1024 \
+        --windows 60:64,280:284 --policies batchllm,vllm --out $OUT/profile_windows.json
 """
 
 from __future__ import annotations
@@ -49,19 +55,30 @@ CATEGORIES = (  # (category, substrings of kernel names), first match wins
 )
 
 
-def _categories(prof) -> dict:
-    """GPU kernel time by category (ms): where the device time of the profiled run goes."""
+def _category(kernel_name: str) -> str:
+    lowered = kernel_name.lower()
+    return next((c for c, keys in CATEGORIES if any(k in lowered for k in keys)), "other")
+
+
+def _kernel_ms(prof) -> dict[str, float]:
+    """Device ms by kernel name (the profiler's own ProfilerStep ranges left out)."""
     from torch.autograd import DeviceType
 
+    by_kernel: dict[str, float] = {}
+    for event in prof.key_averages():
+        if event.device_type != DeviceType.CUDA or event.key.startswith("ProfilerStep"):
+            continue
+        device_us = getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0)
+        by_kernel[event.key[:90]] = by_kernel.get(event.key[:90], 0.0) + device_us / 1000.0
+    return by_kernel
+
+
+def _categories(prof) -> dict:
+    """GPU kernel time by category (ms): where the device time of the profiled run goes."""
     totals: dict[str, float] = {}
     try:
-        for event in prof.key_averages():
-            if event.device_type != DeviceType.CUDA:
-                continue
-            device_us = getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0)
-            name = event.key.lower()
-            category = next((c for c, keys in CATEGORIES if any(k in name for k in keys)), "other")
-            totals[category] = totals.get(category, 0.0) + device_us / 1000.0
+        for name, ms in _kernel_ms(prof).items():
+            totals[_category(name)] = totals.get(_category(name), 0.0) + ms
     except Exception as error:  # the profile table above is still printed and saved
         return {"error": repr(error)}
     return {k: round(v, 2) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
@@ -72,26 +89,12 @@ def _sync(torch) -> None:
         torch.cuda.synchronize()
 
 
-def _kernel_ms(prof) -> dict[str, float]:
-    from torch.autograd import DeviceType
-
-    by_kernel: dict[str, float] = {}
-    for event in prof.key_averages():
-        if event.device_type != DeviceType.CUDA:
-            continue
-        device_us = getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0)
-        by_kernel[event.key[:90]] = by_kernel.get(event.key[:90], 0.0) + device_us / 1000.0
-    return by_kernel
-
-
 def _window_summary(by_kernel: dict[str, float], records, first: int, end: int, wall_s: float) -> dict:
     """GPU kernel time per step in one window, by category and by top kernels."""
     num_steps = end - first
     categories: dict[str, float] = {}
     for name, ms in by_kernel.items():
-        lowered = name.lower()
-        category = next((c for c, keys in CATEGORIES if any(k in lowered for k in keys)), "other")
-        categories[category] = categories.get(category, 0.0) + ms
+        categories[_category(name)] = categories.get(_category(name), 0.0) + ms
     steps = [r for r in records if first <= r.step_index < end]
     top = sorted(by_kernel.items(), key=lambda kv: -kv[1])[:14]
     return {
@@ -108,7 +111,8 @@ def _window_summary(by_kernel: dict[str, float], records, first: int, end: int, 
 
 def _profile_windows(llm, prompts, params, windows) -> list[dict]:
     """One full run with torch.profiler recording only the given step windows (GPU kernels,
-    graph replays included). Async scheduling makes a window's edges fuzzy by one step."""
+    graph replays included). Async scheduling makes a window's edges fuzzy by one step: a
+    window can hold the kernels of one step more than it counts (BENCHMARKS.md)."""
     import torch
     from torch.profiler import ProfilerAction, ProfilerActivity, profile
 

@@ -39,10 +39,11 @@ class TileConfig:
     # (before: one program per item of the graph's padded capacity; on micro 2000/200 sd16 a
     # tail decode step of 96 rows ran 12,288 programs for 960 real ones)
     graph_programs_per_sm: int = 4
-    # eager launches: run BIG and SMALL items as two launches of class-specialised kernel variants
-    # (CLASSES 2 then 1), each compiled for one tile class only, so the SMALL (decode) launch gets
-    # the registers and shared memory of a SMALL tile (more programs per SM) and its own warps /
-    # stages (None: num_warps / num_stages)
+    # run BIG and SMALL items as two launches of class-specialised kernel variants (CLASSES 2
+    # then 1), each compiled for one tile class only, so the SMALL (decode) launch gets the
+    # registers and shared memory of a SMALL tile (more programs per SM) and its own warps /
+    # stages (None: num_warps / num_stages); persistent in CUDA graphs, where the fused kernel
+    # would spill (decode_tile_config)
     split_classes: bool = False
     small_num_warps: int | None = None
     small_num_stages: int | None = None
@@ -76,10 +77,12 @@ def default_tile_config(head_dim: int, group_size: int, interpret: bool | None =
 def decode_tile_config(head_dim: int, group_size: int, interpret: bool | None = None) -> TileConfig:
     """Tiles of decode-only steps (the engine's CUDA-graph steps): the default table with the BIG
     and SMALL items in two class-specialised launches, the SMALL one streaming KV in BLOCK_N 64
-    steps. On the H200 (benchmarks/engine_steps.py, real steps of micro 2000/200 sd16) this
-    cut a decode step's attention by 14-33% against the single fused launch on steps of 96-256
-    rows and matched it at 384 rows; on steps with prefill chunks it was -7% to +5% for batchllm,
-    so those keep the fused launch (default_tile_config)."""
+    steps. Made persistent for graphs, the fused kernel spills (255 registers + stack on sm_90);
+    the class-specialised variants do not. On the H200 (benchmarks/engine_steps.py, real decode
+    steps of micro 2000/200 sd16 timed inside CUDA graphs) the class-split persistent launches
+    took 4-14% less time than the persistent fused launch for batchllm's steps and 11-16% less
+    for plain paged plans. On steps with prefill chunks (eager) the split was 1% slower for
+    batchllm on geometric mean (-7% to +5%), so those keep the fused launch (default_tile_config)."""
     from dataclasses import replace
 
     base = default_tile_config(head_dim, group_size, interpret)

@@ -23,12 +23,16 @@ examples:
   # your own batch file (prompt_token_ids lines work with any model; text needs a tokenizer)
   batchllm bench --input requests.jsonl --policies batchllm,vllm
 
+  # the vllm policy also with the class-split attention launches on its steps with prefill chunks
+  batchllm bench --workload micro:2000:200:16#1024 --policies batchllm,vllm,vllm+ptile --prefill-tile split_classes
+
   # a quick smoke test on a CPU
   batchllm bench --model '{CPU_SMOKE_MODEL}' --workload micro:64:16:4 --requests 16 --output-tokens 4 \\
       --policies batchllm,vllm --out /tmp/bench.json
 
 Policies: batchllm, vllm, sglang, simple; NAME@TOKENS sets the token budget, NAME@SEQS/TOKENS also
-the request cap; suffix +eager runs without CUDA graphs, +sync without asynchronous scheduling.
+the request cap; suffix +eager runs without CUDA graphs, +sync without asynchronous scheduling,
++ptile / +dtile with the --prefill-tile / --decode-tile attention tile config.
 Outputs are forced to max_tokens (EOS ignored), so every policy does the same work. Each policy
 runs after a warm-up batch of 8 requests (kernel compilation excluded). time/bound: wall time over
 the FLOP bound with optimal prefix sharing at the H200 bf16 peak (790 TFLOP/s).

@@ -43,16 +43,16 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from attention import bench_us as eager_us  # noqa: E402
+from attention import bench_us as eager_us
 
-from batchllm.bench.workload import make_workload  # noqa: E402
-from batchllm.engine.cuda_graphs import TOKEN_BUCKETS  # noqa: E402
-from batchllm.engine.step_inputs import build_step_inputs  # noqa: E402
-from batchllm.ops.prefix_attention import prefix_shared_attention  # noqa: E402
-from batchllm.ops.tile_config import decode_tile_config, default_tile_config  # noqa: E402
-from batchllm.ops.work_list import F_PARTIAL_BASE, WORK_FIELDS, build_prefix_shared_plan  # noqa: E402
-from batchllm.sched.config import SchedulerConfig  # noqa: E402
-from batchllm.sched.simulator import SimRequest, simulate  # noqa: E402
+from batchllm.bench.workload import make_workload
+from batchllm.engine.cuda_graphs import TOKEN_BUCKETS
+from batchllm.engine.step_inputs import build_step_inputs
+from batchllm.ops.prefix_attention import prefix_shared_attention
+from batchllm.ops.tile_config import decode_tile_config, default_tile_config
+from batchllm.ops.work_list import F_PARTIAL_BASE, WORK_FIELDS, build_prefix_shared_plan
+from batchllm.sched.config import SchedulerConfig
+from batchllm.sched.simulator import SimRequest, simulate
 
 BLOCK_SIZE = 16
 # (name, small_n, small_num_warps, small_num_stages) of the split_* variants
@@ -197,7 +197,7 @@ def main() -> int:
             reference = prefix_shared_attention(query, k_cache, v_cache, variants["exact"], scale).float()
             decode_rows = int((np.diff(step_inputs.query_start_loc) == 1).sum())
             for name, device_plan in variants.items():
-                fn = lambda p=device_plan: prefix_shared_attention(query, k_cache, v_cache, p, scale)  # noqa: E731
+                fn = lambda p=device_plan, q=query: prefix_shared_attention(q, k_cache, v_cache, p, scale)
                 try:
                     err = (fn().float() - reference).abs().max().item()
                     us = bench_us(fn)

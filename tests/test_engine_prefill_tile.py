@@ -7,7 +7,11 @@ import torch
 from batchllm.bench.policies import parse_policy
 from batchllm.engine.attention import FusedPrefixBackend, TritonPagedBackend
 from batchllm.engine.step_inputs import build_step_inputs
-from batchllm.ops.tile_config import decode_tile_config, default_tile_config, prefill_tile_candidates
+from batchllm.ops.tile_config import (
+    decode_tile_config,
+    default_tile_config,
+    prefill_tile_candidates,
+)
 from batchllm.sched.interface import ScheduledChunk, SchedulerOutput
 
 

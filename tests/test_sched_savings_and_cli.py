@@ -31,6 +31,20 @@ def test_batchllm_achieves_planner_optimum():
     assert result.finished_requests == 96
 
 
+def test_simulate_hands_every_step_to_on_output():
+    """benchmarks/engine_steps.py rebuilds real steps from these outputs: one per step, in order,
+    with the step's tokens."""
+    workload = micro_workload(64, 8, 4, num_requests=16, output_num_tokens=3, seed=1)
+    seen = []
+    result, _, _ = simulate(_sim_requests(workload), SchedulerConfig(policy="batchllm", num_kv_blocks=400,
+                                                                     max_num_batched_tokens=128),
+                            on_output=seen.append)
+    nonempty = [o for o in seen if o.num_tokens]
+    assert len(nonempty) == result.steps
+    assert sum(o.num_tokens for o in nonempty) == result.total_tokens
+    assert [o.step_index for o in seen] == sorted(o.step_index for o in seen)
+
+
 def test_vllm_lru_loses_reuse_under_memory_pressure():
     # Shuffled sd16 groups, KV cache for ~a tenth of the prefixes: FCFS + LRU evicts a prefix
     # before its next member arrives (BatchLLM 6.3.1: 40.1% vs 85.2% on 2000/200 sd16).

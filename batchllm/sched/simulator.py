@@ -18,8 +18,8 @@ group per step (BatchLLM's fused prefix tile), not once per member.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
 
 from batchllm.sched.checker import ChunkStreamChecker
 from batchllm.sched.config import SchedulerConfig

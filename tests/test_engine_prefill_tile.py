@@ -50,3 +50,23 @@ def test_decode_tile_policy_suffix():
     assert spec.name == "batchllm" and spec.flags == {"dtile"}
     assert "split_classes" in prefill_tile_candidates(128, 4) and "default" in prefill_tile_candidates(128, 4)
     assert prefill_tile_candidates(128, 4)["split_classes"] == decode_tile_config(128, 4, interpret=False)
+
+
+def test_bad_tile_name_leaves_the_backend_untouched():
+    """Regression: with +ptile+dtile, a bad --decode-tile used to raise after the prefill tile
+    was already set on the backend, so every later policy of the bench ran with it."""
+    from types import SimpleNamespace
+
+    from batchllm.bench.runner import run_policy
+
+    backend = TritonPagedBackend(16, 8, 2, 64, torch.device("cpu"))
+    decode_before = backend.decode_tile
+    engine = SimpleNamespace(runner=SimpleNamespace(graphs=None, backend=backend), async_scheduling=True,
+                             arch=SimpleNamespace(head_dim=64, num_heads=8, num_kv_heads=2),
+                             configure_scheduler=lambda **changes: None, scheduler_config=None)
+    llm = SimpleNamespace(engine=engine)
+    case = SimpleNamespace(prompts=[[1, 2, 3]])
+    with pytest.raises(ValueError, match="--decode-tile must be one of"):
+        run_policy(llm, case, parse_policy("vllm+ptile+dtile"), None, None, 1.0, "m", None,
+                   prefill_tile="m128_w8", decode_tile="no_such_tile")
+    assert backend.prefill_tile is None and backend.decode_tile == decode_before

@@ -175,6 +175,7 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
     engine.async_scheduling = "sync" not in policy.flags
     backend = engine.runner.backend
     default_decode_tile = getattr(backend, "decode_tile", None)
+    tiles = {}  # backend attribute -> TileConfig, all checked before any is set
     for flag, option, attribute, name in (("ptile", "--prefill-tile", "prefill_tile", prefill_tile),
                                           ("dtile", "--decode-tile", "decode_tile", decode_tile)):
         if flag in policy.flags:
@@ -185,7 +186,9 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
                 raise ValueError(f"{policy.label}: {option} must be one of {', '.join(candidates)}, got {name!r}")
             if not hasattr(backend, attribute):
                 raise ValueError(f"{policy.label}: the {backend.name} attention backend has no tile configs")
-            setattr(backend, attribute, candidates[name])
+            tiles[attribute] = candidates[name]
+    for attribute, tile in tiles.items():
+        setattr(backend, attribute, tile)
     try:
         step_events = None
         llm.generate(prompts[:8], params[:8], use_tqdm=False)  # warm-up: compile kernels

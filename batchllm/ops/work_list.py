@@ -146,8 +146,9 @@ class PrefixSharedPlanOnDevice:
     block_size: int
     tile: TileConfig
     # Persistent launch (CUDA graphs): a grid of `persistent_programs` programs runs the first
-    # `num_items[0]` items of `work` (the rest is padding). 0: one program per item of `work`.
-    num_items: torch.Tensor | None = None  # [1] int32 on the device
+    # `num_items[0]` items of `work` (the rest is padding); with tile.split_classes, the first
+    # num_items[0] of `work_big` and num_items[1] of `work_small`. 0: one program per item.
+    num_items: torch.Tensor | None = None  # [1] (split_classes: [2]) int32 on the device
     persistent_programs: int = 0
     # tile.split_classes: the BIG and the SMALL items of `work`, each in work order
     work_big: torch.Tensor | None = None

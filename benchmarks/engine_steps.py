@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from attention import bench_us as eager_us
 
 from batchllm.bench.workload import make_workload
-from batchllm.engine.cuda_graphs import TOKEN_BUCKETS
+from batchllm.engine.cuda_graphs import TOKEN_BUCKETS, graph_items_capacity, rows_bucket
 from batchllm.engine.step_inputs import build_step_inputs
 from batchllm.ops.prefix_attention import prefix_shared_attention
 from batchllm.ops.tile_config import decode_tile_config, default_tile_config
@@ -102,8 +102,8 @@ def record_steps(requests: list[SimRequest], config: SchedulerConfig, wanted: li
 
 def padded_work(work: np.ndarray, num_tokens: int) -> np.ndarray:
     """The work list as a decode CUDA graph holds it (engine/cuda_graphs.py capacities)."""
-    rows = next((b for b in TOKEN_BUCKETS if b > num_tokens), TOKEN_BUCKETS[-1])
-    capacity = max(4 * rows + 1024, work.shape[0])
+    rows = rows_bucket(num_tokens) or TOKEN_BUCKETS[-1]
+    capacity = max(graph_items_capacity(rows), work.shape[0])
     padded = np.zeros((capacity, WORK_FIELDS), np.int32)
     padded[:, F_PARTIAL_BASE] = -1
     padded[:work.shape[0]] = work

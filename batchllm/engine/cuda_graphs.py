@@ -37,11 +37,21 @@ class GraphKey:
     tile: object = None  # the attention TileConfig the graph's launches were captured with
 
 
+def rows_bucket(num_tokens: int, max_rows: int = TOKEN_BUCKETS[-1]) -> int | None:
+    """Rows of the graph a decode step of num_tokens rows runs in (at least one spare row)."""
+    return next((b for b in TOKEN_BUCKETS if num_tokens < b <= max_rows), None)
+
+
+def graph_items_capacity(num_rows: int) -> int:
+    """Work items a graph of num_rows rows holds per list: tiles x KV pieces, see work_list.py."""
+    return 4 * num_rows + 1024
+
+
 class _Graph:
     def __init__(self, key: GraphKey, work_fields: int, device: torch.device) -> None:
         rows = key.num_rows
         self.key = key
-        self.items_cap = 4 * rows + 1024  # decode work items: tiles x KV pieces, see work_list.py
+        self.items_cap = graph_items_capacity(rows)
         self.slots_cap = 8 * rows + 1024  # partial results to merge
         # int64 part: input_ids, positions, slot_mapping
         self.dev64 = torch.zeros(3 * rows, dtype=torch.int64, device=device)
@@ -72,11 +82,13 @@ class _Graph:
         return [flat[start:start + int(np.prod(shape))].reshape(shape)
                 for shape, start in zip(self.shapes32, self.starts32)]
 
-    def fits(self, plan) -> bool:
-        return (max(items.shape[0] for items in _class_lists(plan)) <= self.items_cap
+    def fits(self, plan, lists: tuple[np.ndarray, np.ndarray]) -> bool:
+        """lists: _class_lists(plan)."""
+        return (max(items.shape[0] for items in lists) <= self.items_cap
                 and plan.num_partial_slots <= self.slots_cap and plan.merge_tokens.shape[0] < self.key.num_rows)
 
-    def fill(self, plan, inputs: StepInputs) -> None:
+    def fill(self, plan, lists: tuple[np.ndarray, np.ndarray], inputs: StepInputs) -> None:
+        """lists: _class_lists(plan), the work list(s) as the graph's launches take them."""
         turn = self._turn
         self._turn = 1 - turn
         copied = self._copied[turn]
@@ -91,7 +103,6 @@ class _Graph:
         ids[2 * rows:2 * rows + num_tokens] = inputs.slot_mapping
         work, tables, limit, merge_tokens, merge_offsets, merge_slots, merge_index, num_items, work_small = \
             self._host32_views[turn]
-        lists = _class_lists(plan)
         for padded, items, index in zip((work, work_small), lists, range(2)):
             num_items[index] = items.shape[0]
             padded[:items.shape[0]] = items  # (the persistent launch never reads past num_items)
@@ -149,30 +160,32 @@ class DecodeGraphRunner:
         self.num_eager = 0
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
 
-    def key_for(self, inputs: StepInputs) -> GraphKey | None:
+    def key_for(self, inputs: StepInputs, tile=None) -> GraphKey | None:
+        """The graph of a decode step (None: not a decode step, or too many rows); tile: the
+        attention TileConfig of the step's plan (a new tile config: a new graph)."""
         q_lens = np.diff(inputs.query_start_loc)
         if inputs.num_tokens == 0 or q_lens.max() != 1:
             return None
-        rows = next((b for b in TOKEN_BUCKETS if b > inputs.num_tokens and b <= self.max_rows), None)
+        rows = rows_bucket(inputs.num_tokens, self.max_rows)
         if rows is None:
             return None
         width = 1 << max(int(inputs.block_tables.shape[1]) - 1, 0).bit_length()
-        return GraphKey(rows, max(width, 16))
+        return GraphKey(rows, max(width, 16), tile)
 
     def run(self, inputs: StepInputs, plan, placeholders: torch.Tensor | None = None) -> torch.Tensor | None:
         """Hidden states [num_tokens, hidden] of a decode step via a graph, or None (run eagerly).
         placeholders: the previous step's sampled ids on the device, for placeholder input ids."""
-        key = self.key_for(inputs)
+        key = self.key_for(inputs, plan.tile)
         if key is None:
             return None
-        key = GraphKey(key.num_rows, key.num_blocks, plan.tile)  # a new tile config: a new graph
         graph = self.graphs.get(key)
         if graph is None:
             graph = self.graphs[key] = _Graph(key, self.work_fields, self.device)
-        if not graph.fits(plan):
+        lists = _class_lists(plan)
+        if not graph.fits(plan, lists):
             self.num_eager += 1
             return None
-        graph.fill(plan, inputs)
+        graph.fill(plan, lists, inputs)
         if placeholders is not None:
             resolve_placeholders_(graph.dev64[:inputs.num_tokens], placeholders)
         if graph.graph is None:

@@ -100,8 +100,8 @@ def test_shard_layout_kv_heads_and_errors():
 
 def test_step_inputs_pack_roundtrip():
     chunks = (
-        ScheduledChunk(seq_id=10, token_ids=(1, 2, 3), start_position=0, block_ids=(4, 5), is_prefix=True, group_id=0),
-        ScheduledChunk(seq_id=3, token_ids=(9,), start_position=7, block_ids=(4, 6, 8), shared_kv_len=3, sample=True,
+        ScheduledChunk(seq_id=10, token_ids=(1, 2, 3), start_position=0, new_block_ids=(4, 5), is_prefix=True, group_id=0),
+        ScheduledChunk(seq_id=3, token_ids=(9,), start_position=7, new_block_ids=(4, 6, 8), shared_kv_len=3, sample=True,
                        group_id=0, is_decode=True),
     )
     inputs = build_step_inputs(SchedulerOutput(step_index=0, chunks=chunks), block_size=4)

@@ -16,10 +16,10 @@ from batchllm.sched.interface import ScheduledChunk, SchedulerOutput
 
 
 def _step(prefill: bool) -> SchedulerOutput:
-    chunks = [ScheduledChunk(seq_id=0, token_ids=(5,), start_position=20, block_ids=(0, 1), sample=True,
+    chunks = [ScheduledChunk(seq_id=0, token_ids=(5,), start_position=20, new_block_ids=(0, 1), sample=True,
                              is_decode=True)]
     if prefill:
-        chunks.append(ScheduledChunk(seq_id=1, token_ids=tuple(range(30)), start_position=0, block_ids=(2, 3),
+        chunks.append(ScheduledChunk(seq_id=1, token_ids=tuple(range(30)), start_position=0, new_block_ids=(2, 3),
                                      sample=True))
     return SchedulerOutput(0, tuple(chunks))
 

@@ -1,22 +1,30 @@
 """SchedulerOutput -> step arrays, including the shared-prefix KV addressing rule."""
 
-import numpy as np
+import dataclasses
 
+import numpy as np
+import pytest
+
+from batchllm.engine.block_tables import BlockTableRows
 from batchllm.engine.step_inputs import build_step_inputs
-from batchllm.sched.interface import ScheduledChunk, SchedulerOutput
+from batchllm.sched.block_table import BlockTableTracker
+from batchllm.sched.config import SchedulerConfig
+from batchllm.sched.factory import make_scheduler
+from batchllm.sched.interface import ScheduledChunk, SchedRequest, SchedulerOutput
+from batchllm.workloads import micro_workload
 
 
 def test_slots_positions_and_sample_rows():
     block_size = 4
     chunks = (
         # a group's prefix chunk: 6 tokens into prefix blocks 3, 5
-        ScheduledChunk(seq_id=-1, token_ids=(1, 2, 3, 4, 5, 6), start_position=0, block_ids=(3, 5),
+        ScheduledChunk(seq_id=-1, token_ids=(1, 2, 3, 4, 5, 6), start_position=0, new_block_ids=(3, 5),
                        is_prefix=True, group_id=0),
         # a member: prefix of 6 shared (blocks 3,5), own tokens from position 6 in own block 9
-        ScheduledChunk(seq_id=0, token_ids=(7, 8), start_position=6, block_ids=(3, 5, 9), shared_kv_len=6,
+        ScheduledChunk(seq_id=0, token_ids=(7, 8), start_position=6, new_block_ids=(3, 5, 9), shared_kv_len=6,
                        sample=True, group_id=0),
         # an ungrouped decode at position 9 in blocks 1, 2, 4 -> block index 2, offset 1
-        ScheduledChunk(seq_id=1, token_ids=(11,), start_position=9, block_ids=(1, 2, 4), sample=True, is_decode=True),
+        ScheduledChunk(seq_id=1, token_ids=(11,), start_position=9, new_block_ids=(1, 2, 4), sample=True, is_decode=True),
     )
     inputs = build_step_inputs(SchedulerOutput(0, chunks), block_size)
     assert inputs.positions.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 9]
@@ -30,3 +38,48 @@ def test_slots_positions_and_sample_rows():
     assert inputs.is_prefix.tolist() == [True, False, False]
     assert inputs.block_tables.tolist() == [[3, 5, 0], [3, 5, 9], [1, 2, 4]]
     assert inputs.input_ids.dtype == np.int64
+
+
+def _whole_table_step(output: SchedulerOutput, tables) -> SchedulerOutput:
+    """The same step with every chunk carrying its whole table (a standalone step)."""
+    chunks = tuple(dataclasses.replace(c, block_ids_start=0, new_block_ids=t) for c, t in zip(output.chunks, tables))
+    return SchedulerOutput(output.step_index, chunks)
+
+
+@pytest.mark.parametrize("policy", ["batchllm", "vllm"])
+def test_persistent_rows_give_the_whole_tables(policy):
+    """Small starting arrays (rows and columns grow by doubling); a tight cache (preemptions)."""
+    spec = [(p.tolist(), int(m)) for p, m in zip(*_micro(seed=3))]
+    requests = [SchedRequest(i, prompt, max_tokens) for i, (prompt, max_tokens) in enumerate(spec)]
+    config = SchedulerConfig(policy=policy, num_kv_blocks=60, block_size=4, max_num_batched_tokens=48,
+                             decode_reserve_ratio=0.0)
+    scheduler = make_scheduler(config)
+    scheduler.add_requests(requests)
+    rows, tracker = BlockTableRows(num_rows=2, num_cols=2), BlockTableTracker()
+    preempted = 0
+    while scheduler.has_unfinished():
+        output = scheduler.schedule()
+        preempted += len(output.preempted_request_ids)
+        tables = tracker.apply(output)
+        inputs = build_step_inputs(output, config.block_size, rows.step_tables(output))
+        expected = build_step_inputs(_whole_table_step(output, tables), config.block_size)
+        for field in dataclasses.fields(expected):
+            want, have = getattr(expected, field.name), getattr(inputs, field.name)
+            assert np.array_equal(have, want) if isinstance(want, np.ndarray) else have == want, field.name
+        assert rows.num_live_rows == tracker.num_rows  # finished and preempted rows dropped
+        sampled = {c.seq_id: 5 for c in output.chunks if c.sample}
+        finish = {i: "length" for i in sampled if len(requests[i].output_token_ids) + 1 >= requests[i].max_tokens}
+        scheduler.update(output, sampled, finish)
+    assert preempted > 0
+    assert rows.table.shape[0] >= 8 and rows.table.shape[1] >= 8  # grew
+
+
+def test_standalone_step_needs_whole_tables():
+    chunk = ScheduledChunk(seq_id=0, token_ids=(1,), start_position=4, new_block_ids=(3,), block_ids_start=1)
+    with pytest.raises(ValueError, match="starts at 1, the row has 0 blocks"):
+        build_step_inputs(SchedulerOutput(0, (chunk,)), 4)
+
+
+def _micro(seed: int):
+    workload = micro_workload(24, 6, 4, num_requests=16, output_num_tokens=10, seed=seed)
+    return workload.prompts, workload.max_tokens

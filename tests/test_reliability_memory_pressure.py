@@ -1,12 +1,14 @@
-"""Issue 7: with a tiny KV budget (--kv-cache-tokens 512) long generations complete through
+"""With a tiny KV budget (--kv-cache-tokens 512) long generations complete through
 preemption/recompute (vllm, sglang) or memory-aware admission (batchllm), and the greedy
 outputs equal the unconstrained run token for token, under every policy."""
 
+import numpy as np
 import pytest
 
 from batchllm.config import EngineConfig
 from batchllm.engine.llm_engine import LLMEngine, PreparedRequest, RunStats
 from batchllm.sampling_params import SamplingParams
+from batchllm.sched.block_table import BlockTableTracker
 
 SMALL_KV_TOKENS = 512
 TOPICS = ["cats", "dogs", "oceans", "robots", "winter", "cities", "music", "trees"]  # 8 x (~12 + 64) > 512
@@ -31,6 +33,25 @@ def _run(engine, policy, requests):
     return outputs, stats
 
 
+class _TableCheck:
+    """Wraps the runner's input building: every step's gathered block tables must equal the
+    whole tables rebuilt from the scheduler's changes, zero-padded."""
+
+    def __init__(self, runner) -> None:
+        self.runner, self.build = runner, runner.step_inputs
+        self.tracker, self.num_steps = BlockTableTracker(), 0
+
+    def __call__(self, output):
+        inputs = self.build(output)
+        tables = self.tracker.apply(output)
+        expected = np.zeros((len(tables), max(1, max(map(len, tables)))), dtype=np.int32)
+        for row, table in enumerate(tables):
+            expected[row, :len(table)] = table
+        assert np.array_equal(inputs.block_tables, expected), output.step_index
+        self.num_steps += 1
+        return inputs
+
+
 def test_tiny_kv_budget_gives_the_unconstrained_outputs_under_every_policy(engines):
     big, small = engines
     requests = _requests(big)
@@ -39,7 +60,12 @@ def test_tiny_kv_budget_gives_the_unconstrained_outputs_under_every_policy(engin
     assert len({tuple(v) for v in reference.values()}) == len(TOPICS)  # real, distinct generations
     assert small.num_kv_tokens == SMALL_KV_TOKENS
     for policy in ("batchllm", "vllm", "sglang"):
-        outputs, stats = _run(small, policy, requests)
+        check = small.runner.step_inputs = _TableCheck(small.runner)
+        try:
+            outputs, stats = _run(small, policy, requests)
+        finally:
+            del small.runner.step_inputs
+        assert check.num_steps == len(stats.step_records), policy
         assert outputs == reference, policy
         assert max(r.num_used_blocks for r in stats.step_records) <= SMALL_KV_TOKENS // 16, policy
         preempted = sum(r.num_preempted_requests for r in stats.step_records)

@@ -8,7 +8,7 @@ import torch
 from batchllm.distributed.step_broadcast import StepBroadcaster
 from batchllm.engine.model_runner import ModelRunner, StepResult
 from batchllm.engine.sampler import SamplingBatch, sample
-from batchllm.engine.step_inputs import StepInputs, build_step_inputs
+from batchllm.engine.step_inputs import StepInputs
 from batchllm.sched.interface import SchedulerOutput
 
 
@@ -30,7 +30,7 @@ class TPModelRunner(ModelRunner):
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput, sampling_rows: list[tuple]) -> StepResult:
         """Rank 0 only."""
-        inputs = build_step_inputs(output, self.block_size)
+        inputs = self.step_inputs(output)  # rank 0's persistent block tables; workers get the arrays
         self.broadcaster.send(inputs)
         logits = self.forward_logits(inputs)
         if logits is None:

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from batchllm.engine.attention import AttentionMetadata, PagedAttention, make_backend
+from batchllm.engine.block_tables import BlockTableRows
 from batchllm.engine.kv_cache import KVCache
 from batchllm.engine.placeholders import placeholder_source, resolve_placeholders_
 from batchllm.engine.sampler import SamplerOutput, SamplingBatch, sample
@@ -51,6 +52,7 @@ class ModelRunner:
                                     arch.head_dim)
         self.scale = arch.head_dim ** -0.5
         self._pin = device.type == "cuda"
+        self.block_tables = BlockTableRows()  # host rows kept from step to step
         # Benchmarks set a list here: one (start, end) CUDA event pair per step (GPU busy time).
         self.step_events: list | None = None
         self.graphs = None
@@ -72,7 +74,7 @@ class ModelRunner:
 
         previous_token_ids: the previous step's sampled ids, still on the device (asynchronous
         scheduling): an input id -(i + 1) is a placeholder for previous_token_ids[i]."""
-        inputs = build_step_inputs(output, self.block_size)
+        inputs = self.step_inputs(output)
         # Sampling settings go to the device before the forward is queued (no wait behind it).
         batch = SamplingBatch.build(sampling_rows, self.device) if sampling_rows else None
         hidden = self.forward(inputs, previous_token_ids=previous_token_ids)
@@ -90,6 +92,10 @@ class ModelRunner:
         ready = torch.cuda.Event()
         ready.record()
         return StepResult(inputs.sample_seq_ids, sampled, host, ready)
+
+    def step_inputs(self, output: SchedulerOutput) -> StepInputs:
+        """The step's host arrays; the block tables come from the persistent rows."""
+        return build_step_inputs(output, self.block_size, self.block_tables.step_tables(output))
 
     def _record_start(self) -> None:
         if self.step_events is not None:

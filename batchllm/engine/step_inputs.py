@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from batchllm.engine.block_tables import BlockTableRows
 from batchllm.sched.interface import SchedulerOutput
 
 
@@ -32,7 +33,11 @@ class StepInputs:
         return int(self.seq_lens.max()) if self.seq_lens.size else 0
 
 
-def build_step_inputs(output: SchedulerOutput, block_size: int) -> StepInputs:
+def build_step_inputs(output: SchedulerOutput, block_size: int, block_tables: np.ndarray | None = None) -> StepInputs:
+    """block_tables: the step's rows [num_chunks, max_blocks] int32 from the runner's persistent
+    BlockTableRows. None: a standalone step whose chunks all carry whole tables (block_ids_start 0)."""
+    if block_tables is None:
+        block_tables = BlockTableRows(num_rows=max(1, len(output.chunks))).step_tables(output)
     chunks = output.chunks
     num_seqs = len(chunks)
     q_lens = np.fromiter((c.num_tokens for c in chunks), dtype=np.int64, count=num_seqs)
@@ -42,11 +47,6 @@ def build_step_inputs(output: SchedulerOutput, block_size: int) -> StepInputs:
     np.cumsum(q_lens, out=query_start_loc[1:])
     num_tokens = int(query_start_loc[-1])
     input_ids = np.fromiter((t for c in chunks for t in c.token_ids), dtype=np.int64, count=num_tokens)
-
-    max_blocks = max((len(c.block_ids) for c in chunks), default=0)
-    block_tables = np.zeros((num_seqs, max(max_blocks, 1)), dtype=np.int32)
-    for row, chunk in enumerate(chunks):
-        block_tables[row, : len(chunk.block_ids)] = chunk.block_ids
 
     # Row -> its seq, and its position inside the seq.
     seq_of_row = np.repeat(np.arange(num_seqs), q_lens)

@@ -6,11 +6,13 @@ prefix is fully stored before a member reads it; start positions continue what i
 (or, on a fresh start, sit on cached/shared KV); every row is written through the block
 table; then every chunk reads back [0, kv_len) through its block table and must see exactly
 its logical token sequence (so a wrong block id, a block freed and overwritten while still
-in use, or a stale cached block is caught).
+in use, a stale cached block, or a block-table change the runner would apply wrongly is
+caught: the tables are rebuilt from the changes, as the runner does).
 """
 
 from __future__ import annotations
 
+from batchllm.sched.block_table import BlockTableTracker
 from batchllm.sched.interface import NO_GROUP, SchedRequest, SchedulerOutput, ScheduledChunk
 
 
@@ -28,17 +30,22 @@ class ChunkStreamChecker:
         self.prefix_contents: dict[int, list[int]] = {}  # prefix id -> tokens stored so far
         self.group_prefix_id: dict[int, int] = {}
         self.finished: set[int] = set()
+        self.tables = BlockTableTracker()
 
     def check_step(self, output: SchedulerOutput) -> dict[int, tuple[int, ...]]:
         """Validate one step; returns, for each sampling chunk, the token sequence it sees."""
         for request_id in output.preempted_request_ids:
             self.stored[request_id] = None
         self._check_layout(output.chunks)
-        for chunk in output.chunks:
-            self._write(chunk)
+        try:
+            tables = self.tables.apply(output)
+        except ValueError as error:
+            raise ContractError(f"step {output.step_index}: {error}") from error
+        for chunk, table in zip(output.chunks, tables):
+            self._write(chunk, table)
         seen: dict[int, tuple[int, ...]] = {}
-        for chunk in output.chunks:
-            visible = self._read(chunk)
+        for chunk, table in zip(output.chunks, tables):
+            visible = self._read(chunk, table)
             if chunk.is_prefix:
                 expected = self.prefix_contents[chunk.seq_id][: chunk.kv_len]
                 if chunk.sample:
@@ -89,7 +96,7 @@ class ChunkStreamChecker:
                 if chunk.seq_id not in self.prompts or chunk.seq_id in self.finished:
                     raise ContractError(f"chunk for unknown or finished request {chunk.seq_id}")
 
-    def _write(self, chunk: ScheduledChunk) -> None:
+    def _write(self, chunk: ScheduledChunk, table: tuple[int, ...]) -> None:
         if chunk.is_prefix:
             content = self.prefix_contents.setdefault(chunk.seq_id, [])
             if chunk.shared_kv_len != 0:
@@ -114,17 +121,17 @@ class ChunkStreamChecker:
                 raise ContractError(f"request {chunk.seq_id} writes into shared prefix blocks")
             self.stored[chunk.seq_id] = chunk.kv_len
         for offset, token in enumerate(chunk.token_ids):
-            block_id, slot = self._address(chunk, chunk.start_position + offset)
+            block_id, slot = self._address(chunk, table, chunk.start_position + offset)
             self.blocks.setdefault(block_id, [None] * self.block_size)[slot] = token
 
-    def _read(self, chunk: ScheduledChunk) -> list[int | None]:
+    def _read(self, chunk: ScheduledChunk, table: tuple[int, ...]) -> list[int | None]:
         visible = []
         for position in range(chunk.kv_len):
-            block_id, slot = self._address(chunk, position)
+            block_id, slot = self._address(chunk, table, position)
             visible.append(self.blocks.get(block_id, [None] * self.block_size)[slot])
         return visible
 
-    def _address(self, chunk: ScheduledChunk, position: int) -> tuple[int, int]:
+    def _address(self, chunk: ScheduledChunk, table: tuple[int, ...], position: int) -> tuple[int, int]:
         size = self.block_size
         shared = chunk.shared_kv_len
         if position < shared:
@@ -132,6 +139,6 @@ class ChunkStreamChecker:
         else:
             index = -(-shared // size) + (position - shared) // size
             slot = (position - shared) % size
-        if index >= len(chunk.block_ids):
-            raise ContractError(f"seq {chunk.seq_id}: position {position} beyond its {len(chunk.block_ids)} blocks")
-        return chunk.block_ids[index], slot
+        if index >= len(table):
+            raise ContractError(f"seq {chunk.seq_id}: position {position} beyond its {len(table)} blocks")
+        return table[index], slot

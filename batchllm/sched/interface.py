@@ -13,6 +13,17 @@ KV addressing of a chunk (the same rule for the KV store and for attention):
   (B = block size). Shared prefix blocks are read-only; a request's own tokens continue at
   position shared_kv_len in its own blocks, so a prefix that does not end on a block boundary
   needs no copy-on-write. New rows always have p >= shared_kv_len.
+
+Block tables travel as changes (the runner keeps them from step to step). The runner holds
+one row per sequence, keyed by seq_id: a request (its group's prefix blocks, then its own
+blocks) or a group's common prefix (seq_id < 0, its prefix blocks). Per step, in order:
+  1. step_index 0 (a new scheduler): start from no rows;
+  2. drop the rows of preempted_request_ids and finished_seq_ids;
+  3. per chunk: row[block_ids_start:] = new_block_ids (the row's length becomes
+     block_ids_start + len(new_block_ids)); a sequence without a row starts from an empty one.
+That covers growth (start = the row's length), a (re)admission (start 0) and a block swapped
+in place for an identical cached one (start = its index). A chunk's block table, as read by
+the KV addressing rule above, is its row after the step's changes.
 """
 
 from __future__ import annotations
@@ -30,7 +41,8 @@ class ScheduledChunk:
     seq_id: int  # request id, or a group prefix id when is_prefix
     token_ids: tuple[int, ...]  # input ids of the rows
     start_position: int  # position of the first row
-    block_ids: tuple[int, ...]  # KV block table: shared prefix blocks first, then own blocks
+    new_block_ids: tuple[int, ...]  # block-table change: row[block_ids_start:] = new_block_ids
+    block_ids_start: int = 0
     shared_kv_len: int = 0  # leading KV positions held in shared (read-only) prefix blocks
     is_prefix: bool = False  # rows are a group's common-prefix tokens: nothing is sampled
     sample: bool = False  # sample the next token from the last row
@@ -57,6 +69,14 @@ class SchedulerOutput:
     num_running_requests: int = 0
     num_used_blocks: int = 0
     preempted_request_ids: tuple[int, ...] = ()
+    # Requests finished since the previous step, and group prefixes (seq_id < 0) whose blocks
+    # were freed (group finished or preempted): the runner drops their rows.
+    finished_seq_ids: tuple[int, ...] = ()
+
+    @property
+    def dropped_seq_ids(self) -> tuple[int, ...]:
+        """Rows the runner drops before applying this step's changes."""
+        return self.preempted_request_ids + self.finished_seq_ids
 
     @property
     def num_tokens(self) -> int:
@@ -64,7 +84,7 @@ class SchedulerOutput:
 
     @classmethod
     def from_chunks(cls, step_index: int, chunks: list[ScheduledChunk], num_running_requests: int,
-                    num_used_blocks: int, preempted_request_ids=()) -> "SchedulerOutput":
+                    num_used_blocks: int, preempted_request_ids=(), finished_seq_ids=()) -> "SchedulerOutput":
         """The step with its token counts derived from the chunks' kinds (decode / prefix / distinct)."""
         num_decode = num_distinct = num_prefix = 0
         for chunk in chunks:
@@ -75,7 +95,7 @@ class SchedulerOutput:
             else:
                 num_distinct += chunk.num_tokens
         return cls(step_index, tuple(chunks), num_decode, num_distinct, num_prefix, num_running_requests,
-                   num_used_blocks, tuple(preempted_request_ids))
+                   num_used_blocks, tuple(preempted_request_ids), tuple(finished_seq_ids))
 
     @property
     def is_empty(self) -> bool:

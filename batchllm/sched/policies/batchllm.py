@@ -37,40 +37,25 @@ from batchllm.sched.interface import (
     SchedRequest,
     SchedulerOutput,
 )
+from batchllm.sched.seq_state import SeqState
 
 
 @dataclass(eq=False)
-class _Member:
-    request: SchedRequest
-    group: "_Group"
-    distinct_token_ids: list[int]  # prompt minus the group prefix (>= 1 token)
-    block_ids: list[int] = field(default_factory=list)  # own blocks: distinct + generated
-    num_computed_tokens: int = 0  # own tokens stored (positions len(prefix)...)
+class _Member(SeqState):
+    """Own tokens: the distinct prompt (prompt_offset = the group prefix length), then the
+    generated tokens, stored from position len(prefix) in the own blocks."""
+
+    group: "_Group" = field(kw_only=True)
     waiting: bool = False  # preempted or deferred at admission: recompute when resumed
     finished: bool = False
 
     @property
-    def num_own_tokens(self) -> int:
-        return len(self.distinct_token_ids) + len(self.request.output_token_ids)
-
-    @property
-    def num_pending_tokens(self) -> int:
-        return self.num_own_tokens - self.num_computed_tokens
-
-    @property
-    def is_decoding(self) -> bool:
-        return bool(self.request.output_token_ids) and self.num_pending_tokens == 1
+    def num_distinct_tokens(self) -> int:
+        return len(self.request.prompt_token_ids) - self.prompt_offset  # >= 1
 
     @property
     def is_running(self) -> bool:
         return self.group.active and not (self.finished or self.waiting)
-
-    def own_token_slice(self, start: int, end: int) -> tuple[int, ...]:
-        num_distinct = len(self.distinct_token_ids)
-        outputs = self.request.output_token_ids
-        if start >= num_distinct:
-            return tuple(outputs[start - num_distinct:end - num_distinct])
-        return tuple(self.distinct_token_ids[start:end]) + tuple(outputs[:max(0, end - num_distinct)])
 
 
 @dataclass(eq=False)
@@ -80,6 +65,7 @@ class _Group:
     members: list[_Member] = field(default_factory=list)
     prefix_block_ids: list[int] = field(default_factory=list)
     prefix_num_computed: int = 0
+    num_prefix_blocks_sent: int = 0  # leading entries of the runner's prefix row that are up to date
     r_group: float = 0.0  # BatchLLM Eq. 3-4
     active: bool = False  # admitted (its prefix blocks are, or are being, stored)
 
@@ -113,6 +99,7 @@ class BatchLLMScheduler:
         self._next_group_id = 0
         self.step_index = 0
         self.num_preemptions = 0
+        self.finished_seq_ids: list[int] = []  # since the last step: the runner drops their rows
         self.planned_saved_tokens = 0  # planner's optimum, for reporting
 
     # -- Scheduler protocol -----------------------------------------------------------
@@ -135,7 +122,7 @@ class BatchLLMScheduler:
             num_prefix = len(group.prefix_token_ids)
             for index in planned.request_indices:
                 request = requests[index]
-                member = _Member(request, group, list(request.prompt_token_ids[num_prefix:]))
+                member = _Member(request, num_prefix, group=group)
                 self._check_fits(group, member)
                 group.members.append(member)
                 self._members[request.request_id] = member
@@ -207,14 +194,14 @@ class BatchLLMScheduler:
     # -- admission and reservation ----------------------------------------------------
 
     def _r_group(self, group: _Group) -> float:
-        prefill = len(group.prefix_token_ids) + sum(len(m.distinct_token_ids) for m in group.members)
+        prefill = len(group.prefix_token_ids) + sum(m.num_distinct_tokens for m in group.members)
         if self.config.constant_decode_length:
             return 1.0 / prefill  # Eq. 4: decode length normalised to 1
         return sum(m.request.max_tokens for m in group.members) / prefill  # Eq. 3 per group
 
     def _member_need_blocks(self, member: _Member) -> int:
         reserved_decode = int(self.config.decode_reserve_ratio * member.request.max_tokens + 0.999999)
-        num_tokens = max(member.num_own_tokens, len(member.distinct_token_ids) + reserved_decode)
+        num_tokens = max(member.num_own_tokens, member.num_distinct_tokens + reserved_decode)
         return self.pool.blocks_for_tokens(num_tokens)
 
     def _committed_blocks(self) -> int:
@@ -228,9 +215,9 @@ class BatchLLMScheduler:
         return committed
 
     def _check_fits(self, group: _Group, member: _Member) -> None:
-        num_tokens = len(group.prefix_token_ids) + len(member.distinct_token_ids) + member.request.max_tokens
+        num_tokens = len(group.prefix_token_ids) + member.num_distinct_tokens + member.request.max_tokens
         needed = self.pool.blocks_for_tokens(len(group.prefix_token_ids)) + self.pool.blocks_for_tokens(
-            len(member.distinct_token_ids) + member.request.max_tokens
+            member.num_distinct_tokens + member.request.max_tokens
         )
         if needed > self.threshold_blocks:
             raise ValueError(
@@ -357,12 +344,9 @@ class BatchLLMScheduler:
         return None
 
     def _preempt_member(self, member: _Member, step: "_Step") -> None:
-        self.pool.free(member.block_ids)
-        member.block_ids = []
-        member.num_computed_tokens = 0
+        self._count_preempted(member, step)
+        self.pool.free(member.drop_blocks())
         member.waiting = True
-        step.preempted.append(member.request.request_id)
-        self.num_preemptions += 1
 
     def _preempt_group(self, group: _Group, step: "_Step") -> None:
         """Whole group back to the head of the queue; its prefix is recomputed later."""
@@ -370,36 +354,41 @@ class BatchLLMScheduler:
             if member.finished:
                 continue
             if member.block_ids or member.is_running:
-                step.preempted.append(member.request.request_id)
-                self.num_preemptions += 1
-            self.pool.free(member.block_ids)
-            member.block_ids = []
-            member.num_computed_tokens = 0
+                self._count_preempted(member, step)
+            self.pool.free(member.drop_blocks())
             member.waiting = False
-        self.pool.free(group.prefix_block_ids)
-        group.prefix_block_ids = []
+        self._free_prefix(group)
         group.prefix_num_computed = 0
-        group.active = False
-        self.active_groups.remove(group)
         group.members = [m for m in group.members if not m.finished] or group.members
         self.pending_groups.appendleft(group)
 
     def _finish(self, member: _Member, reason: str) -> FinishedRequest:
         group = member.group
-        self.pool.free(member.block_ids)
-        member.block_ids = []
+        self.pool.free(member.drop_blocks())
         member.finished = True
+        self.finished_seq_ids.append(member.request.request_id)
         del self._members[member.request.request_id]
         # Every member but the first reused the prefix KV instead of computing it.
         num_cached = len(group.prefix_token_ids) if member is not group.members[0] else 0
         if all(m.finished for m in group.members):
             # BatchLLM 4.3.1: the prefix's memory is released as soon as its group is done.
-            self.pool.free(group.prefix_block_ids)
-            group.prefix_block_ids = []
-            group.active = False
-            self.active_groups.remove(group)
+            self._free_prefix(group)
             self._groups_by_prefix_id.pop(group.prefix_id, None)
         return FinishedRequest(member.request.request_id, tuple(member.request.output_token_ids), reason, num_cached)
+
+    def _count_preempted(self, member: _Member, step: "_Step") -> None:
+        step.preempted.append(member.request.request_id)
+        self.num_preemptions += 1
+
+    def _free_prefix(self, group: _Group) -> None:
+        """The group leaves the active list and its prefix blocks are freed (the runner drops the row)."""
+        self.pool.free(group.prefix_block_ids)
+        group.prefix_block_ids = []
+        if group.num_prefix_blocks_sent:
+            self.finished_seq_ids.append(group.prefix_id)
+            group.num_prefix_blocks_sent = 0
+        group.active = False
+        self.active_groups.remove(group)
 
     def _build_output(self, step: "_Step") -> SchedulerOutput:
         # Rows group by group (BatchLLM 5): a group's prefix chunk, then its members' chunks.
@@ -409,12 +398,15 @@ class BatchLLMScheduler:
             prefix_tokens = step.prefix_tokens.get(group.group_id, 0)
             if prefix_tokens:
                 start = group.prefix_num_computed
+                blocks_sent = group.num_prefix_blocks_sent
+                group.num_prefix_blocks_sent = len(group.prefix_block_ids)
                 chunks.append(
                     ScheduledChunk(
                         seq_id=group.prefix_id,
                         token_ids=group.prefix_token_ids[start:start + prefix_tokens],
                         start_position=start,
-                        block_ids=tuple(group.prefix_block_ids),
+                        new_block_ids=tuple(group.prefix_block_ids[blocks_sent:]),
+                        block_ids_start=blocks_sent,
                         shared_kv_len=0,
                         is_prefix=True,
                         sample=False,
@@ -423,20 +415,23 @@ class BatchLLMScheduler:
                 )
             for member, num_tokens in step.member_tokens.get(group.group_id, ()):
                 start = member.num_computed_tokens
+                block_ids_start, new_block_ids = member.table_change(group.prefix_block_ids)
                 chunks.append(
                     ScheduledChunk(
                         seq_id=member.request.request_id,
                         token_ids=member.own_token_slice(start, start + num_tokens),
                         start_position=num_prefix_tokens + start,
-                        block_ids=tuple(group.prefix_block_ids) + tuple(member.block_ids),
+                        new_block_ids=new_block_ids,
+                        block_ids_start=block_ids_start,
                         shared_kv_len=num_prefix_tokens,
                         sample=start + num_tokens == member.num_own_tokens,
                         group_id=group.chunk_group_id,
                         is_decode=member.is_decoding,
                     )
                 )
+        finished, self.finished_seq_ids = self.finished_seq_ids, []
         return SchedulerOutput.from_chunks(self.step_index, chunks, sum(1 for _ in self._running_members()),
-                                           self.pool.num_used_blocks, step.preempted)
+                                           self.pool.num_used_blocks, step.preempted, finished)
 
 
 @dataclass

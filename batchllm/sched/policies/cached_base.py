@@ -11,39 +11,15 @@ from batchllm.sched.block_pool import BlockPool
 from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.interface import FinishedRequest, ScheduledChunk, SchedRequest, SchedulerOutput
 from batchllm.sched.prefix_cache import BlockPrefixCache, CacheNode
+from batchllm.sched.seq_state import SeqState
 
 
 @dataclass(eq=False)
-class CachedSeq:
-    request: SchedRequest
-    block_ids: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0  # tokens whose KV is stored (cached hits included)
+class CachedSeq(SeqState):
     # Cache node of each leading full block (the chain used to key the next block).
     nodes: list[CacheNode] = field(default_factory=list)
     num_cached_prompt_tokens: int | None = None  # prompt tokens reused at first admission
     first_block_token_ids: tuple[int, ...] | None = None  # memo: cheap cache-miss test
-
-    @property
-    def num_total_tokens(self) -> int:
-        return len(self.request.prompt_token_ids) + len(self.request.output_token_ids)
-
-    @property
-    def num_pending_tokens(self) -> int:
-        return self.num_total_tokens - self.num_computed_tokens
-
-    @property
-    def is_decoding(self) -> bool:
-        return bool(self.request.output_token_ids) and self.num_pending_tokens == 1
-
-
-def token_slice(request: SchedRequest, start: int, end: int) -> tuple[int, ...]:
-    """request.all_token_ids[start:end] without building the whole list (decode steps)."""
-    num_prompt = len(request.prompt_token_ids)
-    if start >= num_prompt:
-        return tuple(request.output_token_ids[start - num_prompt:end - num_prompt])
-    if end <= num_prompt:
-        return tuple(request.prompt_token_ids[start:end])
-    return tuple(request.prompt_token_ids[start:]) + tuple(request.output_token_ids[:end - num_prompt])
 
 
 class CachedPolicyBase:
@@ -57,6 +33,7 @@ class CachedPolicyBase:
         self.running: list[CachedSeq] = []
         self.step_index = 0
         self.num_preemptions = 0
+        self.finished_seq_ids: list[int] = []  # since the last step: the runner drops their rows
 
     # -- Scheduler protocol -----------------------------------------------------------
 
@@ -86,6 +63,7 @@ class CachedPolicyBase:
             if reason is not None:
                 self._release(seq)
                 self.running.remove(seq)
+                self.finished_seq_ids.append(chunk.seq_id)
                 finished.append(
                     FinishedRequest(
                         chunk.seq_id, tuple(seq.request.output_token_ids), reason,
@@ -152,32 +130,34 @@ class CachedPolicyBase:
     def preempt(self, seq: CachedSeq) -> None:
         """Recompute preemption: free the KV (full blocks stay cached), keep the outputs."""
         self._release(seq)
-        seq.num_computed_tokens = 0
         self.num_preemptions += 1
 
     def build_output(self, scheduled: list[tuple[CachedSeq, int]], preempted: list[int]) -> SchedulerOutput:
         chunks = []
         for seq, num_tokens in scheduled:
             start = seq.num_computed_tokens
+            block_ids_start, new_block_ids = seq.table_change()
             chunks.append(
                 ScheduledChunk(
                     seq_id=seq.request.request_id,
-                    token_ids=token_slice(seq.request, start, start + num_tokens),
+                    token_ids=seq.own_token_slice(start, start + num_tokens),
                     start_position=start,
-                    block_ids=tuple(seq.block_ids),
-                    sample=start + num_tokens == seq.num_total_tokens,
+                    new_block_ids=new_block_ids,
+                    block_ids_start=block_ids_start,
+                    sample=start + num_tokens == seq.num_own_tokens,
                     is_decode=seq.is_decoding,
                 )
             )
+        finished, self.finished_seq_ids = self.finished_seq_ids, []
         return SchedulerOutput.from_chunks(self.step_index, chunks, len(self.running), self.num_active_blocks,
-                                           preempted)
+                                           preempted, finished)
 
     def _release(self, seq: CachedSeq) -> None:
+        block_ids = seq.drop_blocks()
         if self.cache is not None:
-            self.cache.release(seq.block_ids)
+            self.cache.release(block_ids)
         else:
-            self.pool.free(seq.block_ids)
-        seq.block_ids = []
+            self.pool.free(block_ids)
         seq.nodes = []
 
     def _cache_full_blocks(self, seq: CachedSeq) -> None:
@@ -206,5 +186,5 @@ class CachedPolicyBase:
                 # (radix insert) do. Keeps "holding a node => holding its ancestors".
                 self.cache.acquire([node])
                 self.pool.free([own_block_id])
-                seq.block_ids[index] = node.block_id
+                seq.replace_block(index, node.block_id)
             seq.nodes.append(node)

@@ -77,7 +77,7 @@ class SglangScheduler(CachedPolicyBase):
             if self.max_running_requests is not None and len(self.running) >= self.max_running_requests:
                 break
             nodes = matches[id(seq)]
-            extend_tokens = seq.num_total_tokens - len(nodes) * size
+            extend_tokens = seq.num_own_tokens - len(nodes) * size
             remaining_new = seq.request.max_tokens - len(seq.request.output_token_ids)
             need_tokens = extend_tokens + min(max(remaining_new, 0), CLIP_MAX_NEW_TOKENS)
             available = self.num_available_blocks - (self.cache.num_evictable_in(nodes) if nodes else 0)
@@ -115,7 +115,7 @@ class SglangScheduler(CachedPolicyBase):
             batch.sort(key=lambda s: (len(s.request.output_token_ids), -s.request.num_prompt_tokens), reverse=True)
             while needed > self.num_available_blocks and len(batch) > 1:
                 victim = batch.pop()
-                needed -= self.pool.blocks_for_tokens(victim.num_total_tokens) - len(victim.block_ids)
+                needed -= self.pool.blocks_for_tokens(victim.num_own_tokens) - len(victim.block_ids)
                 self.running.remove(victim)
                 self.preempt(victim)
                 self.waiting.appendleft(victim)

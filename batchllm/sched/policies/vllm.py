@@ -59,7 +59,7 @@ class VllmScheduler(CachedPolicyBase):
         while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             nodes = self.match_cached(seq)
-            needed = self.pool.blocks_for_tokens(seq.num_total_tokens) - len(nodes)
+            needed = self.pool.blocks_for_tokens(seq.num_own_tokens) - len(nodes)
             available = self.num_available_blocks - (self.cache.num_evictable_in(nodes) if nodes else 0)
             if needed > available or (available - needed < self.watermark_blocks and self.running):
                 break  # (the watermark never blocks an idle engine: no deadlock on tiny caches)

@@ -37,8 +37,7 @@ class RayEngine:
         # size (or the context); a replica whose cache is smaller answers that request with an error.
         kv_tokens = config.kv_cache_tokens or self.max_model_len
         block_size = config.scheduler.block_size
-        self.scheduler_config = dataclasses.replace(config.scheduler, num_kv_blocks=-(-kv_tokens // block_size),
-                                                    max_model_len=self.max_model_len)
+        self.scheduler_config = dataclasses.replace(config.scheduler, num_kv_blocks=-(-kv_tokens // block_size))
 
     @property
     def num_kv_tokens(self) -> int:

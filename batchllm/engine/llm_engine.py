@@ -152,8 +152,7 @@ class LLMEngine:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
         self.kv_cache = kv_cache
-        self.scheduler_config = dataclasses.replace(config.scheduler, num_kv_blocks=kv_cache.num_blocks,
-                                                    max_model_len=max_model_len)
+        self.scheduler_config = dataclasses.replace(config.scheduler, num_kv_blocks=kv_cache.num_blocks)
         self.runner = runner
         self.async_scheduling = config.async_scheduling
 

@@ -21,9 +21,6 @@ class SchedulerConfig:
     max_num_seqs: int | None = None
     # M_threshold (BatchLLM 4.3.3) as a fraction of the KV blocks; None = policy default.
     kv_memory_threshold: float | None = None
-    max_model_len: int = 8192
-    # Paper's Eq. 4 assumes a constant decode length; False uses each request's max_tokens.
-    constant_decode_length: bool = False
     # Prefix caching for the vllm / sglang policies (LRU). Ignored by batchllm and simple.
     enable_prefix_caching: bool = True
     # batchllm policy: fraction of each request's max_tokens whose KV blocks are reserved when

@@ -53,10 +53,6 @@ class BlockPrefixCache:
         self.num_evictable_blocks = 0
         self.num_evictions = 0
 
-    @property
-    def num_cached_blocks(self) -> int:
-        return len(self._by_id)
-
     def tick(self) -> int:
         self._clock += 1
         return self._clock

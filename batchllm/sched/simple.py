@@ -31,10 +31,8 @@ class SimpleScheduler(CachedPolicyBase):
             state = self.running[index]
             num_tokens = min(state.num_pending_tokens, budget)
             if not self.grow(state, num_tokens):
-                victim = self.running.pop()
-                self.preempt(victim)  # recompute later: the KV goes, the generated tokens stay
-                self.waiting.appendleft(victim)
-                preempted.append(victim.request.request_id)
+                victim = self.running[-1]
+                self.preempt(victim, preempted)  # recompute later: the KV goes, the generated tokens stay
                 if victim is state:
                     break
                 continue

@@ -19,7 +19,7 @@ group per step (BatchLLM's fused prefix tile), not once per member.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from batchllm.sched.checker import ChunkStreamChecker
 from batchllm.sched.config import SchedulerConfig
@@ -94,10 +94,10 @@ def simulate(
 ) -> tuple[SimResult, Trace | None, dict[int, tuple[int, ...]]]:
     """Run the whole batch; returns (result, trace or None, outputs per request index).
     on_output: called with every step's SchedulerOutput before its update (replays of real
-    steps, e.g. benchmarks/engine_steps.py)."""
+    steps, e.g. benchmarks/engine_steps.py; block tables arrive as changes: rebuild them with
+    sched/block_table.BlockTableTracker, fed every step)."""
     cost_model = cost_model or CostModel()
     sched_requests = [SchedRequest(i, list(r.prompt_token_ids), r.max_tokens) for i, r in enumerate(requests)]
-    max_tokens = {r.request_id: r.max_tokens for r in sched_requests}
     checker = ChunkStreamChecker(sched_requests, config.block_size) if check else None
     scheduler = make_scheduler(config)
     scheduler.add_requests(sched_requests)
@@ -106,34 +106,16 @@ def simulate(
         if trace_label is not None
         else None
     )
+    sampling = _FakeSampling({r.request_id: r.max_tokens for r in sched_requests})
+    totals = _Totals()
     outputs: dict[int, tuple[int, ...]] = {}
-    num_outputs = {r.request_id: 0 for r in sched_requests}
-    steps = total_tokens = valleys = processed_prefill = decode_tokens = 0
-    peak_blocks = preemptions = empty_steps = 0
-    time_s = 0.0
-    half_budget = config.max_num_batched_tokens / 2
     while scheduler.has_unfinished():
         output = scheduler.schedule()
-        preemptions += len(output.preempted_request_ids)
-        if output.is_empty:
-            empty_steps += 1
-            if empty_steps > MAX_EMPTY_STEPS:
-                raise RuntimeError(f"policy {config.policy!r} stalled: {MAX_EMPTY_STEPS} empty steps with work left")
-        else:
-            empty_steps = 0
+        totals.check_progress(output, config.policy)
         if on_output is not None:
             on_output(output)
         seen = checker.check_step(output) if checker is not None else None
-        sampled: dict[int, int] = {}
-        finish: dict[int, str] = {}
-        for chunk in output.chunks:
-            if not chunk.sample:
-                continue
-            rid = chunk.seq_id
-            sampled[rid] = hash(seen[rid]) % FAKE_VOCAB_SIZE if seen is not None else fake_token(rid, num_outputs[rid])
-            num_outputs[rid] += 1
-            if num_outputs[rid] >= max_tokens[rid]:
-                finish[rid] = "length"
+        sampled, finish = sampling.sample(output, seen)
         finished = scheduler.update(output, sampled, finish)
         if checker is not None:
             checker.record(sampled, [f.request_id for f in finished])
@@ -142,36 +124,83 @@ def simulate(
                 raise RuntimeError(f"request {item.request_id} finished twice")
             outputs[item.request_id] = item.output_token_ids
         step_time = cost_model.step_time_s(output)
+        totals.add(output, step_time, config.max_num_batched_tokens / 2)
+        if trace is not None and output.num_tokens:
+            trace.steps.append(StepRecord.from_output(output, step_time))
+    return totals.result(requests, config, len(outputs)), trace, outputs
+
+
+@dataclass
+class _FakeSampling:
+    """Request r's i-th token is fake_token(r, i), or with the checker a hash of the KV it read;
+    a request finishes at its max_tokens."""
+
+    max_tokens: dict[int, int]
+    num_outputs: dict[int, int] = field(default_factory=dict)
+
+    def sample(self, output: SchedulerOutput, seen: dict | None) -> tuple[dict[int, int], dict[int, str]]:
+        sampled: dict[int, int] = {}
+        finish: dict[int, str] = {}
+        for chunk in output.chunks:
+            if not chunk.sample:
+                continue
+            rid = chunk.seq_id
+            index = self.num_outputs.get(rid, 0)
+            sampled[rid] = hash(seen[rid]) % FAKE_VOCAB_SIZE if seen is not None else fake_token(rid, index)
+            self.num_outputs[rid] = index + 1
+            if index + 1 >= self.max_tokens[rid]:
+                finish[rid] = "length"
+        return sampled, finish
+
+
+@dataclass
+class _Totals:
+    steps: int = 0
+    total_tokens: int = 0
+    valleys: int = 0
+    processed_prefill: int = 0
+    decode_tokens: int = 0
+    peak_blocks: int = 0
+    preemptions: int = 0
+    empty_steps: int = 0
+    time_s: float = 0.0
+
+    def check_progress(self, output: SchedulerOutput, policy: str) -> None:
+        self.preemptions += len(output.preempted_request_ids)
+        self.empty_steps = self.empty_steps + 1 if output.is_empty else 0
+        if self.empty_steps > MAX_EMPTY_STEPS:
+            raise RuntimeError(f"policy {policy!r} stalled: {MAX_EMPTY_STEPS} empty steps with work left")
+
+    def add(self, output: SchedulerOutput, step_time_s: float, half_budget: float) -> None:
         num_tokens = output.num_tokens
         if num_tokens:
-            steps += 1
-            total_tokens += num_tokens
-            valleys += num_tokens < half_budget
-        processed_prefill += output.num_distinct_tokens + output.num_prefix_tokens
-        decode_tokens += output.num_decode_tokens
-        peak_blocks = max(peak_blocks, output.num_used_blocks)
-        time_s += step_time if num_tokens else 0.0
-        if trace is not None and num_tokens:
-            trace.steps.append(StepRecord.from_output(output, step_time))
-    logical = sum(len(r.prompt_token_ids) for r in requests)
-    result = SimResult(
-        policy=config.policy,
-        num_requests=len(requests),
-        finished_requests=len(outputs),
-        steps=steps,
-        total_tokens=total_tokens,
-        mean_tokens_per_step=total_tokens / steps if steps else 0.0,
-        valley_steps=valleys,
-        logical_prefill_tokens=logical,
-        processed_prefill_tokens=processed_prefill,
-        saving_ratio=(logical - processed_prefill) / logical if logical else 0.0,
-        decode_tokens=decode_tokens,
-        peak_kv_blocks=peak_blocks,
-        peak_kv_tokens=peak_blocks * config.block_size,
-        preemptions=preemptions,
-        estimated_time_s=time_s,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        num_kv_blocks=config.num_kv_blocks,
-        block_size=config.block_size,
-    )
-    return result, trace, outputs
+            self.steps += 1
+            self.total_tokens += num_tokens
+            self.valleys += num_tokens < half_budget
+            self.time_s += step_time_s
+        self.processed_prefill += output.num_distinct_tokens + output.num_prefix_tokens
+        self.decode_tokens += output.num_decode_tokens
+        self.peak_blocks = max(self.peak_blocks, output.num_used_blocks)
+
+    def result(self, requests: Sequence[SimRequest], config: SchedulerConfig, num_finished: int) -> SimResult:
+        logical = sum(len(r.prompt_token_ids) for r in requests)
+        return SimResult(
+            policy=config.policy,
+            num_requests=len(requests),
+            finished_requests=num_finished,
+            steps=self.steps,
+            total_tokens=self.total_tokens,
+            mean_tokens_per_step=self.total_tokens / self.steps if self.steps else 0.0,
+            valley_steps=self.valleys,
+            logical_prefill_tokens=logical,
+            processed_prefill_tokens=self.processed_prefill,
+            saving_ratio=(logical - self.processed_prefill) / logical if logical else 0.0,
+            decode_tokens=self.decode_tokens,
+            peak_kv_blocks=self.peak_blocks,
+            peak_kv_tokens=self.peak_blocks * config.block_size,
+            preemptions=self.preemptions,
+            estimated_time_s=self.time_s,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            num_kv_blocks=config.num_kv_blocks,
+            block_size=config.block_size,
+        )

@@ -195,8 +195,6 @@ class BatchLLMScheduler:
 
     def _r_group(self, group: _Group) -> float:
         prefill = len(group.prefix_token_ids) + sum(m.num_distinct_tokens for m in group.members)
-        if self.config.constant_decode_length:
-            return 1.0 / prefill  # Eq. 4: decode length normalised to 1
         return sum(m.request.max_tokens for m in group.members) / prefill  # Eq. 3 per group
 
     def _member_need_blocks(self, member: _Member) -> int:
@@ -292,7 +290,6 @@ class BatchLLMScheduler:
             if num_tokens < remaining:
                 return
         # Prefix stored by the end of this step's KV write: its distinct chunks may follow.
-        step.prefix_complete.add(group.group_id)
         self._schedule_distinct_after_prefix(group, step)
 
     def _schedule_distinct_after_prefix(self, group: _Group, step: "_Step") -> None:
@@ -444,7 +441,6 @@ class _Step:
     prefix_tokens: dict[int, int] = field(default_factory=dict)
     scheduled: set[int] = field(default_factory=set)  # id(member)
     prefix_scheduled: set[int] = field(default_factory=set)
-    prefix_complete: set[int] = field(default_factory=set)
     preempted: list[int] = field(default_factory=list)
 
     def _touch(self, group: _Group) -> None:

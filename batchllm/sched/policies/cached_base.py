@@ -127,9 +127,13 @@ class CachedPolicyBase:
         seq.block_ids.extend(block_ids)
         return True
 
-    def preempt(self, seq: CachedSeq) -> None:
-        """Recompute preemption: free the KV (full blocks stay cached), keep the outputs."""
+    def preempt(self, seq: CachedSeq, preempted: list[int]) -> None:
+        """Recompute preemption: off the running list, the KV freed (full blocks stay cached),
+        the outputs kept; back to the head of the waiting queue; its id appended to `preempted`."""
+        self.running.remove(seq)
         self._release(seq)
+        self.waiting.appendleft(seq)
+        preempted.append(seq.request.request_id)
         self.num_preemptions += 1
 
     def build_output(self, scheduled: list[tuple[CachedSeq, int]], preempted: list[int]) -> SchedulerOutput:

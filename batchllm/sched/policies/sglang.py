@@ -116,10 +116,7 @@ class SglangScheduler(CachedPolicyBase):
             while needed > self.num_available_blocks and len(batch) > 1:
                 victim = batch.pop()
                 needed -= self.pool.blocks_for_tokens(victim.num_own_tokens) - len(victim.block_ids)
-                self.running.remove(victim)
-                self.preempt(victim)
-                self.waiting.appendleft(victim)
-                preempted.append(victim.request.request_id)
+                self.preempt(victim, preempted)
             total_decoded = sum(len(s.request.output_token_ids) for s in batch)
             total_max_new = sum(s.request.max_tokens for s in batch) or 1
             self.new_token_ratio = min(1.0, (total_decoded + RETRACT_DECODE_STEPS * len(batch)) / total_max_new)

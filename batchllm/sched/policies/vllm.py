@@ -44,10 +44,7 @@ class VllmScheduler(CachedPolicyBase):
             num_tokens = min(seq.num_pending_tokens, budget)
             while not self.grow(seq, num_tokens):
                 victim = self._last_unscheduled(scheduled_ids)
-                self.running.remove(victim)
-                self.preempt(victim)
-                self.waiting.appendleft(victim)
-                preempted.append(victim.request.request_id)
+                self.preempt(victim, preempted)
                 if victim is seq:
                     break
             if seq.request.request_id in preempted:

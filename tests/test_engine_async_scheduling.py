@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from batchllm.config import EngineConfig
-from batchllm.engine.llm_engine import LLMEngine, PreparedRequest
+from batchllm.engine.llm_engine import LLMEngine, PreparedRequest, RunStats
 from batchllm.engine.placeholders import (
     has_placeholders,
     placeholder_for_row,
     placeholder_source,
     resolve_placeholders_,
 )
+from batchllm.engine.run_options import RunOptions
 from batchllm.sampling_params import SamplingParams
 from batchllm.sched.config import SchedulerConfig
 
@@ -39,10 +40,10 @@ def _requests(num_requests: int, stop_ids: dict[int, list[int]]) -> list[Prepare
     return requests
 
 
-def _run(engine: LLMEngine, requests, async_scheduling: bool, **scheduler_changes):
-    engine.async_scheduling = async_scheduling
+def _run(engine: LLMEngine, requests, async_scheduling: bool, stats: RunStats | None = None, **scheduler_changes):
     engine.configure_scheduler(**scheduler_changes)
-    outputs = {out.request_id: out for out in engine.run(requests)}
+    options = RunOptions(async_scheduling=async_scheduling)
+    outputs = {out.request_id: out for out in engine.run(requests, stats=stats, options=options)}
     assert sorted(outputs) == [r.request_id for r in requests]
     return outputs
 
@@ -86,26 +87,25 @@ def test_async_equals_sync_under_preemption(tiny_engine):
     # newest token may still be a placeholder.
     requests = _requests(24, {})
     small = dict(policy="vllm", max_num_batched_tokens=64, num_kv_blocks=24)
-    engine = tiny_engine
-    saved = engine.scheduler_config
+    num_kv_blocks = tiny_engine.scheduler_config.num_kv_blocks
+    stats = {False: RunStats(), True: RunStats()}
     try:
-        sync_stats_outputs = _run(engine, requests, False, **small)
-        asynchronous = _run(engine, requests, True, **small)
+        sync = _run(tiny_engine, requests, False, stats[False], **small)
+        asynchronous = _run(tiny_engine, requests, True, stats[True], **small)
     finally:
-        engine.scheduler_config = saved
-    _same(sync_stats_outputs, asynchronous)
+        tiny_engine.configure_scheduler(num_kv_blocks=num_kv_blocks)
+    for mode in (False, True):
+        assert sum(r.num_preempted_requests for r in stats[mode].step_records) > 0, mode
+    _same(sync, asynchronous)
 
 
 def test_async_counts_steps_and_tokens(tiny_engine):
-    from batchllm.engine.llm_engine import RunStats
-
     requests = _requests(8, {})
     totals = {}
     for mode in (False, True):
-        tiny_engine.async_scheduling = mode
         tiny_engine.configure_scheduler(policy="batchllm", max_num_batched_tokens=64)
         stats = RunStats()
-        outs = list(tiny_engine.run(requests, stats=stats))
+        outs = list(tiny_engine.run(requests, stats=stats, options=RunOptions(async_scheduling=mode)))
         totals[mode] = (stats.num_steps, stats.num_output_tokens, sum(len(o.output_token_ids) for o in outs),
                         len(stats.step_records))
     assert totals[True] == totals[False]
@@ -121,10 +121,8 @@ def test_stop_strings_and_eos_async_equals_sync():
               SamplingParams(temperature=0, max_tokens=16, stop=["."], include_stop_str_in_output=True),
               SamplingParams(temperature=0.7, max_tokens=12, seed=5, logprobs=1)]
     llm = LLM(dtype="float32", device="cpu", kv_cache_tokens=2048)
-    llm.engine.async_scheduling = False
-    sync = llm.generate(prompts, params, use_tqdm=False)
-    llm.engine.async_scheduling = True
-    asynchronous = llm.generate(prompts, params, use_tqdm=False)
+    sync = llm.generate(prompts, params, use_tqdm=False, options=RunOptions(async_scheduling=False))
+    asynchronous = llm.generate(prompts, params, use_tqdm=False, options=RunOptions(async_scheduling=True))
     assert sync[0].outputs[0].finish_reason == "stop" and sync[0].outputs[0].text == " 6, 7,"
     for x, y in zip(sync, asynchronous):
         assert x.outputs[0].token_ids == y.outputs[0].token_ids

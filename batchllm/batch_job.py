@@ -16,11 +16,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from batchllm.engine.llm_engine import LLMEngine, PreparedRequest, RequestTooLongError, RunStats
+from batchllm.engine.llm_engine import LLMEngine, PreparedRequest, RunStats
 from batchllm.io.batch_input import BatchError, BatchRequest, read_batch_file
 from batchllm.io.batch_output import dumps, error_line, success_line
 from batchllm.io.journal import Journal, JournalHeader
 from batchllm.progress import Progress
+from batchllm.request_limits import EmptyPromptError, InvalidRequestError, NoTokenizerError, PromptTooLongError
 
 ORDERS = ("input", "finish")
 
@@ -110,7 +111,7 @@ def tokenize_request(engine: LLMEngine, request: BatchRequest) -> list[int]:
     if request.prompt_token_ids is not None:
         return list(request.prompt_token_ids)
     if engine.tokenizer is None:
-        raise RequestTooLongError(f"model {engine.model_name} has no tokenizer: give prompt_token_ids")
+        raise NoTokenizerError(f"model {engine.model_name} has no tokenizer: give prompt_token_ids")
     if request.messages is not None:
         return engine.tokenizer.encode_chat(request.messages)
     return engine.tokenizer.encode_prompt(request.prompt)
@@ -120,20 +121,18 @@ def prepare_request(engine: LLMEngine, request: BatchRequest):
     """(int32 token ids, checked params) or an error record (prompt too long, no tokenizer, ...)."""
     try:
         token_ids = tokenize_request(engine, request)
-    except RequestTooLongError as error:
+    except NoTokenizerError as error:
         return error_line(request.custom_id, "invalid_request", str(error), request.line_number)
     except Exception as error:  # a tokenizer or chat template failing on one line's content
         return error_line(request.custom_id, "tokenization_failed", f"{type(error).__name__}: {error}",
                           request.line_number)
-    limit = engine.token_limit
-    if len(token_ids) >= limit:
-        return error_line(request.custom_id, "prompt_too_long",
-                          f"prompt has {len(token_ids)} tokens; the limit is {limit - 1} (max model length "
-                          f"{engine.max_model_len}, KV cache {engine.num_kv_tokens} tokens): shorten the prompt",
-                          request.line_number)
     try:
-        params = engine.check_length(token_ids, request.sampling)  # clamps max_tokens (README)
-    except (RequestTooLongError, ValueError) as error:
+        params = engine.limits.check(token_ids, request.sampling)  # clamps max_tokens (README)
+    except PromptTooLongError as error:
+        return error_line(request.custom_id, "prompt_too_long", str(error), request.line_number)
+    except EmptyPromptError as error:
+        return error_line(request.custom_id, "empty_prompt", str(error), request.line_number)
+    except InvalidRequestError as error:
         return error_line(request.custom_id, "invalid_request", str(error), request.line_number)
     return np.asarray(token_ids, dtype=np.int32), params
 
@@ -236,7 +235,8 @@ class _JobRun:
         for done in self.engine.run(prepared, on_step=self._on_step, stats=self.stats):
             request = requests.pop(done.request_id)
             if done.error is not None:
-                line = error_line(request.custom_id, "invalid_request", done.error, done.request_id)
+                code = "internal_error" if done.error.startswith("internal_error") else "invalid_request"
+                line = error_line(request.custom_id, code, done.error, done.request_id)
             else:
                 line = success_line(
                     request.custom_id, request.endpoint, request.model or self.engine.model_name, done.text,

@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from batchllm.config import EngineConfig
+from batchllm.engine.factory import create_engine
 from batchllm.engine.llm_engine import FinishedOutput, PreparedRequest, RunStats
+from batchllm.engine.run_options import RunOptions
 from batchllm.outputs import CompletionOutput, RequestOutput
 from batchllm.progress import Progress
+from batchllm.request_limits import NoTokenizerError
 from batchllm.sampling_params import SamplingParams
 from batchllm.sched.config import SchedulerConfig
 
@@ -48,22 +51,19 @@ class LLM:
                                   attention_backend=attention_backend, seed=seed, fused_kernels=fused_kernels,
                                   enforce_eager=enforce_eager, async_scheduling=async_scheduling,
                                   scheduler=scheduler)
-        from batchllm.distributed.tp_engine import create_engine
-
         # One process per GPU above 1 (this one is rank 0); call llm.engine.shutdown() or let exit do it.
         self.engine = create_engine(config, tensor_parallel_size)
         self.last_run_stats: RunStats | None = None
-
-    def get_tokenizer(self):
-        return self.engine.tokenizer
 
     def generate(
         self,
         prompts: str | Sequence[str] | Sequence[Sequence[int]] | Sequence[dict],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        options: RunOptions | None = None,
     ) -> list[RequestOutput]:
-        """prompts: text, token-id lists, or {"prompt": ...} / {"prompt_token_ids": [...]} dicts."""
+        """prompts: text, token-id lists, or {"prompt": ...} / {"prompt_token_ids": [...]} dicts.
+        options: per-run execution switches (benchmarks, debugging)."""
         if isinstance(prompts, str) or isinstance(prompts, dict):
             prompts = [prompts]
         if prompts and isinstance(prompts[0], int):
@@ -83,26 +83,27 @@ class LLM:
             else:
                 texts.append(None)
                 token_lists.append(list(prompt))
-        return self._run(texts, token_lists, sampling_params, use_tqdm)
+        return self._run(texts, token_lists, sampling_params, use_tqdm, options)
 
     def chat(
         self,
         messages: Sequence[dict] | Sequence[Sequence[dict]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        options: RunOptions | None = None,
     ) -> list[RequestOutput]:
         """messages: one conversation (list of {"role", "content"}) or a list of them."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tokenizer = self._tokenizer_or_error()
         token_lists = [tokenizer.encode_chat(conversation) for conversation in conversations]
-        return self._run([None] * len(token_lists), token_lists, sampling_params, use_tqdm)
+        return self._run([None] * len(token_lists), token_lists, sampling_params, use_tqdm, options)
 
     def _tokenizer_or_error(self):
         if self.engine.tokenizer is None:
-            raise ValueError(f"model {self.engine.model_name} has no tokenizer: pass prompt token ids")
+            raise NoTokenizerError(f"model {self.engine.model_name} has no tokenizer: pass prompt token ids")
         return self.engine.tokenizer
 
-    def _run(self, texts, token_lists, sampling_params, use_tqdm) -> list[RequestOutput]:
+    def _run(self, texts, token_lists, sampling_params, use_tqdm, options: RunOptions | None) -> list[RequestOutput]:
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
@@ -111,13 +112,14 @@ class LLM:
             params_list = list(sampling_params)
             if len(params_list) != len(token_lists):
                 raise ValueError(f"got {len(params_list)} SamplingParams for {len(token_lists)} prompts")
-        requests = [PreparedRequest(index, tokens, params)
+        limits = self.engine.limits
+        requests = [PreparedRequest(index, tokens, limits.check(tokens, params))
                     for index, (tokens, params) in enumerate(zip(token_lists, params_list))]
         progress = Progress(len(requests), enabled=use_tqdm)
         stats = RunStats()
         finished: dict[int, FinishedOutput] = {}
         try:
-            for done in self.engine.run(requests, on_step=progress.update, stats=stats):
+            for done in self.engine.run(requests, on_step=progress.update, stats=stats, options=options):
                 finished[done.request_id] = done
         finally:
             progress.close()

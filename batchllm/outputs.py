@@ -10,7 +10,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None  # "stop" | "length"
+    finish_reason: str | None  # "stop" | "length" | "error" (an internal error ended this request only)
     logprobs: list[dict[int, float]] | None = None  # per token: {token_id: logprob} (sampled + top-k)
     cumulative_logprob: float | None = None
 
@@ -21,6 +21,4 @@ class RequestOutput:
     prompt: str | None
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
-    finished: bool = True
     num_cached_tokens: int = 0  # prompt tokens whose KV was reused instead of computed
-    error: str | None = None

@@ -60,7 +60,7 @@ def check(args) -> None:
 
     import torch
 
-    from batchllm.distributed.tp_engine import create_engine
+    from batchllm.engine.factory import create_engine
 
     greedy = make_requests(args.workload, args.requests, args.output_tokens, 0.0, args.vocab_size)
     sampled = make_requests(args.workload, args.requests, args.output_tokens, 1.0, args.vocab_size)
@@ -91,7 +91,7 @@ def check(args) -> None:
 def throughput(args) -> None:
     import torch
 
-    from batchllm.distributed.tp_engine import create_engine
+    from batchllm.engine.factory import create_engine
     from batchllm.engine.llm_engine import RunStats
 
     requests = make_requests(args.workload, args.requests, args.output_tokens, 0.0, args.vocab_size)

@@ -128,7 +128,7 @@ def _requests() -> list[PreparedRequest]:
 
 
 def test_tp2_engine_equals_tp1():
-    from batchllm.distributed.tp_engine import create_engine
+    from batchllm.engine.factory import create_engine
 
     config = EngineConfig(model="random:tiny?seed=3", dtype="float32", device="cpu", kv_cache_tokens=2048)
     single = {o.request_id: o.output_token_ids for o in LLMEngine(config).run(_requests())}

@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from batchllm.config import EngineConfig
-from batchllm.engine.llm_engine import LLMEngine, PreparedRequest
+from batchllm.engine.llm_engine import LLMEngine, PreparedRequest, RunStats
 from batchllm.engine.placeholders import (
     has_placeholders,
     placeholder_for_row,
     placeholder_source,
     resolve_placeholders_,
 )
+from batchllm.engine.run_options import RunOptions
 from batchllm.sampling_params import SamplingParams
 from batchllm.sched.config import SchedulerConfig
 
@@ -39,10 +40,10 @@ def _requests(num_requests: int, stop_ids: dict[int, list[int]]) -> list[Prepare
     return requests
 
 
-def _run(engine: LLMEngine, requests, async_scheduling: bool, **scheduler_changes):
-    engine.async_scheduling = async_scheduling
+def _run(engine: LLMEngine, requests, async_scheduling: bool, stats: RunStats | None = None, **scheduler_changes):
     engine.configure_scheduler(**scheduler_changes)
-    outputs = {out.request_id: out for out in engine.run(requests)}
+    options = RunOptions(async_scheduling=async_scheduling)
+    outputs = {out.request_id: out for out in engine.run(requests, stats=stats, options=options)}
     assert sorted(outputs) == [r.request_id for r in requests]
     return outputs
 
@@ -86,26 +87,25 @@ def test_async_equals_sync_under_preemption(tiny_engine):
     # newest token may still be a placeholder.
     requests = _requests(24, {})
     small = dict(policy="vllm", max_num_batched_tokens=64, num_kv_blocks=24)
-    engine = tiny_engine
-    saved = engine.scheduler_config
+    num_kv_blocks = tiny_engine.scheduler_config.num_kv_blocks
+    stats = {False: RunStats(), True: RunStats()}
     try:
-        sync_stats_outputs = _run(engine, requests, False, **small)
-        asynchronous = _run(engine, requests, True, **small)
+        sync = _run(tiny_engine, requests, False, stats[False], **small)
+        asynchronous = _run(tiny_engine, requests, True, stats[True], **small)
     finally:
-        engine.scheduler_config = saved
-    _same(sync_stats_outputs, asynchronous)
+        tiny_engine.configure_scheduler(num_kv_blocks=num_kv_blocks)
+    for mode in (False, True):
+        assert sum(r.num_preempted_requests for r in stats[mode].step_records) > 0, mode
+    _same(sync, asynchronous)
 
 
 def test_async_counts_steps_and_tokens(tiny_engine):
-    from batchllm.engine.llm_engine import RunStats
-
     requests = _requests(8, {})
     totals = {}
     for mode in (False, True):
-        tiny_engine.async_scheduling = mode
         tiny_engine.configure_scheduler(policy="batchllm", max_num_batched_tokens=64)
         stats = RunStats()
-        outs = list(tiny_engine.run(requests, stats=stats))
+        outs = list(tiny_engine.run(requests, stats=stats, options=RunOptions(async_scheduling=mode)))
         totals[mode] = (stats.num_steps, stats.num_output_tokens, sum(len(o.output_token_ids) for o in outs),
                         len(stats.step_records))
     assert totals[True] == totals[False]
@@ -121,10 +121,8 @@ def test_stop_strings_and_eos_async_equals_sync():
               SamplingParams(temperature=0, max_tokens=16, stop=["."], include_stop_str_in_output=True),
               SamplingParams(temperature=0.7, max_tokens=12, seed=5, logprobs=1)]
     llm = LLM(dtype="float32", device="cpu", kv_cache_tokens=2048)
-    llm.engine.async_scheduling = False
-    sync = llm.generate(prompts, params, use_tqdm=False)
-    llm.engine.async_scheduling = True
-    asynchronous = llm.generate(prompts, params, use_tqdm=False)
+    sync = llm.generate(prompts, params, use_tqdm=False, options=RunOptions(async_scheduling=False))
+    asynchronous = llm.generate(prompts, params, use_tqdm=False, options=RunOptions(async_scheduling=True))
     assert sync[0].outputs[0].finish_reason == "stop" and sync[0].outputs[0].text == " 6, 7,"
     for x, y in zip(sync, asynchronous):
         assert x.outputs[0].token_ids == y.outputs[0].token_ids
@@ -153,3 +151,98 @@ def test_config_default_is_async():
     assert EngineConfig().async_scheduling is True
     assert dataclasses.replace(EngineConfig(), async_scheduling=False).async_scheduling is False
     assert SchedulerConfig().policy == "batchllm"
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_failing_request_ends_alone_with_an_error(tiny_engine, monkeypatch, async_scheduling):
+    """A Python exception in one request's host work (here: the stop check of request 5 at its
+    third token, the final text of request 7) finishes that request with an error and frees its
+    blocks; every other request runs to the same output as without the failures."""
+    from batchllm.engine.stop_checker import StopChecker
+
+    requests = _requests(12, {})
+    reference = _run(tiny_engine, requests, async_scheduling, policy="vllm", max_num_batched_tokens=64)
+    long_params = dataclasses.replace(requests[5].params, max_tokens=200)
+    requests[5] = PreparedRequest(5, requests[5].prompt_token_ids, long_params)
+    original_check, original_text = StopChecker.check, StopChecker.final_text
+
+    def check(self, output_token_ids):
+        if self.params.seed == 5 and len(output_token_ids) == 3:
+            raise RuntimeError("injected")
+        return original_check(self, output_token_ids)
+
+    def final_text(self, output_token_ids, finish_reason, decode):
+        if self.params.seed == 7:
+            raise KeyError(7)
+        return original_text(self, output_token_ids, finish_reason, decode)
+
+    monkeypatch.setattr(StopChecker, "check", check)
+    monkeypatch.setattr(StopChecker, "final_text", final_text)
+    stats = RunStats()
+    outputs = _run(tiny_engine, requests, async_scheduling, stats, policy="vllm", max_num_batched_tokens=64)
+    stopped, decoded = outputs.pop(5), outputs.pop(7)
+    assert (stopped.finish_reason, stopped.error, stopped.text) == ("error", "internal_error: RuntimeError: injected", "")
+    assert stopped.output_token_ids == reference[5].output_token_ids[:3]
+    assert stats.num_steps < 100  # finished at once, its blocks freed: nobody waits for its 200 tokens
+    assert (decoded.finish_reason, decoded.error) == ("error", "internal_error: KeyError: 7")
+    assert decoded.output_token_ids == reference[7].output_token_ids
+    _same({i: reference[i] for i in outputs}, outputs)
+
+
+def test_run_options_reach_the_runner(tiny_engine, monkeypatch):
+    calls = []
+    execute = tiny_engine.runner.execute
+
+    def spy(output, rows, previous_token_ids=None, allow_graph=True):
+        calls.append((allow_graph, previous_token_ids is not None))
+        return execute(output, rows, previous_token_ids, allow_graph=allow_graph)
+
+    monkeypatch.setattr(tiny_engine.runner, "execute", spy)
+    requests = _requests(4, {})
+    tiny_engine.configure_scheduler(policy="batchllm", max_num_batched_tokens=64)
+    list(tiny_engine.run(requests, options=RunOptions(cuda_graphs=False, async_scheduling=False)))
+    assert calls and all(c == (False, False) for c in calls)
+    calls.clear()
+    list(tiny_engine.run(requests))
+    assert all(allow for allow, _ in calls) and any(previous for _, previous in calls)
+
+
+def test_unchecked_requests_are_refused(tiny_engine):
+    from batchllm.request_limits import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match="limits.check"):
+        list(tiny_engine.run([PreparedRequest(0, [5, 6], SamplingParams(max_tokens=None))]))
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_update_writes_resolved_ids_over_placeholders(policy):
+    """The scheduler learns a placeholder's real id only through update(), also for a request
+    that the step in between preempted, and skips the ids of finished requests."""
+    from batchllm.sched.factory import make_scheduler
+    from batchllm.sched.interface import SchedRequest
+
+    # 3 prompts of 2 full blocks; 7 blocks: the first decode that needs a third block preempts.
+    config = SchedulerConfig(policy=policy, num_kv_blocks=7, block_size=4, max_num_batched_tokens=64)
+    scheduler = make_scheduler(config)
+    requests = [SchedRequest(i, [10 + i] * 8, 4) for i in range(3)]
+    scheduler.add_requests(requests)
+
+    def sampled_rows(output):
+        return {c.seq_id: placeholder_for_row(row) for row, c in enumerate(c for c in output.chunks if c.sample)}
+
+    first = scheduler.schedule()
+    placeholders = sampled_rows(first)
+    scheduler.update(first, placeholders, {})
+    assert placeholders and all(requests[i].output_token_ids == [placeholders[i]] for i in placeholders)
+    second = scheduler.schedule()
+    assert {c.seq_id: c.token_ids for c in second.chunks if c.is_decode} == {
+        c.seq_id: (placeholders[c.seq_id],) for c in second.chunks if c.is_decode}  # resolved on the device
+    if policy in ("vllm", "simple"):
+        assert second.preempted_request_ids  # the path through the waiting queue is exercised
+    finishing = second.chunks[0].seq_id
+    scheduler.update(second, sampled_rows(second), {finishing: "stop"}, [(i, 0, 700 + i) for i in placeholders])
+    for i in placeholders:
+        if i != finishing:
+            assert requests[i].output_token_ids[0] == 700 + i, i
+    third = scheduler.schedule()
+    scheduler.update(third, sampled_rows(third), {}, [(finishing, 1, 5)])  # finished: skipped

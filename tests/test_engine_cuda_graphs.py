@@ -63,10 +63,11 @@ def test_async_scheduling_matches_sync_with_graphs(policy):
     prompts = [[7] * 60 + [100 + i % 5] * 20 + [200 + i, 300 + i] for i in range(40)]
     params = [SamplingParams(temperature=0.0 if i % 2 else 0.9, seed=i, max_tokens=5 + i % 13, ignore_eos=True)
               for i in range(40)]
-    llm.engine.async_scheduling = False
-    sync = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    from batchllm.engine.run_options import RunOptions
+
+    sync_options = RunOptions(async_scheduling=False)
+    sync = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False, options=sync_options)]
     replays_before = llm.engine.runner.graphs.num_replays
-    llm.engine.async_scheduling = True
     asynchronous = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert llm.engine.runner.graphs.num_replays > replays_before
     assert asynchronous == sync

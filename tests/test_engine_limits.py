@@ -9,7 +9,7 @@ def test_clamped_requests_fit_with_an_unaligned_shared_prefix():
     prefix = list(range(10, 31))  # 21 tokens: ends inside the second block of 16
     prompts = [prefix + [100 + i] * 9 for i in range(2)]  # 30 tokens each
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=None, ignore_eos=True), use_tqdm=False)
-    limit = llm.engine.token_limit
+    limit = llm.engine.limits.token_limit
     assert limit == 48  # 4 blocks less the one a shared prefix split can cost
     assert [len(o.outputs[0].token_ids) for o in outputs] == [limit - 30, limit - 30]
     assert all(o.outputs[0].finish_reason == "length" for o in outputs)

@@ -1,35 +1,142 @@
-"""Stop conditions: EOS, stop ids, stop strings, length."""
+"""Stop conditions: EOS, stop ids, stop strings (checked incrementally), length."""
 
-from batchllm.engine.stop_checker import StopState
+import random
+
+import pytest
+
+from batchllm.engine.stop_checker import IncrementalText, StopChecker
 from batchllm.sampling_params import SamplingParams
 
 
-def _decode(ids):
+def _letters(ids):
     return "".join(chr(ord("a") + i) for i in ids)
 
 
+def _feed(checker: StopChecker, token_ids: list[int]) -> tuple[int, str | None]:
+    """Tokens one at a time, as the engine adds them: (number of tokens at the end, reason)."""
+    for end in range(1, len(token_ids) + 1):
+        reason = checker.check(token_ids[:end])
+        if reason is not None:
+            return end, reason
+    return len(token_ids), None
+
+
 def test_eos_and_stop_ids_and_ignore_eos():
-    state = StopState(SamplingParams(max_tokens=10), 10, frozenset({2}))
-    assert state.check([0, 1], 1, _decode) is None
-    assert state.check([0, 1, 2], 2, _decode) == "stop"
-    assert state.final_token_ids_for_text([0, 1, 2], "stop") == [0, 1]
-    ignoring = StopState(SamplingParams(max_tokens=10, ignore_eos=True, stop_token_ids=[5]), 10, frozenset({2}))
-    assert ignoring.check([2], 2, _decode) is None
-    assert ignoring.check([2, 5], 5, _decode) == "stop"
-    assert ignoring.final_token_ids_for_text([2, 5], "stop") == [2]
+    state = StopChecker(SamplingParams(max_tokens=10), 10, frozenset({2}), _letters)
+    assert state.check([0, 1]) is None
+    assert state.check([0, 1, 2]) == "stop"
+    assert state.final_text([0, 1, 2], "stop", _letters) == "ab"
+    ignoring = StopChecker(SamplingParams(max_tokens=10, ignore_eos=True, stop_token_ids=[5]), 10, frozenset({2}),
+                           _letters)
+    assert ignoring.check([2]) is None
+    assert ignoring.check([2, 5]) == "stop"
+    assert ignoring.final_text([2, 5], "stop", _letters) == "c"
 
 
 def test_length():
-    state = StopState(SamplingParams(max_tokens=3), 3, frozenset())
-    assert state.check([0, 1], 1, _decode) is None
-    assert state.check([0, 1, 3], 3, _decode) == "length"
+    state = StopChecker(SamplingParams(max_tokens=3), 3, frozenset(), _letters)
+    assert state.check([0, 1]) is None
+    assert state.check([0, 1, 3]) == "length"
+    assert state.final_text([0, 1, 3], "length", _letters) == "abd"
 
 
 def test_stop_string_cuts_text():
-    state = StopState(SamplingParams(max_tokens=10, stop=["cd"]), 10, frozenset())
-    assert state.check([0, 1], 1, _decode) is None  # "ab"
-    assert state.check([0, 1, 2, 3, 4], 4, _decode) == "stop"  # "abcde"
-    assert state.final_text("abcde") == "ab"
-    keep = StopState(SamplingParams(max_tokens=10, stop=["cd"], include_stop_str_in_output=True), 10, frozenset())
-    assert keep.check([0, 1, 2, 3], 3, _decode) == "stop"
-    assert keep.final_text("abcd") == "abcd"
+    cut = StopChecker(SamplingParams(max_tokens=10, stop=["cd"]), 10, frozenset(), _letters)
+    assert _feed(cut, [0, 1, 2, 3, 4]) == (4, "stop")  # "abcd": found at the token that completes it
+    assert cut.final_text([0, 1, 2, 3], "stop", _letters) == "ab"
+    keep = StopChecker(SamplingParams(max_tokens=10, stop=["cd"], include_stop_str_in_output=True), 10,
+                       frozenset(), _letters)
+    assert _feed(keep, [0, 1, 2, 3, 4]) == (4, "stop")
+    assert keep.final_text([0, 1, 2, 3], "stop", _letters) == "abcd"
+
+
+def test_stop_string_spanning_tokens_and_the_earliest_match():
+    pieces = {0: "ab", 1: "c ", 2: "de", 3: "xy", 4: "zz"}
+
+    def decode(ids):
+        return "".join(pieces[i] for i in ids)
+
+    span = StopChecker(SamplingParams(max_tokens=10, stop=["c d", "zz"]), 10, frozenset(), decode)
+    assert _feed(span, [3, 0, 1, 2, 4]) == (4, "stop")  # "xyabc de": "c d" spans tokens 2 and 3
+    assert span.stop_text == "xyab"
+    # Two stop strings completed by the same token: the one that starts first wins.
+    first = StopChecker(SamplingParams(max_tokens=10, stop=["de", "c de"], include_stop_str_in_output=True), 10,
+                        frozenset(), decode)
+    assert _feed(first, [0, 1, 2]) == (3, "stop")
+    assert first.stop_text == "abc de"
+
+
+def _bytes_decode(ids):
+    """A byte-level tokenizer: token i is byte i (what BPE tokenizers do with rare characters)."""
+    return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_multi_byte_character_split_over_tokens():
+    token_ids = list("x café!".encode())  # é is two tokens (0xC3 0xA9)
+    checker = StopChecker(SamplingParams(max_tokens=20, stop=["é"]), 20, frozenset(), _bytes_decode)
+    assert _feed(checker, token_ids) == (token_ids.index(0xA9) + 1, "stop")  # not before its last byte
+    assert checker.stop_text == "x caf"
+    keep = StopChecker(SamplingParams(max_tokens=20, stop=["é!"], include_stop_str_in_output=True), 20,
+                       frozenset(), _bytes_decode)
+    assert _feed(keep, token_ids) == (len(token_ids), "stop")
+    assert keep.stop_text == "x café!"
+    text = IncrementalText(_bytes_decode)
+    assert text.text(token_ids[:5]) == ("x caf", 5)
+    assert text.text(token_ids[:6]) == ("x caf\ufffd", 5)  # the half character is not final yet
+    assert text.text(token_ids[:7]) == ("x café", 6)
+
+
+def test_decodes_only_the_newest_tokens():
+    calls = []
+
+    def decode(ids):
+        calls.append(len(ids))
+        return _letters(ids)
+
+    checker = StopChecker(SamplingParams(max_tokens=400, stop=["zzz"]), 400, frozenset(), decode)
+    assert _feed(checker, [i % 20 for i in range(400)]) == (400, "length")
+    assert max(calls) <= 2  # the lookback token and the new one, not the whole output
+
+
+def _full_decode_stop(token_ids, params, decode):
+    """The stop-string rule on the whole text at every token (the reference)."""
+    for end in range(1, len(token_ids) + 1):
+        text = decode(token_ids[:end])
+        matches = [(index, s) for s in params.stop if (index := text.find(s)) >= 0]
+        if matches:
+            index, stop = min(matches)
+            return end, text[:index + (len(stop) if params.include_stop_str_in_output else 0)]
+    return None, None
+
+
+@pytest.fixture(scope="module")
+def default_tokenizer():
+    from batchllm.models.loader import describe_model
+    from batchllm.tokenizer import load_tokenizer
+
+    return load_tokenizer(describe_model(None).tokenizer_source)
+
+
+def test_equals_the_full_decode_on_the_default_tokenizer(default_tokenizer):
+    decode = default_tokenizer.decode
+    texts = ["The café in Zürich serves crème brûlée, 3.14 € each! 日本語のテキスト 🙂 and more.\n\n"
+             "def f(x):\n    return x ** 2  # ok", "1, 2, 3, 4, 5, 6, 7, 8, 9, 10 — done…"]
+    rng = random.Random(0)
+    vocab_size = len(default_tokenizer.hf)
+    sequences = [default_tokenizer.encode_prompt(t) for t in texts]
+    sequences += [[rng.randrange(vocab_size) for _ in range(60)] for _ in range(3)]
+    num_stopped = 0
+    for token_ids in sequences:
+        full = decode(token_ids)
+        for _ in range(12):
+            start = rng.randrange(len(full) - 6)
+            stops = [full[start:start + rng.randint(1, 5)], full[rng.randrange(len(full) - 3):][:3]]
+            stops = [s for s in stops if "\ufffd" not in s]
+            for include in (False, True):
+                params = SamplingParams(max_tokens=1000, stop=stops, include_stop_str_in_output=include)
+                checker = StopChecker(params, 1000, frozenset(), decode)
+                end, reason = _feed(checker, token_ids)
+                want_end, want_text = _full_decode_stop(token_ids, params, decode)
+                assert (end if reason == "stop" else None, checker.stop_text) == (want_end, want_text), stops
+                num_stopped += reason == "stop"
+    assert num_stopped >= 100

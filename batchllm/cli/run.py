@@ -104,7 +104,7 @@ def run_command(args) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     from batchllm.batch_job import run_batch_file
-    from batchllm.distributed.tp_engine import create_engine
+    from batchllm.engine.factory import create_engine
     from batchllm.io.journal import JournalMismatchError
 
     print(f"loading model {args.model or 'SmolLM2-135M-Instruct (default)'} ...", file=sys.stderr)

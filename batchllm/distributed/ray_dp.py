@@ -65,16 +65,17 @@ class EngineReplica:
         self.stream_every = stream_every
 
     def __call__(self, batch: dict) -> Iterator[dict]:
-        from batchllm.engine.llm_engine import RequestTooLongError
+        from batchllm.request_limits import InvalidRequestError
 
         for payload in batch["payload"]:
             requests = pickle.loads(payload)
             runnable, errors = [], []
+            limits = self.engine.limits  # this replica's KV cache, maybe smaller than the driver assumed
             for request in requests:
                 try:
-                    params = self.engine.check_length(request.prompt_token_ids, request.params)
+                    params = limits.check(request.prompt_token_ids, request.params)
                     runnable.append(dataclasses.replace(request, params=params))
-                except (RequestTooLongError, ValueError) as error:
+                except InvalidRequestError as error:
                     errors.append(ReplicaError(request.request_id, str(error)))
             pending: list = list(errors)
             for done in self.engine.run(runnable):

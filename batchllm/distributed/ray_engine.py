@@ -9,20 +9,18 @@ the replicas by whole prefix groups (dp_plan, run_on_ray).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Iterator
 
 from batchllm.config import EngineConfig
 from batchllm.distributed.ray_dp import RayDPConfig, ReplicaError, run_on_ray
-from batchllm.engine.llm_engine import FinishedOutput, LLMEngine, PreparedRequest, RunStats, model_len_limit
+from batchllm.engine.loading import model_len_limit
+from batchllm.engine.request_state import FinishedOutput, PreparedRequest, RunStats
+from batchllm.request_limits import RequestLimits
 
 
 class RayEngine:
-    """Duck-types the parts of LLMEngine that the batch job uses."""
-
-    token_limit = LLMEngine.token_limit
-    check_length = LLMEngine.check_length
+    """Duck-types the parts of LLMEngine that the batch job uses (run, limits, tokenizer)."""
 
     def __init__(self, config: EngineConfig, dp: RayDPConfig) -> None:
         from batchllm.models.loader import describe_model
@@ -32,16 +30,13 @@ class RayEngine:
         self.config, self.dp = config, dp
         self.arch, self.model_name = description.config, description.name
         self.tokenizer = load_tokenizer(description.tokenizer_source)
-        self.max_model_len = model_len_limit(config, self.arch)
+        max_model_len = model_len_limit(config, self.arch)
         # The driver cannot see a replica's free GPU memory: it checks against the configured KV
         # size (or the context); a replica whose cache is smaller answers that request with an error.
-        kv_tokens = config.kv_cache_tokens or self.max_model_len
+        kv_tokens = config.kv_cache_tokens or max_model_len
         block_size = config.scheduler.block_size
-        self.scheduler_config = dataclasses.replace(config.scheduler, num_kv_blocks=-(-kv_tokens // block_size))
-
-    @property
-    def num_kv_tokens(self) -> int:
-        return self.scheduler_config.num_kv_blocks * self.scheduler_config.block_size
+        self.limits = RequestLimits(max_model_len, -(-kv_tokens // block_size), block_size, self.arch.vocab_size,
+                                    config.scheduler.kv_memory_threshold)
 
     def run(
         self,

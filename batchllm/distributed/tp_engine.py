@@ -6,6 +6,8 @@ are spawned processes (torch.multiprocessing, "spawn") that load their shard, al
 slice of the KV cache and run the same forward on every step they receive. Collectives: NCCL
 (GPU) or gloo (CPU) for activations, a gloo group for the per-step control messages.
 
+    from batchllm.engine.factory import create_engine
+
     engine = create_engine(EngineConfig(model="random:qwen2.5-14b"), tensor_parallel_size=2)
     for out in engine.run(requests): ...
     engine.shutdown()  # or `with engine:`; also done at interpreter exit
@@ -33,8 +35,9 @@ from batchllm.distributed.sharding import LoadedShard, ShardLayout, load_shard
 from batchllm.distributed.step_broadcast import StepBroadcaster
 from batchllm.distributed.tp_runner import TPModelRunner
 from batchllm.engine.kv_cache import KVCache, choose_num_kv_tokens, kv_bytes_per_token
-from batchllm.engine.llm_engine import (
-    LLMEngine, activation_reserve_bytes, model_len_limit, prepare_model, resolve_device, resolve_dtype,
+from batchllm.engine.llm_engine import LLMEngine
+from batchllm.engine.loading import (
+    EngineParts, activation_reserve_bytes, model_len_limit, prepare_model, resolve_device, resolve_dtype,
 )
 
 
@@ -132,9 +135,7 @@ def _stop(broadcaster: StepBroadcaster, processes: list, timeout_s: float) -> No
 class TPEngine(LLMEngine):
     """LLMEngine whose model is split over tensor_parallel_size processes (this one is rank 0)."""
 
-    def __init__(self, config: EngineConfig, tp: TensorParallelConfig) -> None:  # noqa: D107
-        # Not LLMEngine.__init__ (it would load the full model on one device): the shard and its
-        # runner are built here, then attached the same way.
+    def __init__(self, config: EngineConfig, tp: TensorParallelConfig) -> None:
         if dist.is_initialized():
             raise RuntimeError("a torch.distributed process group already exists in this process: "
                                "one TPEngine per process")
@@ -148,11 +149,12 @@ class TPEngine(LLMEngine):
             process.start()
         state = start_rank(config, tp, 0, port)
         self.layout = state.layout
-        self._attach(config, state.device, state.dtype, state.shard.model, state.layout.full, state.shard.name,
-                     state.shard.tokenizer_source, state.max_model_len, state.kv_cache, make_runner(state, config))
+        runner = make_runner(state, config)
         # Workers receive host inputs; placeholder ids would need the sampled tokens on every rank.
-        self.async_scheduling = False
-        self._finalizer = weakref.finalize(self, _stop, self.runner.broadcaster, self._workers, 60.0)
+        super().__init__(config, EngineParts(state.device, state.dtype, state.shard.model, state.layout.full,
+                                             state.shard.name, state.shard.tokenizer_source, state.max_model_len,
+                                             state.kv_cache, runner, supports_async_scheduling=False))
+        self._finalizer = weakref.finalize(self, _stop, runner.broadcaster, self._workers, 60.0)
 
     @property
     def tensor_parallel_size(self) -> int:
@@ -167,10 +169,3 @@ class TPEngine(LLMEngine):
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
-
-
-def create_engine(config: EngineConfig, tensor_parallel_size: int = 1, **tp_options) -> LLMEngine:
-    """The hook for LLM(...) and `batchllm run`: a plain LLMEngine for 1, a TPEngine above."""
-    if tensor_parallel_size == 1:
-        return LLMEngine(config)
-    return TPEngine(config, TensorParallelConfig(tensor_parallel_size=tensor_parallel_size, **tp_options))

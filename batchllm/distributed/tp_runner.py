@@ -28,8 +28,12 @@ class TPModelRunner(ModelRunner):
         return self.model.compute_logits(hidden[self._to_device(inputs.sample_rows)])  # all-gather
 
     @torch.inference_mode()
-    def execute(self, output: SchedulerOutput, sampling_rows: list[tuple]) -> StepResult:
-        """Rank 0 only."""
+    def execute(self, output: SchedulerOutput, sampling_rows: list[tuple],
+                previous_token_ids: torch.Tensor | None = None, allow_graph: bool = False) -> StepResult:
+        """Rank 0 only. One step at a time (the workers receive host inputs, so there are no
+        placeholder ids to resolve) and no CUDA graphs: both arguments are for the signature."""
+        if previous_token_ids is not None:
+            raise ValueError("the tensor-parallel runner does not take placeholder input ids")
         inputs = self.step_inputs(output)  # rank 0's persistent block tables; workers get the arrays
         self.broadcaster.send(inputs)
         logits = self.forward_logits(inputs)

@@ -69,15 +69,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput, sampling_rows: list[tuple],
-                previous_token_ids: torch.Tensor | None = None) -> StepResult:
+                previous_token_ids: torch.Tensor | None = None, allow_graph: bool = True) -> StepResult:
         """sampling_rows: one SamplingBatch.build row per sampled chunk, in chunk order.
 
         previous_token_ids: the previous step's sampled ids, still on the device (asynchronous
-        scheduling): an input id -(i + 1) is a placeholder for previous_token_ids[i]."""
+        scheduling): an input id -(i + 1) is a placeholder for previous_token_ids[i].
+        allow_graph: False runs a decode step eagerly even when a CUDA graph could replay it."""
         inputs = self.step_inputs(output)
         # Sampling settings go to the device before the forward is queued (no wait behind it).
         batch = SamplingBatch.build(sampling_rows, self.device) if sampling_rows else None
-        hidden = self.forward(inputs, previous_token_ids=previous_token_ids)
+        hidden = self.forward(inputs, allow_graph=allow_graph, previous_token_ids=previous_token_ids)
         if batch is None:
             self._record_end()
             return StepResult((), None)

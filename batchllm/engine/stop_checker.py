@@ -1,47 +1,86 @@
-"""Decides when a request is finished: EOS, stop token ids, stop strings, length."""
+"""Decides when a request is finished: EOS, stop token ids, stop strings, length.
+
+Stop strings are checked incrementally: each new token decodes only the tokens since the last
+complete character (plus the token before them, so that merged and multi-byte tokens decode as
+in the whole text), and the search covers only the new text plus the longest stop string less
+one character, since a match that ended earlier was found at an earlier token.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from batchllm.sampling_params import SamplingParams
 
+REPLACEMENT_CHAR = "\ufffd"  # what a decode shows for the bytes of an unfinished character
 
-@dataclass
-class StopState:
-    params: SamplingParams
-    max_tokens: int  # resolved: never past the context length
-    eos_token_ids: frozenset[int]
-    stop_text_end: int | None = None  # where the text is cut when a stop string matched
 
-    def check(self, output_token_ids: list[int], new_token_id: int, decode) -> str | None:
-        """output_token_ids already holds new_token_id. decode(ids) -> text (only called when
-        the request has stop strings). Returns "stop", "length" or None."""
+class IncrementalText:
+    """The text of a growing token list, decoding only its newest tokens."""
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self.decode = decode
+        self.stable_text = ""  # the text of token_ids[:read_offset]: complete characters only
+        self.prefix_offset = 0  # the lookback decoded with the new tokens
+        self.read_offset = 0
+
+    def text(self, token_ids: list[int]) -> tuple[str, int]:
+        """(the text of all of token_ids, how many leading characters of it are final)."""
+        prefix_text = self.decode(token_ids[self.prefix_offset:self.read_offset])
+        window_text = self.decode(token_ids[self.prefix_offset:])
+        new_text = window_text[len(prefix_text):] if window_text.startswith(prefix_text) else window_text
+        text = self.stable_text + new_text
+        if new_text.endswith(REPLACEMENT_CHAR):
+            return text, len(text) - len(new_text)  # wait for the character's last bytes
+        self.stable_text = text
+        self.prefix_offset, self.read_offset = self.read_offset, len(token_ids)
+        return text, len(text)
+
+
+class StopChecker:
+    def __init__(self, params: SamplingParams, max_tokens: int, eos_token_ids: frozenset[int],
+                 decode: Callable[[list[int]], str]) -> None:
+        self.params = params
+        self.max_tokens = max_tokens  # resolved: never past the context length
+        self.eos_token_ids = eos_token_ids
+        self.stop_text: str | None = None  # the returned text when a stop string matched
+        self._text = IncrementalText(decode) if params.stop else None
+        self._longest_stop = max((len(s) for s in params.stop), default=0)
+        self._num_searched_chars = 0  # final characters already searched without a match
+
+    def check(self, output_token_ids: list[int]) -> str | None:
+        """output_token_ids ends with the new token. Returns "stop", "length" or None."""
+        new_token_id = output_token_ids[-1]
         if not self.params.ignore_eos and new_token_id in self.eos_token_ids:
             return "stop"
         if new_token_id in self.params.stop_token_ids:
             return "stop"
-        if self.params.stop:
-            text = decode(output_token_ids)
-            # Only the tail can hold a new match: the longest stop string plus one token's text.
-            window = max(len(s) for s in self.params.stop) + 32
-            search_from = max(0, len(text) - window)
-            matches = [(index, s) for s in self.params.stop if (index := text.find(s, search_from)) >= 0]
-            if matches:
-                index, stop = min(matches)
-                self.stop_text_end = index + (len(stop) if self.params.include_stop_str_in_output else 0)
-                return "stop"
+        if self._text is not None and self._find_stop_string(output_token_ids):
+            return "stop"
         if len(output_token_ids) >= self.max_tokens:
             return "length"
         return None
 
-    def final_token_ids_for_text(self, output_token_ids: list[int], finish_reason: str) -> list[int]:
-        """The tokens whose text is returned: a terminating EOS / stop id is not text."""
-        if finish_reason == "stop" and output_token_ids and self.stop_text_end is None:
+    def _find_stop_string(self, output_token_ids: list[int]) -> bool:
+        text, num_final_chars = self._text.text(output_token_ids)
+        search_from = max(0, self._num_searched_chars - self._longest_stop + 1)
+        matches = [(index, s) for s in self.params.stop if (index := text.find(s, search_from)) >= 0]
+        self._num_searched_chars = num_final_chars
+        if not matches:
+            return False
+        index, stop = min(matches)
+        end = index + (len(stop) if self.params.include_stop_str_in_output else 0)
+        self.stop_text = text[:end]
+        return True
+
+    def final_text(self, output_token_ids: list[int], finish_reason: str,
+                   decode: Callable[[list[int]], str]) -> str:
+        """The returned text: cut before (or after) a matched stop string; a terminating EOS or
+        stop id is not text."""
+        if self.stop_text is not None:
+            return self.stop_text
+        if finish_reason == "stop" and output_token_ids:
             last = output_token_ids[-1]
             if last in self.params.stop_token_ids or (not self.params.ignore_eos and last in self.eos_token_ids):
-                return output_token_ids[:-1]
-        return output_token_ids
-
-    def final_text(self, text: str) -> str:
-        return text if self.stop_text_end is None else text[: self.stop_text_end]
+                return decode(output_token_ids[:-1])
+        return decode(output_token_ids)

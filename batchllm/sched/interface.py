@@ -28,6 +28,7 @@ the KV addressing rule above, is its row after the step's changes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -106,7 +107,7 @@ class SchedulerOutput:
 class FinishedRequest:
     request_id: int
     output_token_ids: tuple[int, ...]
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "error"
     num_cached_prompt_tokens: int = 0  # prompt tokens whose KV was reused, not computed
 
 
@@ -126,9 +127,16 @@ class Scheduler(Protocol):
         output: SchedulerOutput,
         sampled_token_ids: dict[int, int],
         finish_reasons: dict[int, str],
+        resolved_token_ids: Sequence[tuple[int, int, int]] = (),
     ) -> list[FinishedRequest]:
-        """Append each sampled token; finish the requests named in finish_reasons (decided by
-        the engine: EOS, stop ids/strings, max_tokens); free their blocks; return them."""
+        """The one way a step's results reach the scheduler, after each schedule():
+        1. resolved_token_ids: (request_id, output index, token id) of tokens whose ids were not
+           known at their own update: write each over the placeholder the request holds at
+           that index (skip requests that have finished);
+        2. append each sampled token of a chunk that samples: a real id, or a placeholder
+           -(row + 1) while the id is still on the device (engine/placeholders.py);
+        3. finish the requests named in finish_reasons (decided by the engine: EOS, stop
+           ids/strings, max_tokens, "error"), free their blocks, return them."""
         ...
 
 

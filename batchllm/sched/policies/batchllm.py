@@ -26,6 +26,7 @@ Memory policy (BatchLLM 4.3.3 + our admission reservation):
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from batchllm.sched.block_pool import BlockPool
@@ -175,7 +176,11 @@ class BatchLLMScheduler:
         output: SchedulerOutput,
         sampled_token_ids: dict[int, int],
         finish_reasons: dict[int, str],
+        resolved_token_ids: Sequence[tuple[int, int, int]] = (),
     ) -> list[FinishedRequest]:
+        for request_id, index, token_id in resolved_token_ids:
+            if request_id in self._members:
+                self._members[request_id].request.output_token_ids[index] = token_id
         finished: list[FinishedRequest] = []
         for chunk in output.chunks:
             if chunk.is_prefix:

@@ -5,6 +5,7 @@ computes itself; shared_kv_len is always 0, start_position = tokens already in t
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from batchllm.sched.block_pool import BlockPool
@@ -50,8 +51,15 @@ class CachedPolicyBase:
         output: SchedulerOutput,
         sampled_token_ids: dict[int, int],
         finish_reasons: dict[int, str],
+        resolved_token_ids: Sequence[tuple[int, int, int]] = (),
     ) -> list[FinishedRequest]:
         by_id = {seq.request.request_id: seq for seq in self.running}
+        if resolved_token_ids and output.preempted_request_ids:  # preempted by this step: waiting
+            preempted = set(output.preempted_request_ids)
+            by_id.update((seq.request.request_id, seq) for seq in self.waiting if seq.request.request_id in preempted)
+        for request_id, index, token_id in resolved_token_ids:
+            if request_id in by_id:
+                by_id[request_id].request.output_token_ids[index] = token_id
         finished: list[FinishedRequest] = []
         for chunk in output.chunks:
             seq = by_id[chunk.seq_id]

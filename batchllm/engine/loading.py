@@ -1,0 +1,87 @@
+"""What an engine runs on, and how a single-device engine builds it: the model on its device,
+the KV cache sized from free memory, the model runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from batchllm.config import EngineConfig
+from batchllm.engine.kv_cache import KVCache, choose_num_kv_tokens, kv_bytes_per_token
+from batchllm.engine.model_runner import ModelRunner
+
+
+@dataclass(frozen=True)
+class EngineParts:
+    """Built once per engine: by `load_parts` on one device, or per rank by the TP engine."""
+
+    device: torch.device
+    dtype: torch.dtype
+    model: torch.nn.Module
+    arch: object  # the full model's architecture (ModelConfig)
+    model_name: str
+    tokenizer_source: dict | None
+    max_model_len: int
+    kv_cache: KVCache
+    runner: ModelRunner
+    # The runner resolves placeholder input ids on the device (asynchronous scheduling).
+    supports_async_scheduling: bool = True
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+def model_len_limit(config: EngineConfig, arch) -> int:
+    limit = arch.max_position_embeddings
+    return min(config.max_model_len or limit, limit)
+
+
+def prepare_model(model, config: EngineConfig, max_model_len: int, device: torch.device) -> None:
+    """Build the RoPE table once, up front (growing it later would need a device sync), and
+    choose the fused layer kernels (on for CUDA unless the config says otherwise)."""
+    model.rotary.ensure_capacity(max_model_len, device)
+    model.fused_kernels = device.type == "cuda" if config.fused_kernels is None else config.fused_kernels
+
+
+def activation_reserve_bytes(config: EngineConfig, arch, dtype: torch.dtype) -> int:
+    """GPU memory kept out of the KV cache: activations of the largest step (hidden states,
+    fused gate-up output), logits, the decode CUDA graphs' pools, and 1 GiB of slack."""
+    element = torch.empty((), dtype=dtype).element_size()
+    per_token = element * (8 * arch.hidden_size + 3 * arch.intermediate_size)
+    reserve = config.scheduler.max_num_batched_tokens * per_token + 1024 * arch.vocab_size * 4 * 3 + (1 << 30)
+    if not config.enforce_eager:
+        reserve += 2048 * per_token * 4  # private pools of the graphs (one per token bucket)
+    return reserve
+
+
+def load_parts(config: EngineConfig) -> EngineParts:
+    """The whole model on one device, a KV cache in what memory is left, a ModelRunner."""
+    from batchllm.models.loader import load_model
+
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    loaded = load_model(config.model, dtype=dtype, device=device)
+    arch = loaded.config
+    max_model_len = model_len_limit(config, arch)
+    prepare_model(loaded.model, config, max_model_len, device)
+    block_size = config.scheduler.block_size
+    bytes_per_token = kv_bytes_per_token(arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype)
+    num_kv_tokens = choose_num_kv_tokens(device, bytes_per_token, config.kv_cache_tokens,
+                                         config.gpu_memory_utilization,
+                                         activation_reserve_bytes(config, arch, dtype))
+    kv_cache = KVCache.allocate(arch.num_layers, max(1, num_kv_tokens // block_size), block_size,
+                                arch.num_kv_heads, arch.head_dim, dtype, device)
+    runner = ModelRunner(loaded.model, arch, kv_cache, block_size, device, config.attention_backend,
+                         cuda_graphs=not config.enforce_eager)
+    return EngineParts(device, dtype, loaded.model, arch, loaded.name, loaded.tokenizer_source, max_model_len,
+                       kv_cache, runner)

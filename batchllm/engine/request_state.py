@@ -1,0 +1,111 @@
+"""The engine's per-request host state and the request/result types of `LLMEngine.run`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from batchllm.engine.stop_checker import StopChecker
+from batchllm.sampling_params import SamplingParams
+from batchllm.sched.interface import FinishedRequest
+from batchllm.sched.trace import StepRecord
+
+_MASK32 = 0xFFFFFFFF
+# The sampling row of a request whose row could not be built: greedy, no logprobs (the row's
+# token is dropped, the request is finished with an error).
+_NEUTRAL_SAMPLING_ROW = (0.0, 1.0, -1, 0.0, 0, 0, None)
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A tokenized request whose params passed RequestLimits.check (max_tokens resolved)."""
+
+    request_id: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class FinishedOutput:
+    request_id: int
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length" | "error"
+    logprobs: list[dict[int, float]] | None = None
+    num_cached_prompt_tokens: int = 0
+    error: str | None = None  # set when the request could not run or failed while running
+
+
+@dataclass
+class RunStats:
+    num_requests: int = 0
+    num_steps: int = 0
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    seconds: float = 0.0
+    step_records: list[StepRecord] = field(default_factory=list)
+
+
+def mix_seed(base_seed: int, request_id: int) -> int:
+    """The seed of a request that has none of its own: a hash of the engine seed and its id."""
+    return ((base_seed & _MASK32) * 0x9E3779B1 + request_id * 0x85EBCA6B + 0x27D4EB2F) & _MASK32
+
+
+@dataclass
+class RequestState:
+    """One running request as the engine sees it. output_token_ids holds the real ids known so
+    far; the scheduler may hold one more (a placeholder) while a step is in flight."""
+
+    request: PreparedRequest
+    stop: StopChecker
+    seed: int
+    logprobs: list[dict[int, float]] | None
+    output_token_ids: list[int] = field(default_factory=list)
+    num_scheduled_outputs: int = 0  # tokens the scheduler holds (placeholders included)
+    finish_reason: str | None = None  # set once the last real token is known
+    error: str | None = None
+
+    @property
+    def request_id(self) -> int:
+        return self.request.request_id
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    def sampling_row(self) -> tuple:
+        """This request's SamplingBatch.build row; a neutral row if building it fails."""
+        try:
+            p = self.params
+            return (p.temperature, p.top_p, p.top_k, p.min_p, self.seed, self.num_scheduled_outputs, p.logprobs)
+        except Exception as error:  # noqa: BLE001 - finish this request only
+            self.fail(error)
+            return _NEUTRAL_SAMPLING_ROW
+
+    def fail(self, error: Exception) -> None:
+        """Finish this request (only) with an internal error; its later rows are dropped."""
+        if self.error is None:
+            self.error = f"internal_error: {type(error).__name__}: {error}"
+        self.finish_reason = "error"
+
+    def add_token(self, token_id: int, logprob_entry: Callable[[], dict[int, float]] | None) -> None:
+        """Record a sampled token, its logprobs, and run the stop checks."""
+        try:
+            self.output_token_ids.append(token_id)
+            if self.logprobs is not None:
+                self.logprobs.append(logprob_entry())
+            self.finish_reason = self.stop.check(self.output_token_ids)
+        except Exception as error:  # noqa: BLE001 - finish this request only
+            self.fail(error)
+
+    def finished_output(self, done: FinishedRequest, decode: Callable[[list[int]], str]) -> FinishedOutput:
+        output = FinishedOutput(self.request_id, self.request.prompt_token_ids, list(self.output_token_ids), "",
+                                self.finish_reason, self.logprobs, done.num_cached_prompt_tokens, self.error)
+        if self.error is None:
+            try:
+                output.text = self.stop.final_text(self.output_token_ids, self.finish_reason, decode)
+            except Exception as error:  # noqa: BLE001 - finish this request only
+                self.fail(error)
+                output.finish_reason, output.error = self.finish_reason, self.error
+        return output

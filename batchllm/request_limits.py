@@ -1,0 +1,75 @@
+"""What a request may hold, checked once per request before it runs (torch-free).
+
+Every engine front (single device, tensor parallel, the Ray driver) composes one RequestLimits
+built from its context length and KV cache size, so a prompt is judged by the same rule
+everywhere, and each kind of bad request raises an error named for what is wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from batchllm.sampling_params import SamplingParams
+
+
+class InvalidRequestError(ValueError):
+    """A request that cannot run as given; the subclasses say why."""
+
+
+class EmptyPromptError(InvalidRequestError):
+    pass
+
+
+class PromptTooLongError(InvalidRequestError):
+    pass
+
+
+class InvalidTokenIdError(InvalidRequestError):
+    pass
+
+
+class NoTokenizerError(InvalidRequestError):
+    """A text prompt for a model without a tokenizer."""
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    max_model_len: int  # the context: prompt + generated tokens
+    num_kv_blocks: int
+    block_size: int
+    vocab_size: int = 0  # 0: unknown, token ids are not checked against it
+    kv_memory_threshold: float | None = None  # the scheduler's M_threshold fraction (None: 1.0)
+
+    @property
+    def num_kv_tokens(self) -> int:
+        return self.num_kv_blocks * self.block_size
+
+    @property
+    def token_limit(self) -> int:
+        """Most tokens (prompt + generated) one request may use: the context, or the KV cache the
+        scheduler may fill less one block (a shared prefix that does not end on a block boundary
+        costs its members one extra block), whichever is smaller."""
+        threshold = self.kv_memory_threshold or 1.0
+        usable_blocks = max(1, int(threshold * self.num_kv_blocks)) - 1
+        return min(self.max_model_len, max(1, usable_blocks) * self.block_size)
+
+    def check(self, prompt_token_ids: list[int], params: SamplingParams) -> SamplingParams:
+        """Reject a prompt that cannot run; return params with max_tokens clamped to the room
+        left after the prompt (documented: a request never fails for a large max_tokens)."""
+        num_prompt_tokens = len(prompt_token_ids)
+        if num_prompt_tokens == 0:
+            raise EmptyPromptError("the prompt has no tokens")
+        limit = self.token_limit
+        room = limit - num_prompt_tokens
+        if room < 1:
+            raise PromptTooLongError(
+                f"prompt has {num_prompt_tokens} tokens; the limit is {limit - 1} (max model length "
+                f"{self.max_model_len}, KV cache {self.num_kv_tokens} tokens): shorten the prompt"
+            )
+        largest, smallest = max(prompt_token_ids), min(prompt_token_ids)
+        if smallest < 0 or (self.vocab_size and largest >= self.vocab_size):
+            bad = smallest if smallest < 0 else largest
+            raise InvalidTokenIdError(f"prompt holds token id {bad}, outside the vocabulary [0, {self.vocab_size})")
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        return params if max_tokens == params.max_tokens else dataclasses.replace(params, max_tokens=max_tokens)

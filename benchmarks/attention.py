@@ -42,14 +42,28 @@ from batchllm.ops.paged_attention import build_paged_plan
 from batchllm.ops.prefix_attention import prefix_shared_attention
 from batchllm.ops.reference import paged_attention_reference
 from batchllm.ops.synthetic_batch import SeqSpec, make_batch
-from batchllm.ops.tile_config import candidate_tile_configs, default_tile_config
-from batchllm.ops.work_list import DEFAULT_WORK_ORDER, build_prefix_shared_plan
+from batchllm.ops.tile_config import TileConfig, default_tile_config
+from batchllm.ops.validation import next_power_of_2
+from batchllm.ops.work_list import DEFAULT_WORK_ORDER, build_prefix_shared_plan, device_num_sms
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16  # Llama-3.1-8B
 NUM_DECODE, NUM_CHUNKS, CHUNK_TOKENS = 256, 7, 512
 SETTINGS = [(2048, 256, 16), (2048, 256, 4), (4096, 512, 64), (256, 2048, "all")]
 DRY_SETTINGS = [(40, 20, "all"), (33, 16, 2)]  # --dry-run (CPU interpreter) with NUM_DECODE = 4
 MODES = [("decode", False), ("decode_jitter", True), ("mixed", False), ("mixed_jitter", True)]
+
+
+def candidate_tile_configs(head_dim: int, group_size: int) -> list[TileConfig]:
+    """The GPU configs this benchmark sweeps (the 'autotune' step, done once per shape)."""
+    packed_min = max(16, next_power_of_2(group_size))
+    return [
+        TileConfig(small_m=packed_min, small_n=64, big_m=max(64, packed_min), big_n=64,
+                   num_warps=4, num_stages=2, min_kv_split_tokens=256),
+        TileConfig(small_m=packed_min, small_n=128, big_m=max(64, packed_min), big_n=64,
+                   num_warps=4, num_stages=2, min_kv_split_tokens=512),
+        TileConfig(small_m=packed_min, small_n=64, big_m=max(128, packed_min), big_n=64,
+                   num_warps=8, num_stages=2, min_kv_split_tokens=256),
+    ]
 
 
 def scenario_seqs(prefix: int, distinct: int, group: str | int, mixed: bool, jitter: bool, seed=0) -> list[SeqSpec]:
@@ -278,6 +292,53 @@ def _time_impls(impls, ref, notes, where) -> dict:
     return timings
 
 
+def _flex_timings(b, seqs, ref, scale, extra: dict, notes: list, where: str) -> dict:
+    """The flex row (compile time and block density into extra["flex"])."""
+    impls = {}
+    try:
+        t0 = time.time()
+        flex = Flex(b, seqs, scale, compiled=b.query.is_cuda)
+        flex()  # the compile
+        sync()
+        extra["flex"] = {"compile_s": round(time.time() - t0, 1), "block_density": round(flex.density, 4)}
+        impls["flex"] = [("", flex)]
+    except Exception as exc:  # noqa: BLE001
+        notes.append(f"flex failed on {where}: {exc!r}"[:600])
+    return _time_impls(impls, ref, notes, where)
+
+
+def _main_timings(b, seqs, ref, scale, configs: dict, with_flashinfer: bool, notes: list, where: str) -> dict:
+    """Our kernels under each tile config (the best one per implementation), SDPA, FlashInfer."""
+    dev = b.query.device
+    meta = b.metadata_numpy()
+    impls = {}
+    for tag, cfg in configs.items():
+        kw = {"block_size": BLOCK_SIZE, "num_kv_heads": NUM_KV_HEADS, "num_heads": NUM_HEADS,
+              "head_dim": HEAD_DIM, "tile": cfg, "num_sms": device_num_sms(dev)}
+        plans = {name: build_prefix_shared_plan(**meta, order=order, **kw).to(dev)
+                 for name, order in (("fused", "cost"), ("fused_interleave", "interleave"), ("fused_auto", "auto"))}
+        plans["plain"] = build_paged_plan(meta["query_start_loc"], meta["seq_lens"], meta["shared_kv_lens"],
+                                          meta["block_tables"], **kw).to(dev)
+        for name, p in plans.items():
+            impls.setdefault(name, []).append(
+                (tag, lambda p=p: prefix_shared_attention(b.query, b.k_cache, b.v_cache, p, scale)))
+    sdpa = Sdpa(b, seqs, scale)
+    impls["sdpa"] = [("", lambda: sdpa(False))]
+    if with_flashinfer:
+        try:
+            impls["flashinfer"] = [("", flashinfer_cascade(b, seqs, scale))]
+        except Exception as exc:  # noqa: BLE001
+            notes.append(f"flashinfer plan failed on {where}: {exc!r}")
+    timings = _time_impls(impls, ref, notes, where)
+    try:
+        sdpa.pregather()
+        err = (sdpa(True).float() - ref).abs().max().item()
+        timings["sdpa_nogather"] = (bench_us(lambda: sdpa(True)), err, "")
+    except Exception as exc:  # noqa: BLE001
+        notes.append(f"sdpa_nogather failed: {exc!r}"[:300])
+    return timings
+
+
 def run(args):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
@@ -326,48 +387,13 @@ def run(args):
                            block_size=BLOCK_SIZE, dtype=dtype, device=dev)
             ref = paged_attention_reference(b.query, b.k_cache, b.v_cache, b.query_start_loc, b.seq_lens,
                                             b.shared_kv_lens, b.block_tables, scale).float()
-            impls, extra = {}, {}
+            extra = {}
             if flex_pass:
-                try:
-                    t0 = time.time()
-                    flex = Flex(b, seqs, scale, compiled=dev == "cuda")
-                    flex()  # the compile
-                    sync()
-                    extra["flex"] = {"compile_s": round(time.time() - t0, 1), "block_density": round(flex.density, 4)}
-                    impls["flex"] = [("", flex)]
-                except Exception as exc:  # noqa: BLE001
-                    notes.append(f"flex failed on {where}: {exc!r}"[:600])
-                flex = None
-                timings = _time_impls(impls, ref, notes, where)
+                timings = _flex_timings(b, seqs, ref, scale, extra, notes, where)
             else:
-                meta = b.metadata_numpy()
-                for tag, cfg in zip(tags, configs):
-                    kw = {"block_size": BLOCK_SIZE, "num_kv_heads": NUM_KV_HEADS, "num_heads": NUM_HEADS,
-                          "head_dim": HEAD_DIM, "tile": cfg}
-                    plans = {name: build_prefix_shared_plan(**meta, order=order, **kw).to(dev)
-                             for name, order in (("fused", "cost"), ("fused_interleave", "interleave"),
-                                                 ("fused_auto", "auto"))}
-                    plans["plain"] = build_paged_plan(meta["query_start_loc"], meta["seq_lens"],
-                                                      meta["shared_kv_lens"], meta["block_tables"], **kw).to(dev)
-                    for name, p in plans.items():
-                        impls.setdefault(name, []).append(
-                            (tag, lambda p=p, b=b: prefix_shared_attention(b.query, b.k_cache, b.v_cache, p, scale)))
-                sdpa = Sdpa(b, seqs, scale)
-                impls["sdpa"] = [("", lambda sdpa=sdpa: sdpa(False))]
-                if have_flashinfer and not mode.startswith("mixed"):
-                    try:
-                        impls["flashinfer"] = [("", flashinfer_cascade(b, seqs, scale))]
-                    except Exception as exc:  # noqa: BLE001
-                        notes.append(f"flashinfer plan failed on {where}: {exc!r}")
-                timings = _time_impls(impls, ref, notes, where)
-                try:
-                    sdpa.pregather()
-                    err = (sdpa(True).float() - ref).abs().max().item()
-                    timings["sdpa_nogather"] = (bench_us(lambda sdpa=sdpa: sdpa(True)), err, "")
-                except Exception as exc:  # noqa: BLE001
-                    notes.append(f"sdpa_nogather failed: {exc!r}"[:300])
-                del sdpa
-                main_timings[key] = timings
+                with_flashinfer = have_flashinfer and not mode.startswith("mixed")
+                timings = main_timings[key] = _main_timings(b, seqs, ref, scale, dict(zip(tags, configs)),
+                                                            with_flashinfer, notes, where)
             t_plain = main_timings[key].get("plain", (float("nan"),))[0]
             for name, (us, err, tag) in timings.items():
                 row = {"scenario": mode, "prefix": prefix, "distinct": distinct, "group": group, "impl": name,
@@ -379,7 +405,7 @@ def run(args):
             result["wall_s"] = round(time.time() - t_start, 1)
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=1)
-            del b, ref, impls
+            del b, ref
             if dev == "cuda":
                 torch.cuda.empty_cache()
     result["wall_s"] = round(time.time() - t_start, 1)

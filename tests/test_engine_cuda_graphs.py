@@ -57,17 +57,20 @@ def test_async_scheduling_matches_sync_with_graphs(policy):
     """Asynchronous scheduling on the GPU: decode steps replay graphs whose input ids are the
     previous step's sampled tokens, swapped in on the device. Same schedule -> same tokens."""
     from batchllm import LLM, SamplingParams
+    from batchllm.engine.run_options import RunOptions
 
     llm = LLM(model="random:llama-3.1-8b?num_layers=2&vocab_size=4096", kv_cache_tokens=16384, policy=policy,
               max_num_batched_tokens=256)
     prompts = [[7] * 60 + [100 + i % 5] * 20 + [200 + i, 300 + i] for i in range(40)]
     params = [SamplingParams(temperature=0.0 if i % 2 else 0.9, seed=i, max_tokens=5 + i % 13, ignore_eos=True)
               for i in range(40)]
-    llm.engine.async_scheduling = False
-    sync = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    def tokens(async_scheduling: bool) -> list:
+        outputs = llm.generate(prompts, params, use_tqdm=False, options=RunOptions(async_scheduling=async_scheduling))
+        return [o.outputs[0].token_ids for o in outputs]
+
+    sync = tokens(False)
     replays_before = llm.engine.runner.graphs.num_replays
-    llm.engine.async_scheduling = True
-    asynchronous = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    asynchronous = tokens(True)
     assert llm.engine.runner.graphs.num_replays > replays_before
     assert asynchronous == sync
     assert [len(t) for t in sync] == [5 + i % 13 for i in range(40)]

@@ -7,7 +7,7 @@ import torch
 from batchllm.ops.prefix_attention import prefix_shared_attention
 from batchllm.ops.reference import paged_attention_reference, prefix_shared_attention_reference
 from batchllm.ops.synthetic_batch import SeqSpec, make_batch
-from batchllm.ops.work_list import build_prefix_shared_plan
+from batchllm.ops.work_list import build_prefix_shared_plan, device_num_sms
 
 P = 21  # prefix not a multiple of the block size
 SCENARIOS = {
@@ -38,7 +38,7 @@ def _run_case(seqs, heads, dtype, device, block_size=16, kv_split_tokens=16, ord
                    block_size=block_size, dtype=dtype, device=device)
     plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=block_size, num_kv_heads=num_kv_heads,
                                     num_heads=num_heads, head_dim=head_dim, kv_split_tokens=kv_split_tokens,
-                                    order=order, tile=tile)
+                                    order=order, tile=tile, num_sms=device_num_sms(device))
     scale = head_dim ** -0.5
     out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan.to(device), scale)
     args = (b.query.float(), b.k_cache.float(), b.v_cache.float(), b.query_start_loc, b.seq_lens,
@@ -115,7 +115,8 @@ def test_fused_random_batches(device, seed, order):
 
 def test_rejects_mismatched_plan(device):
     b = make_batch(SCENARIOS["decode_only"], num_heads=9, num_kv_heads=3, head_dim=64, block_size=16, device=device)
-    plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=3, num_heads=9, head_dim=64)
+    plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=3, num_heads=9, head_dim=64,
+                                    kv_split_tokens=16)
     with pytest.raises(ValueError, match="rows"):
         prefix_shared_attention(b.query[:-1], b.k_cache, b.v_cache, plan.to(device), 0.1)
     with pytest.raises(ValueError, match="dtypes"):
@@ -215,14 +216,13 @@ def test_persistent_class_split_launches_match_reference(device, scenario):
     device ([BIG, SMALL]), one persistent class-specialised launch each."""
     import dataclasses
 
-    from batchllm.engine.cuda_graphs import _class_lists
     from batchllm.ops.tile_config import decode_tile_config
     from batchllm.ops.work_list import F_KV_END, F_KV_START
 
     tile = decode_tile_config(64, 3)
     assert tile.split_classes
     b, plan, ref = _merge_case(SCENARIOS[scenario], HEADS["gqa3_d64"], torch.float32, device, tile, 16)
-    big, small = _class_lists(plan)
+    big, small = plan.class_lists()
     assert big.shape[0] > 0 and small.shape[0] > 0
     padded = []
     for items in (big, small):

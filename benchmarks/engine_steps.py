@@ -72,9 +72,8 @@ def bench_us(fn) -> float:
     return float(triton.testing.do_bench_cudagraph(fn, rep=40)) * 1e3
 
 
-def _sched_config(policy: str, kv_tokens: int, max_model_len: int) -> SchedulerConfig:
-    return SchedulerConfig(policy=policy, num_kv_blocks=kv_tokens // BLOCK_SIZE, block_size=BLOCK_SIZE,
-                           max_model_len=max_model_len)
+def _sched_config(policy: str, kv_tokens: int) -> SchedulerConfig:
+    return SchedulerConfig(policy=policy, num_kv_blocks=kv_tokens // BLOCK_SIZE, block_size=BLOCK_SIZE)
 
 
 def pick_steps(summary: list[tuple[int, bool]], fractions=(0.2, 0.5, 0.8)) -> list[int]:
@@ -193,7 +192,7 @@ def main() -> int:
     scale = head_dim ** -0.5
     rows, notes = [], []
     for policy in args.policies.split(","):
-        config = _sched_config(policy, args.kv_cache_tokens, 131072)
+        config = _sched_config(policy, args.kv_cache_tokens)
         if args.steps == "auto":
             summary, _ = record_steps(requests, config, None)
             wanted = pick_steps(summary)

@@ -397,8 +397,8 @@ def run(args):
             t_plain = main_timings[key].get("plain", (float("nan"),))[0]
             for name, (us, err, tag) in timings.items():
                 row = {"scenario": mode, "prefix": prefix, "distinct": distinct, "group": group, "impl": name,
-                       "us": round(us, 2), "speedup_vs_plain": round(t_plain / us, 3), "max_abs_err": err, "valid": err < 5e-2,
-                       "config": tag, "kv_tb_per_s": round(kv_bytes_unique(seqs) / us / 1e6, 3),
+                       "us": round(us, 2), "speedup_vs_plain": round(t_plain / us, 3), "max_abs_err": err,
+                       "valid": err < 5e-2, "config": tag, "kv_tb_per_s": round(kv_bytes_unique(seqs) / us / 1e6, 3),
                        "prefix_tflop_per_s": round(prefix_flops(seqs) / us / 1e6, 2), **extra.get(name, {})}
                 rows.append(row)
                 print(json.dumps(row), flush=True)

@@ -1,4 +1,4 @@
-"""Attention kernel benchmark (issue 4, BatchLLM section 6.3.3 settings), one process on one GPU.
+"""Attention kernel benchmark (BatchLLM section 6.3.3 settings), one process on one GPU.
 
 Scenarios: pure decode of 256 requests, and chunked prefill (7 prefill chunks + 256 decode
 requests), over prefix/distinct/group-size settings, with and without jittered distinct
@@ -6,11 +6,8 @@ lengths. Implementations, all validated against the float32 reference first:
   fused      ours, ONE launch of prefix + distinct tiles, then the LSE merge kernel; work list
              in "cost" order (largest first: in practice all BIG tiles, then all SMALL ones)
   fused_auto the engine's default order ("auto": interleave when the step has prefill chunks)
-  fused_auto_ikm  fused_auto with the merge in the same launch (TileConfig.fused_merge: the last
-             program to finish a part of a row merges it; no second launch)
   fused_interleave  the same kernel and items, work list in "interleave" order (BIG and SMALL
              tiles merged by cumulative cost, so tensor-core and KV-streaming tiles co-run)
-  separate   ours, cascade style: prefix launch, distinct launch, merge
   plain      ours without sharing knowledge (each request reads its whole KV)
   sdpa       PyTorch SDPA on KV gathered per request from the paged cache (gather included)
   sdpa_nogather  the same SDPA calls on pre-gathered dense KV (gather excluded)
@@ -37,27 +34,36 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import replace
 
 import numpy as np
 import torch
 
 from batchllm.ops.paged_attention import build_paged_plan
-from batchllm.ops.prefix_attention import (
-    merge_counters,
-    prefix_shared_attention,
-    prefix_shared_attention_separate,
-)
+from batchllm.ops.prefix_attention import prefix_shared_attention
 from batchllm.ops.reference import paged_attention_reference
 from batchllm.ops.synthetic_batch import SeqSpec, make_batch
-from batchllm.ops.tile_config import candidate_tile_configs, default_tile_config
-from batchllm.ops.work_list import DEFAULT_WORK_ORDER, build_prefix_shared_plan
+from batchllm.ops.tile_config import TileConfig, default_tile_config
+from batchllm.ops.validation import next_power_of_2
+from batchllm.ops.work_list import DEFAULT_WORK_ORDER, build_prefix_shared_plan, device_num_sms
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16  # Llama-3.1-8B
 NUM_DECODE, NUM_CHUNKS, CHUNK_TOKENS = 256, 7, 512
 SETTINGS = [(2048, 256, 16), (2048, 256, 4), (4096, 512, 64), (256, 2048, "all")]
 DRY_SETTINGS = [(40, 20, "all"), (33, 16, 2)]  # --dry-run (CPU interpreter) with NUM_DECODE = 4
 MODES = [("decode", False), ("decode_jitter", True), ("mixed", False), ("mixed_jitter", True)]
+
+
+def candidate_tile_configs(head_dim: int, group_size: int) -> list[TileConfig]:
+    """The GPU configs this benchmark sweeps (the 'autotune' step, done once per shape)."""
+    packed_min = max(16, next_power_of_2(group_size))
+    return [
+        TileConfig(small_m=packed_min, small_n=64, big_m=max(64, packed_min), big_n=64,
+                   num_warps=4, num_stages=2, min_kv_split_tokens=256),
+        TileConfig(small_m=packed_min, small_n=128, big_m=max(64, packed_min), big_n=64,
+                   num_warps=4, num_stages=2, min_kv_split_tokens=512),
+        TileConfig(small_m=packed_min, small_n=64, big_m=max(128, packed_min), big_n=64,
+                   num_warps=8, num_stages=2, min_kv_split_tokens=256),
+    ]
 
 
 def scenario_seqs(prefix: int, distinct: int, group: str | int, mixed: bool, jitter: bool, seed=0) -> list[SeqSpec]:
@@ -286,6 +292,53 @@ def _time_impls(impls, ref, notes, where) -> dict:
     return timings
 
 
+def _flex_timings(b, seqs, ref, scale, extra: dict, notes: list, where: str) -> dict:
+    """The flex row (compile time and block density into extra["flex"])."""
+    impls = {}
+    try:
+        t0 = time.time()
+        flex = Flex(b, seqs, scale, compiled=b.query.is_cuda)
+        flex()  # the compile
+        sync()
+        extra["flex"] = {"compile_s": round(time.time() - t0, 1), "block_density": round(flex.density, 4)}
+        impls["flex"] = [("", flex)]
+    except Exception as exc:  # noqa: BLE001
+        notes.append(f"flex failed on {where}: {exc!r}"[:600])
+    return _time_impls(impls, ref, notes, where)
+
+
+def _main_timings(b, seqs, ref, scale, configs: dict, with_flashinfer: bool, notes: list, where: str) -> dict:
+    """Our kernels under each tile config (the best one per implementation), SDPA, FlashInfer."""
+    dev = b.query.device
+    meta = b.metadata_numpy()
+    impls = {}
+    for tag, cfg in configs.items():
+        kw = {"block_size": BLOCK_SIZE, "num_kv_heads": NUM_KV_HEADS, "num_heads": NUM_HEADS,
+              "head_dim": HEAD_DIM, "tile": cfg, "num_sms": device_num_sms(dev)}
+        plans = {name: build_prefix_shared_plan(**meta, order=order, **kw).to(dev)
+                 for name, order in (("fused", "cost"), ("fused_interleave", "interleave"), ("fused_auto", "auto"))}
+        plans["plain"] = build_paged_plan(meta["query_start_loc"], meta["seq_lens"], meta["shared_kv_lens"],
+                                          meta["block_tables"], **kw).to(dev)
+        for name, p in plans.items():
+            impls.setdefault(name, []).append(
+                (tag, lambda p=p: prefix_shared_attention(b.query, b.k_cache, b.v_cache, p, scale)))
+    sdpa = Sdpa(b, seqs, scale)
+    impls["sdpa"] = [("", lambda: sdpa(False))]
+    if with_flashinfer:
+        try:
+            impls["flashinfer"] = [("", flashinfer_cascade(b, seqs, scale))]
+        except Exception as exc:  # noqa: BLE001
+            notes.append(f"flashinfer plan failed on {where}: {exc!r}")
+    timings = _time_impls(impls, ref, notes, where)
+    try:
+        sdpa.pregather()
+        err = (sdpa(True).float() - ref).abs().max().item()
+        timings["sdpa_nogather"] = (bench_us(lambda: sdpa(True)), err, "")
+    except Exception as exc:  # noqa: BLE001
+        notes.append(f"sdpa_nogather failed: {exc!r}"[:300])
+    return timings
+
+
 def run(args):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
@@ -313,7 +366,7 @@ def run(args):
     result["versions"] = {"torch": torch.__version__, "triton": _version("triton")}
     scenarios = [(setting, mode, jitter) for setting in (DRY_SETTINGS if args.dry_run else SETTINGS)
                  for mode, jitter in MODES]
-    main_timings = {}  # scenario -> timings of the main pass (separate / plain for the flex rows)
+    main_timings = {}  # scenario -> timings of the main pass (plain for the flex rows)
     t_start = time.time()
     # main pass: our kernels + SDPA (+ FlashInfer); then the flex pass (compiles) with the time left
     for flex_pass in (False, True):
@@ -334,71 +387,25 @@ def run(args):
                            block_size=BLOCK_SIZE, dtype=dtype, device=dev)
             ref = paged_attention_reference(b.query, b.k_cache, b.v_cache, b.query_start_loc, b.seq_lens,
                                             b.shared_kv_lens, b.block_tables, scale).float()
-            impls, extra = {}, {}
+            extra = {}
             if flex_pass:
-                try:
-                    t0 = time.time()
-                    flex = Flex(b, seqs, scale, compiled=dev == "cuda")
-                    flex()  # the compile
-                    sync()
-                    extra["flex"] = {"compile_s": round(time.time() - t0, 1), "block_density": round(flex.density, 4)}
-                    impls["flex"] = [("", flex)]
-                except Exception as exc:  # noqa: BLE001
-                    notes.append(f"flex failed on {where}: {exc!r}"[:600])
-                flex = None
-                timings = _time_impls(impls, ref, notes, where)
+                timings = _flex_timings(b, seqs, ref, scale, extra, notes, where)
             else:
-                meta = b.metadata_numpy()
-                for tag, cfg in zip(tags, configs):
-                    kw = {"block_size": BLOCK_SIZE, "num_kv_heads": NUM_KV_HEADS, "num_heads": NUM_HEADS,
-                          "head_dim": HEAD_DIM, "tile": cfg}
-                    shared_plan = build_prefix_shared_plan(**meta, order="cost", **kw).to(dev, separate_lists=True)
-                    inter_plan = build_prefix_shared_plan(**meta, order="interleave", **kw).to(dev)
-                    auto_plan = build_prefix_shared_plan(**meta, order="auto", **kw).to(dev)
-                    ikm_plan = build_prefix_shared_plan(**meta, order="auto",
-                                                        **{**kw, "tile": replace(cfg, fused_merge=True)}).to(dev)
-                    counters = merge_counters(ikm_plan, dev)  # one zeroed buffer, as in the engine
-                    plain_plan = build_paged_plan(meta["query_start_loc"], meta["seq_lens"], meta["shared_kv_lens"],
-                                                  meta["block_tables"], **kw).to(dev)
-                    for name, fn, p in (("fused", prefix_shared_attention, shared_plan),
-                                        ("fused_interleave", prefix_shared_attention, inter_plan),
-                                        ("fused_auto", prefix_shared_attention, auto_plan),
-                                        ("fused_auto_ikm", prefix_shared_attention, ikm_plan),
-                                        ("separate", prefix_shared_attention_separate, shared_plan),
-                                        ("plain", prefix_shared_attention, plain_plan)):
-                        extra_args = (counters,) if fn is prefix_shared_attention else ()
-                        impls.setdefault(name, []).append(
-                            (tag, lambda fn=fn, p=p, b=b, e=extra_args: fn(b.query, b.k_cache, b.v_cache, p, scale, *e)))
-                sdpa = Sdpa(b, seqs, scale)
-                impls["sdpa"] = [("", lambda sdpa=sdpa: sdpa(False))]
-                if have_flashinfer and not mode.startswith("mixed"):
-                    try:
-                        impls["flashinfer"] = [("", flashinfer_cascade(b, seqs, scale))]
-                    except Exception as exc:  # noqa: BLE001
-                        notes.append(f"flashinfer plan failed on {where}: {exc!r}")
-                timings = _time_impls(impls, ref, notes, where)
-                try:
-                    sdpa.pregather()
-                    err = (sdpa(True).float() - ref).abs().max().item()
-                    timings["sdpa_nogather"] = (bench_us(lambda sdpa=sdpa: sdpa(True)), err, "")
-                except Exception as exc:  # noqa: BLE001
-                    notes.append(f"sdpa_nogather failed: {exc!r}"[:300])
-                del sdpa
-                main_timings[key] = timings
-            t_sep = main_timings[key].get("separate", (float("nan"),))[0]
+                with_flashinfer = have_flashinfer and not mode.startswith("mixed")
+                timings = main_timings[key] = _main_timings(b, seqs, ref, scale, dict(zip(tags, configs)),
+                                                            with_flashinfer, notes, where)
             t_plain = main_timings[key].get("plain", (float("nan"),))[0]
             for name, (us, err, tag) in timings.items():
                 row = {"scenario": mode, "prefix": prefix, "distinct": distinct, "group": group, "impl": name,
-                       "us": round(us, 2), "speedup_vs_separate": round(t_sep / us, 3),
-                       "speedup_vs_plain": round(t_plain / us, 3), "max_abs_err": err, "valid": err < 5e-2,
-                       "config": tag, "kv_tb_per_s": round(kv_bytes_unique(seqs) / us / 1e6, 3),
+                       "us": round(us, 2), "speedup_vs_plain": round(t_plain / us, 3), "max_abs_err": err,
+                       "valid": err < 5e-2, "config": tag, "kv_tb_per_s": round(kv_bytes_unique(seqs) / us / 1e6, 3),
                        "prefix_tflop_per_s": round(prefix_flops(seqs) / us / 1e6, 2), **extra.get(name, {})}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             result["wall_s"] = round(time.time() - t_start, 1)
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=1)
-            del b, ref, impls
+            del b, ref
             if dev == "cuda":
                 torch.cuda.empty_cache()
     result["wall_s"] = round(time.time() - t_start, 1)
@@ -414,24 +421,21 @@ def markdown_table(result) -> str:
     by_key = {}
     for r in result["rows"]:
         by_key.setdefault((r["prefix"], r["distinct"], r["group"], r["scenario"]), {})[r["impl"]] = r
-    impls = ["fused", "fused_interleave", "fused_auto", "fused_auto_ikm", "separate", "plain", "sdpa", "sdpa_nogather",
-             "flex", "flashinfer"]
+    impls = ["fused", "fused_interleave", "fused_auto", "plain", "sdpa", "sdpa_nogather", "flex", "flashinfer"]
     lines = ["| prefix/distinct/group | scenario | " + " | ".join(f"{i} us" for i in impls)
-             + " | fused vs separate | interleave vs separate | auto vs separate | fused vs plain | fused vs flashinfer"
+             + " | fused vs plain | interleave vs plain | auto vs plain | fused vs flashinfer"
              " | fused KV TB/s | fused prefix TFLOP/s |",
-             "|" + "---|" * (len(impls) + 9)]
+             "|" + "---|" * (len(impls) + 8)]
     for (p, d, g, sc), r in by_key.items():
         cell = lambda i, r=r: (f"{r[i]['us']:.1f}" + ("" if r[i]["valid"] else " (INVALID)")) if i in r else "-"
         f = r.get("fused")
         vs_fi = f"{r['flashinfer']['us'] / f['us']:.2f}x" if f and "flashinfer" in r else "-"
-        fi = r.get("fused_interleave")
-        vs_sep_i = f"{fi['speedup_vs_separate']:.2f}x" if fi else "-"
-        fa = r.get("fused_auto")
-        vs_sep_i += " | " + (f"{fa['speedup_vs_separate']:.2f}x" if fa else "-")
+        vs_plain = " | ".join(f"{r[i]['speedup_vs_plain']:.2f}x" if i in r else "-"
+                              for i in ("fused_interleave", "fused_auto"))
         lines.append(f"| {p}/{d}/{g} | {sc} | " + " | ".join(cell(i) for i in impls)
-                     + (f" | {f['speedup_vs_separate']:.2f}x | {vs_sep_i} | {f['speedup_vs_plain']:.2f}x | {vs_fi} | "
+                     + (f" | {f['speedup_vs_plain']:.2f}x | {vs_plain} | {vs_fi} | "
                         f"{f['kv_tb_per_s']:.2f} | {f['prefix_tflop_per_s']:.1f} |" if f
-                        else f" | - | {vs_sep_i} | - | - | - | - |"))
+                        else f" | - | {vs_plain} | - | - | - |"))
     return "\n".join(lines) + "\n"
 
 

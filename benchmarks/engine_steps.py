@@ -50,7 +50,7 @@ from batchllm.engine.cuda_graphs import TOKEN_BUCKETS, graph_items_capacity, row
 from batchllm.engine.step_inputs import build_step_inputs
 from batchllm.ops.prefix_attention import prefix_shared_attention
 from batchllm.ops.tile_config import decode_tile_config, default_tile_config
-from batchllm.ops.work_list import F_PARTIAL_BASE, WORK_FIELDS, build_prefix_shared_plan
+from batchllm.ops.work_list import F_PARTIAL_BASE, WORK_FIELDS, build_prefix_shared_plan, device_num_sms
 from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.simulator import SimRequest, simulate
 
@@ -72,9 +72,8 @@ def bench_us(fn) -> float:
     return float(triton.testing.do_bench_cudagraph(fn, rep=40)) * 1e3
 
 
-def _sched_config(policy: str, kv_tokens: int, max_model_len: int) -> SchedulerConfig:
-    return SchedulerConfig(policy=policy, num_kv_blocks=kv_tokens // BLOCK_SIZE, block_size=BLOCK_SIZE,
-                           max_model_len=max_model_len)
+def _sched_config(policy: str, kv_tokens: int) -> SchedulerConfig:
+    return SchedulerConfig(policy=policy, num_kv_blocks=kv_tokens // BLOCK_SIZE, block_size=BLOCK_SIZE)
 
 
 def pick_steps(summary: list[tuple[int, bool]], fractions=(0.2, 0.5, 0.8)) -> list[int]:
@@ -113,11 +112,9 @@ def padded_work(work: np.ndarray, num_tokens: int) -> np.ndarray:
 def _graph_plan(plan, device, num_sms: int, split: bool):
     """`plan` laid out as a decode CUDA graph holds it (padded lists, device item counts),
     launched persistently; split: BIG and SMALL items in two class-specialised launches."""
-    from batchllm.engine.cuda_graphs import _class_lists
-
     tile = dataclasses.replace(plan.tile, split_classes=split)
     plan = dataclasses.replace(plan, tile=tile)
-    lists = _class_lists(plan)
+    lists = plan.class_lists()
     work = [torch.from_numpy(padded_work(items, plan.num_tokens)).to(device) for items in lists]
     counts = torch.tensor([items.shape[0] for items in lists], dtype=torch.int32, device=device)
     return dataclasses.replace(plan.to(device), work=work[0], work_big=work[0] if split else None,
@@ -144,6 +141,24 @@ def variants_for(step_inputs, plan, decode_plan, device, num_sms: int) -> dict:
     return out
 
 
+def geomean_speedups(rows: list[dict], policies: list[str]) -> dict:
+    """Per policy and step kind: each variant's geometric-mean speedup over the kind's baseline
+    (decode steps: graph_padded; steps with prefill chunks: exact) on the same steps."""
+    summary = {}
+    for policy in policies:
+        for kind, base in (("decode", "graph_padded"), ("mixed", "exact")):
+            chosen = [r for r in rows if r["policy"] == policy and r["kind"] == kind]
+            speedups = {}
+            for name in sorted({r["variant"] for r in chosen}):
+                ratios = [b["us"] / r["us"] for r in chosen if r["variant"] == name and r["valid"]
+                          for b in chosen if b["variant"] == base and b["step"] == r["step"]]
+                if ratios:
+                    speedups[name] = round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3)
+            if speedups:
+                summary[f"{policy} {kind} (geomean speedup vs {base})"] = speedups
+    return summary
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", default="micro:2000:200:16")
@@ -165,7 +180,7 @@ def main() -> int:
         args.workload, args.requests, args.output_tokens, args.kv_cache_tokens = "micro:40:8:4", 8, 4, 4096
     elif device != "cuda":
         sys.exit("benchmarks/engine_steps.py needs a CUDA device (or --dry-run)")
-    num_sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else 4
+    num_sms = device_num_sms(device, cpu_num_sms=4)
     workload = make_workload(args.workload, args.requests, args.output_tokens, vocab, 0)
     requests = [SimRequest(tuple(p.tolist()), int(m)) for p, m in zip(workload.prompts, workload.max_tokens)]
     num_blocks = args.kv_cache_tokens // BLOCK_SIZE
@@ -177,7 +192,7 @@ def main() -> int:
     scale = head_dim ** -0.5
     rows, notes = [], []
     for policy in args.policies.split(","):
-        config = _sched_config(policy, args.kv_cache_tokens, 131072)
+        config = _sched_config(policy, args.kv_cache_tokens)
         if args.steps == "auto":
             summary, _ = record_steps(requests, config, None)
             wanted = pick_steps(summary)
@@ -190,7 +205,7 @@ def main() -> int:
                 step_inputs.query_start_loc, step_inputs.seq_lens, step_inputs.shared_kv_lens,
                 step_inputs.block_tables, step_inputs.group_ids if policy == "batchllm" else None,
                 step_inputs.is_prefix if policy == "batchllm" else None, block_size=BLOCK_SIZE,
-                num_kv_heads=num_kv_heads, num_heads=num_heads, head_dim=head_dim, tile=t)
+                num_kv_heads=num_kv_heads, num_heads=num_heads, head_dim=head_dim, tile=t, num_sms=num_sms)
                 for t in (tile, decode_tile))
             query = torch.randn(step_inputs.num_tokens, num_heads, head_dim, dtype=dtype, device=device)
             variants = variants_for(step_inputs, plan, decode_plan, device, num_sms)
@@ -210,19 +225,7 @@ def main() -> int:
                        "max_abs_err": err, "valid": err < 5e-2}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    summary_rows = {}
-    for policy in args.policies.split(","):
-        for kind, base in (("decode", "graph_padded"), ("mixed", "exact")):
-            chosen = [r for r in rows if r["policy"] == policy and r["kind"] == kind]
-            names = sorted({r["variant"] for r in chosen})
-            speedups = {}
-            for name in names:
-                ratios = [b["us"] / r["us"] for r in chosen if r["variant"] == name and r["valid"]
-                          for b in chosen if b["variant"] == base and b["step"] == r["step"]]
-                if ratios:
-                    speedups[name] = round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3)
-            if speedups:
-                summary_rows[f"{policy} {kind} (geomean speedup vs {base})"] = speedups
+    summary_rows = geomean_speedups(rows, args.policies.split(","))
     result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)",
               "date": datetime.date.today().isoformat(), "git_commit": args.git_commit,
               "workload": args.workload, "requests": args.requests, "kv_cache_tokens": args.kv_cache_tokens,

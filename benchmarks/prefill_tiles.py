@@ -3,16 +3,16 @@ and which one decode steps?
 
 Steps that hold prefill chunks spend most of their attention time in BIG tiles (a group's rows x
 its prefix, a prefill chunk x its own KV); decode-only steps keep the default table (they run as
-CUDA graphs). This sweep times each `prefill_tile_candidates` config on such steps, for the fused
+CUDA graphs). This sweep times each `tile_candidates` config on such steps, for the fused
 kernel in the engine's work order ("auto") and for plain paged attention (the baselines' path),
 each validated against the float32 reference first:
 
     PYTHONPATH=. python3 benchmarks/prefill_tiles.py --out $OUT/prefill_tiles.json
 
-Scenarios: the issue-4 mixed settings (7 prefill chunks + 256 decode rows) and one step shaped like
+Scenarios: the mixed settings of benchmarks/attention.py (7 prefill chunks + 256 decode rows) and one step shaped like
 the engine's on micro 2000/200 sd16 (a prefix chunk finishing a 2000-token prefix, 4 members' first
 200-token chunks, 256 decode rows of 16 running groups). Decode scenarios (kind "decode"): the
-issue-4 decode settings and a decode step shaped like the engine's on micro 2000/200 sd16 (35
+decode settings of benchmarks/attention.py and a decode step shaped like the engine's on micro 2000/200 sd16 (35
 running groups of 16 members). Prints the best config per scenario kind by geometric mean.
 """
 
@@ -33,11 +33,41 @@ import attention  # noqa: E402
 from attention import BLOCK_SIZE, HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, SETTINGS, bench_us, scenario_seqs  # noqa: E402
 
 from batchllm.ops.paged_attention import build_paged_plan  # noqa: E402
-from batchllm.ops.prefix_attention import merge_counters, prefix_shared_attention  # noqa: E402
+from batchllm.ops.prefix_attention import prefix_shared_attention  # noqa: E402
 from batchllm.ops.reference import paged_attention_reference  # noqa: E402
 from batchllm.ops.synthetic_batch import SeqSpec, make_batch  # noqa: E402
-from batchllm.ops.tile_config import prefill_tile_candidates  # noqa: E402
-from batchllm.ops.work_list import build_prefix_shared_plan  # noqa: E402
+from batchllm.ops.tile_config import TileConfig, decode_tile_config, default_tile_config  # noqa: E402
+from batchllm.ops.validation import next_power_of_2  # noqa: E402
+from batchllm.ops.work_list import build_prefix_shared_plan, device_num_sms  # noqa: E402
+
+
+def tile_candidates(head_dim: int, group_size: int) -> dict[str, TileConfig]:
+    """Named configs swept on steps with prefill chunks and on decode steps: the BIG tiles carry
+    most of a prefill step's attention work, so larger MMA tiles / more warps may pay even though
+    the SMALL (decode) tiles of the same launch share the warp count; decode steps stream KV, where
+    pipeline depth (num_stages) and BLOCK_N matter."""
+    from dataclasses import replace
+
+    packed_min = max(16, next_power_of_2(group_size))
+    base = default_tile_config(head_dim, group_size, interpret=False)
+
+    def wide(big_m: int, big_n: int, num_warps: int, num_stages: int) -> TileConfig:
+        return TileConfig(small_m=packed_min, small_n=128, big_m=max(big_m, packed_min), big_n=big_n,
+                          num_warps=num_warps, num_stages=num_stages, min_kv_split_tokens=512)
+
+    return {
+        "default": base,
+        "s3": replace(base, num_stages=3),
+        "sn64_s3": replace(base, small_n=64, num_stages=3),
+        "sn64_s4": replace(base, small_n=64, num_stages=4),
+        "m128_w8": wide(128, 64, 8, 2),
+        "m128_w8_s3": wide(128, 64, 8, 3),
+        "m64_n128_w4": wide(64, 128, 4, 2),
+        "m128_n128_w8": wide(128, 128, 8, 2),
+        "split256": replace(base, min_kv_split_tokens=256),
+        # class-specialised BIG and SMALL launches (the decode steps' config, decode_tile_config)
+        "split_classes": decode_tile_config(head_dim, group_size, interpret=False),
+    }
 
 
 def engine_like_step(prefix: int = 2000, distinct: int = 200, chunk: int = 976, groups: int = 16) -> list[SeqSpec]:
@@ -65,7 +95,7 @@ def main() -> int:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
     scale = HEAD_DIM ** -0.5
-    configs = prefill_tile_candidates(HEAD_DIM, NUM_HEADS // NUM_KV_HEADS)
+    configs = tile_candidates(HEAD_DIM, NUM_HEADS // NUM_KV_HEADS)
     if args.dry_run:
         attention.NUM_DECODE = 4
         scenarios = [(f"{p}/{d}/{g} mixed", scenario_seqs(p, d, g, True, False)) for p, d, g in attention.DRY_SETTINGS]
@@ -85,15 +115,12 @@ def main() -> int:
         meta = b.metadata_numpy()
         for name, tile in configs.items():
             kw = {"block_size": BLOCK_SIZE, "num_kv_heads": NUM_KV_HEADS, "num_heads": NUM_HEADS,
-                  "head_dim": HEAD_DIM, "tile": tile}
+                  "head_dim": HEAD_DIM, "tile": tile, "num_sms": device_num_sms(dev)}
             plans = {"fused_auto": build_prefix_shared_plan(**meta, order="auto", **kw).to(dev),
                      "plain": build_paged_plan(meta["query_start_loc"], meta["seq_lens"], meta["shared_kv_lens"],
                                                meta["block_tables"], **kw).to(dev)}
-            # in-kernel merge configs get one zeroed counter buffer, as in the engine (no memset per call)
-            counters = merge_counters(plans["fused_auto"], dev) if tile.fused_merge else None
             for impl, plan in plans.items():
-                fn = lambda plan=plan: prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan, scale,  # noqa: E731
-                                                               counters)
+                fn = lambda plan=plan: prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan, scale)  # noqa: E731
                 try:
                     err = (fn().float() - ref).abs().max().item()
                     us = bench_us(fn)

@@ -1,5 +1,9 @@
 """Where a step's time goes: host phases per step, and GPU kernel totals by torch.profiler.
 
+The profiled run also reports how busy the GPU was: the kernels' device time over the run's wall
+time (gpu_idle_fraction: the host work not hidden behind the GPU; the profiler's own host
+overhead counts as idle, so this is an upper bound).
+
     PYTHONPATH=. python3 benchmarks/profile_engine.py --model random:llama-3.1-8b \
         --workload micro:2000:200:16 --requests 256 --out $OUT/profile.json
 
@@ -14,13 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from e2e import make_workload  # noqa: E402
+from batchllm.bench.workload import make_workload
 
 
 def _phase_summary(steps) -> dict:
@@ -202,8 +202,13 @@ def main() -> int:
 
     count = args.profile_requests
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        started = time.perf_counter()
         llm.generate(prompts[:count], params[:count], use_tqdm=False)
         _sync(torch)
+        wall_ms = 1000 * (time.perf_counter() - started)
+    busy_ms = sum(_kernel_ms(prof).values())
+    result["profiled_run"] = {"wall_ms": round(wall_ms, 1), "gpu_busy_ms": round(busy_ms, 1),
+                              "gpu_idle_fraction": round(max(wall_ms - busy_ms, 0.0) / wall_ms, 4)}
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70)
     print(table)
     kernels = []

@@ -1,4 +1,4 @@
-"""Scheduler simulation table for the paper's workloads (issue 5): batchllm vs vllm vs sglang.
+"""Scheduler simulation table for the paper's workloads: batchllm vs vllm vs sglang.
 
     python benchmarks/simulate_policies.py [--num-requests 6400] [--kv-cache-tokens 430000]
         [--max-num-batched-tokens 2048] [--markdown OUT.md] [--plots benchmarks/results]
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(lines[-1], f"({time.perf_counter() - started:.0f} s wall)", file=sys.stderr, flush=True)
         if traces and args.plots:
-            from batchllm.cli.plot import plot_timelines
+            from batchllm.bench.plot import plot_timelines
             from batchllm.sched.trace import write_trace
 
             os.makedirs(args.plots, exist_ok=True)

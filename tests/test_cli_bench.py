@@ -139,23 +139,15 @@ def test_markdown_failed_and_peer_rows():
     assert "boom" in text
 
 
-def test_benchmarks_e2e_wrapper(tmp_path):
-    """benchmarks/e2e.py keeps its command line (and profile_engine.py's `from e2e import make_workload`)."""
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "e2e.py"
-    spec = importlib.util.spec_from_file_location("e2e_wrapper", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert callable(module.make_workload) and callable(module.parse_policy)
-    out = tmp_path / "e2e.json"
-    assert module.main(BASE[1:] + ["--workload", "micro:32:8:2#4", "--policies", "batchllm+eager",
-                                   "--out", str(out)]) == 0
-    result = json.loads(out.read_text())
-    (row,) = result["rows"]
-    assert row["workload"] == "micro:32:8:2" and row["requests"] == 4 and row["policy"] == "batchllm+eager"
-    assert (tmp_path / "e2e.md").exists()
+def test_writes_nothing_unless_told(tmp_path, capsys, monkeypatch):
+    """Without --out / --markdown the table is printed and no file is written (a run in a checkout
+    must not touch tracked files); '+eager' runs the policy without CUDA graphs."""
+    monkeypatch.chdir(tmp_path)
+    assert main(BASE[:-2] + ["--output-tokens", "2", "--workload", "micro:32:8:2#4", "--policies",
+                             "batchllm+eager"]) == 0
+    out = capsys.readouterr().out
+    assert "batchllm+eager" in out and "wrote" not in out
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_compiled_kernel_variants_counts_triton_caches(monkeypatch):

@@ -19,13 +19,13 @@ def _decode_step(block_size: int) -> SchedulerOutput:
             next_block += 2
             position = 37 + 3 + member  # own tokens so far: 3 + member
             chunks.append(ScheduledChunk(seq_id=len(chunks), token_ids=(11 + member,), start_position=position,
-                                         new_block_ids=prefix_blocks + own, shared_kv_len=37, sample=True,
+                                         block_ids=prefix_blocks + own, shared_kv_len=37, sample=True,
                                          group_id=group, is_decode=True))
     for single in range(7):
         own = tuple(range(next_block, next_block + 4))
         next_block += 4
         chunks.append(ScheduledChunk(seq_id=len(chunks), token_ids=(5,), start_position=40 + 3 * single,
-                                     new_block_ids=own, sample=True, is_decode=True))
+                                     block_ids=own, sample=True, is_decode=True))
     return SchedulerOutput(0, tuple(chunks))
 
 
@@ -57,18 +57,20 @@ def test_async_scheduling_matches_sync_with_graphs(policy):
     """Asynchronous scheduling on the GPU: decode steps replay graphs whose input ids are the
     previous step's sampled tokens, swapped in on the device. Same schedule -> same tokens."""
     from batchllm import LLM, SamplingParams
+    from batchllm.engine.run_options import RunOptions
 
     llm = LLM(model="random:llama-3.1-8b?num_layers=2&vocab_size=4096", kv_cache_tokens=16384, policy=policy,
               max_num_batched_tokens=256)
     prompts = [[7] * 60 + [100 + i % 5] * 20 + [200 + i, 300 + i] for i in range(40)]
     params = [SamplingParams(temperature=0.0 if i % 2 else 0.9, seed=i, max_tokens=5 + i % 13, ignore_eos=True)
               for i in range(40)]
-    from batchllm.engine.run_options import RunOptions
+    def tokens(async_scheduling: bool) -> list:
+        outputs = llm.generate(prompts, params, use_tqdm=False, options=RunOptions(async_scheduling=async_scheduling))
+        return [o.outputs[0].token_ids for o in outputs]
 
-    sync_options = RunOptions(async_scheduling=False)
-    sync = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False, options=sync_options)]
+    sync = tokens(False)
     replays_before = llm.engine.runner.graphs.num_replays
-    asynchronous = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    asynchronous = tokens(True)
     assert llm.engine.runner.graphs.num_replays > replays_before
     assert asynchronous == sync
     assert [len(t) for t in sync] == [5 + i % 13 for i in range(40)]

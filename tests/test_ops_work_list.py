@@ -1,6 +1,7 @@
 """Host work list of the fused kernel: structure checks (no kernel runs)."""
 
 import numpy as np
+import pytest
 
 from batchllm.ops.tile_config import default_tile_config
 from batchllm.ops.work_list import (
@@ -16,10 +17,17 @@ from batchllm.ops.work_list import (
     SIZE_BIG,
     SIZE_SMALL,
     build_prefix_shared_plan,
+    item_cost,
     order_items,
     resolve_order,
-    work_cost,
 )
+
+
+H200_SMS = 132  # plans shaped for an H200 (split-KV pieces sized to fill its SMs)
+
+
+def _cost(work, tile):
+    return item_cost(work[:, F_KV_END].astype(np.int64) - work[:, F_KV_START], work[:, F_SIZE_CLASS], tile)
 
 
 def _decode_groups(num_groups, members, prefix, distinct):
@@ -35,7 +43,7 @@ def _decode_groups(num_groups, members, prefix, distinct):
 def test_decode_group_packs_rows_into_one_prefix_matmul():
     tile = default_tile_config(128, 4, interpret=False)
     plan = build_prefix_shared_plan(*_decode_groups(16, 16, 2048, 256), block_size=16, num_kv_heads=8,
-                                    num_heads=32, tile=tile)
+                                    num_heads=32, tile=tile, num_sms=H200_SMS)
     w = plan.work
     prefix = w[w[:, F_KIND] == KIND_PREFIX]
     # 16 decode rows x 4 GQA heads = 64 packed rows: one big MatMul tile per prefix piece
@@ -53,7 +61,7 @@ def test_single_part_rows_write_directly():
     qsl = np.array([0, 1, 2], np.int32)
     plan = build_prefix_shared_plan(qsl, np.array([10, 20], np.int32), np.zeros(2, np.int32),
                                     np.zeros((2, 2), np.int32), None, None, block_size=16, num_kv_heads=1,
-                                    num_heads=1, tile=default_tile_config(64, 1, interpret=False))
+                                    num_heads=1, tile=default_tile_config(64, 1, interpret=False), num_sms=H200_SMS)
     assert (plan.work[:, F_PARTIAL_BASE] == -1).all() and plan.num_partial_slots == 0
 
 
@@ -87,13 +95,11 @@ def test_interleaved_plan_pins_order_and_keeps_items():
     assert sorted(map(tuple, cost_plan.work.tolist())) == sorted(map(tuple, inter_plan.work.tolist()))
     assert (inter_plan.work[:, F_SIZE_CLASS] == np.where(inter_plan.work[:, F_KIND] == KIND_PREFIX, SIZE_BIG,
                                                         SIZE_SMALL)).all()
-    # the separate-launch lists stay cost-sorted per kind, the same for both orders
-    dev_cost, dev_inter = cost_plan.to("cpu", separate_lists=True), inter_plan.to("cpu", separate_lists=True)
-    for name in ("work_prefix", "work_distinct"):
-        a, b = getattr(dev_cost, name).numpy(), getattr(dev_inter, name).numpy()
+    # each kind's items keep the same cost order under both orders
+    for kind in (KIND_PREFIX, KIND_DISTINCT):
+        a, b = (plan.work[plan.work[:, F_KIND] == kind] for plan in (cost_plan, inter_plan))
         assert np.array_equal(a, b)
-        c = work_cost(a, cost_plan.tile)
-        assert (np.diff(c) <= 0).all()
+        assert (np.diff(_cost(a, cost_plan.tile)) <= 0).all()
 
 
 def _ragged_batch():
@@ -109,7 +115,7 @@ def _ragged_batch():
     args = (qsl, lens[order], np.full(n, 300, np.int32), np.zeros((n, 64), np.int32), groups[order],
             np.zeros(n, bool))
     kw = {"block_size": 16, "num_kv_heads": 8, "num_heads": 32,
-          "tile": default_tile_config(128, 4, interpret=False)}
+          "tile": default_tile_config(128, 4, interpret=False), "num_sms": H200_SMS}
     return args, kw
 
 
@@ -125,11 +131,7 @@ def test_interleaved_plan_same_items_on_a_ragged_batch():
     # a BIG item in the first tenth of the grid and a SMALL one as well
     head = b.work[: max(2, len(b.work) // 10), F_SIZE_CLASS]
     assert {SIZE_BIG, SIZE_SMALL} <= set(head.tolist())
-    for name in ("work_prefix", "work_distinct"):  # the separate-launch lists: same items, cost-sorted
-        wa, wb = getattr(a.to("cpu", separate_lists=True), name).numpy(), getattr(b.to("cpu", separate_lists=True), name).numpy()
-        assert sorted(map(tuple, wa.tolist())) == sorted(map(tuple, wb.tolist()))
-        assert np.array_equal(work_cost(wa, a.tile), work_cost(wb, b.tile))
-        assert (np.diff(work_cost(wb, b.tile)) <= 0).all()
+    assert (np.diff(_cost(a.work, a.tile)) <= 0).all()  # the cost order: largest first
 
 
 def test_auto_order_interleaves_only_steps_with_prefill_chunks():
@@ -151,7 +153,7 @@ def test_device_plan_views_start_16_byte_aligned():
     Triton specialises pointer arguments on 16-byte alignment, so steps compiled new kernel
     variants in the middle of timed runs (the vllm row of one H200 bench: 20 s -> 28 s). Every
     view now starts on a 16-byte boundary of the one buffer, whatever the sizes."""
-    from dataclasses import fields
+    from dataclasses import fields, replace
 
     import torch
 
@@ -161,13 +163,52 @@ def test_device_plan_views_start_16_byte_aligned():
         args = list(_decode_groups(num_groups, members, prefix, distinct))
         args[3] = np.zeros((args[3].shape[0], args[3].shape[1] + 1), np.int32)  # odd table width
         plan = build_prefix_shared_plan(*args, block_size=16, num_kv_heads=1, num_heads=3,
-                                        tile=default_tile_config(64, 3, interpret=False))
-        device_plan = plan.to("cpu", separate_lists=True)
+                                        tile=replace(default_tile_config(64, 3, interpret=False), split_classes=True),
+                                        num_sms=H200_SMS)
+        device_plan = plan.to("cpu")
         base = device_plan.work.data_ptr()
         views = [getattr(device_plan, f.name) for f in fields(PrefixSharedPlanOnDevice)]
         views = [v for v in views if isinstance(v, torch.Tensor)]
-        assert len(views) == 9
+        assert len(views) == 8  # six plan arrays and the BIG / SMALL lists of the class-split launches
         assert all((v.data_ptr() - base) % 16 == 0 for v in views)
-        np.testing.assert_array_equal(device_plan.merge_index.numpy(), plan.merge_index)
         np.testing.assert_array_equal(device_plan.block_tables.numpy(), plan.block_tables)
         np.testing.assert_array_equal(device_plan.merge_slots.numpy(), plan.merge_slots)
+
+
+def test_split_kv_pieces_fill_the_given_sm_count():
+    """Split-KV pieces are sized so that num_sms x 4 programs run (8 KV heads, KV steps of 16): 16
+    decode rows of one group, 8 rows per BIG tile (2 prefix tiles of 512 KV positions) and 16
+    distinct tiles of 128, 3072 positions in all. More SMs, smaller pieces."""
+    args = _decode_groups(1, 16, 512, 128)
+    tile = default_tile_config(128, 4, interpret=True)  # min piece 16, KV step 16
+
+    def kv_lens(num_sms):
+        plan = build_prefix_shared_plan(*args, block_size=16, num_kv_heads=8, num_heads=32, tile=tile,
+                                        num_sms=num_sms, order="cost")
+        return sorted((plan.work[:, F_KV_END] - plan.work[:, F_KV_START]).tolist(), reverse=True)
+
+    # 8 SMs: 4 items wanted, pieces of ceil(3072 / 4) = 768: nothing is split
+    assert kv_lens(8) == [512] * 2 + [128] * 16
+    # 132 SMs: 66 items wanted, pieces of ceil(3072 / 66) = 47 -> 48: a prefix tile in 10 x 48 + 32,
+    # a distinct one in 48 + 48 + 32
+    assert kv_lens(132) == [48] * (2 * 10 + 16 * 2) + [32] * (2 + 16)
+    with pytest.raises(ValueError, match="num_sms"):
+        build_prefix_shared_plan(*args, block_size=16, num_kv_heads=8, num_heads=32, tile=tile)
+
+
+def test_graph_layout_cuts_the_buffer_like_a_step_plan():
+    """The decode CUDA graphs' static buffer and a step plan's buffer share one layout class: the
+    same arrays in the same order, every view 16-byte aligned, shapes as declared."""
+    from batchllm.ops.plan_layout import PLAN_ARRAYS, graph_layout, step_layout
+
+    layout = graph_layout(num_rows=16, num_blocks=32, items_capacity=1088, slots_capacity=1152, work_fields=12)
+    views = layout.views(np.zeros(layout.num_int32, np.int32))
+    assert list(views)[:len(PLAN_ARRAYS)] == list(PLAN_ARRAYS) and list(views)[-2:] == ["num_items", "work_small"]
+    assert views["work"].shape == (1088, 12) and views["block_tables"].shape == (16, 32)
+    assert views["merge_offsets"].shape == (17,) and views["num_items"].shape == (2,)
+    assert all(start % 4 == 0 for start in layout.starts)
+    arrays = {"work": np.arange(36, dtype=np.int32).reshape(3, 12), "prefix_limit": np.arange(5, dtype=np.int32)}
+    step = step_layout(arrays)
+    assert step.starts == [0, 36, 44]  # 5 entries padded to 8
+    unpacked = step.views(step.pack(arrays))
+    assert all(np.array_equal(unpacked[name], arrays[name]) for name in arrays)

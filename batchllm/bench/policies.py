@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 POLICY_NAMES = ("batchllm", "vllm", "sglang", "simple")
-FLAGS = ("eager", "sync", "ptile", "dtile")
+FLAGS = ("eager", "sync")
 
 
 @dataclass(frozen=True)
@@ -13,9 +13,7 @@ class PolicySpec:
     label: str  # as written, the row's "policy"
     name: str  # scheduling policy
     changes: dict  # engine.configure_scheduler(**changes)
-    flags: frozenset  # "eager": no CUDA graphs; "sync": no asynchronous scheduling; "dtile": the bench's
-    # --decode-tile config for decode-only steps; "ptile": the
-    # --prefill-tile config for steps with prefill chunks
+    flags: frozenset  # "eager": no CUDA graphs; "sync": no asynchronous scheduling
 
     def __iter__(self):  # label, name, changes, flags = parse_policy(...)
         return iter((self.label, self.name, self.changes, self.flags))
@@ -24,9 +22,7 @@ class PolicySpec:
 def parse_policy(text: str) -> PolicySpec:
     """'vllm@1024/16384' -> vllm with max_num_seqs 1024, max_num_batched_tokens 16384;
     'batchllm@8192' -> token budget 8192. Suffixes: '+eager' runs without CUDA graphs, '+sync'
-    without asynchronous scheduling (one step at a time), '+dtile' with the bench's --decode-tile
-    config for decode-only steps, '+ptile' with the bench's --prefill-tile
-    config for steps that hold prefill chunks."""
+    without asynchronous scheduling (one step at a time)."""
     text = text.strip()
     flags = set()
     base = text
@@ -41,7 +37,7 @@ def parse_policy(text: str) -> PolicySpec:
     name, _, setting = base.partition("@")
     if name not in POLICY_NAMES:
         raise ValueError(f"unknown policy {name!r} in {text!r}: one of {', '.join(POLICY_NAMES)}, "
-                         "optionally @TOKENS or @SEQS/TOKENS and +eager / +sync / +ptile / +dtile")
+                         "optionally @TOKENS or @SEQS/TOKENS and +eager / +sync")
     changes: dict = {"policy": name}
     if setting:
         parts = setting.split("/")

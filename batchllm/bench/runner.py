@@ -1,10 +1,10 @@
-"""Run several policies in ONE process on the same model and measure each (`batchllm bench`,
-benchmarks/e2e.py).
+"""Run several policies in ONE process on the same model and measure each (`batchllm bench`).
 
 Per workload: the optimal prefix plan and the FLOP bound are computed once; then for each policy
 the scheduler is reconfigured, a warm-up batch of 8 requests runs (kernel compilation excluded),
 and the whole workload runs with outputs forced to their max_tokens (ignore_eos). One row per
-(workload, policy); a policy that fails gets a row with "error" and the others still run.
+(workload, policy); a policy that fails gets a row with "error" and the others still run. A
+policy's '+eager' / '+sync' suffixes reach the engine as the RunOptions of its runs.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from batchllm.bench.flop_bound import flop_bound_seconds
 from batchllm.bench.policies import PolicySpec, parse_policies
 from batchllm.bench.workload import DEFAULT_WORKLOAD, make_workload, read_input_workload, split_workload_spec
+from batchllm.engine.run_options import RunOptions
 from batchllm.workloads import DEFAULT_LOW_TOKEN_ID
 
 GIB = 1 << 30
@@ -41,8 +42,6 @@ class BenchOptions:
     trace_dir: str | None = None
     git_commit: str | None = None
     hf_peer: int = 0  # time HF generate on the first N requests of the first workload
-    prefill_tile: str | None = None  # a prefill_tile_candidates name, for policies with +ptile
-    decode_tile: str | None = None  # a prefill_tile_candidates name, for policies with +dtile
     # An untimed pass of the first policy over the first workload before any timed run: the one-time
     # costs (CUDA graph captures per row bucket and block-table width, Triton specialisations,
     # pinned host pool growth; about 1 s on the 8B micro set) would otherwise fall on whichever
@@ -63,9 +62,16 @@ class _Case:
     skipped_lines: int | None = None  # --input files only
 
 
-def gpu_busy_seconds(step_events) -> float:
-    """Sum of the steps' GPU spans (forward + sampling), from CUDA event pairs (after a sync)."""
-    return sum(start.elapsed_time(end) for start, end in step_events if end is not None) / 1000.0
+SCHEDULER_SETTINGS = ("policy", "max_num_seqs", "max_num_batched_tokens")  # what a policy label sets
+
+
+def run_options(policy: PolicySpec) -> RunOptions:
+    """'+eager': no CUDA graphs; '+sync': no asynchronous scheduling."""
+    return RunOptions(cuda_graphs="eager" not in policy.flags, async_scheduling="sync" not in policy.flags)
+
+
+def generate(llm, prompts, params, options: RunOptions):
+    return llm.generate(prompts, params, use_tqdm=False, options=options)
 
 
 def slug(text: str) -> str:
@@ -160,54 +166,24 @@ def _input_case(path: str, engine, options: BenchOptions, log: Callable[[str], N
 
 
 def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float, model: str,
-               base_config, trace_dir: str | None = None, traces: list | None = None,
-               prefill_tile: str | None = None, decode_tile: str | None = None) -> dict:
-    """One (workload, policy) row. Raises what the run raises (the caller turns it into a row)."""
+               base_settings: dict, trace_dir: str | None = None, traces: list | None = None) -> dict:
+    """One (workload, policy) row. base_settings: the scheduler settings a label does not set.
+    Raises what the run raises (the caller turns it into a row)."""
     import torch
 
     engine = llm.engine
     prompts = case.prompts
-    engine.scheduler_config = base_config
-    engine.configure_scheduler(**policy.changes)
+    engine.configure_scheduler(**{**base_settings, **policy.changes})
+    options = run_options(policy)
+    generate(llm, prompts[:8], params[:8], options)  # warm-up: compile kernels
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    outputs = generate(llm, prompts, params, options)
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
     graphs = engine.runner.graphs
-    if "eager" in policy.flags:
-        engine.runner.graphs = None
-    engine.async_scheduling = "sync" not in policy.flags
-    backend = engine.runner.backend
-    default_decode_tile = getattr(backend, "decode_tile", None)
-    tiles = {}  # backend attribute -> TileConfig, all checked before any is set
-    for flag, option, attribute, name in (("ptile", "--prefill-tile", "prefill_tile", prefill_tile),
-                                          ("dtile", "--decode-tile", "decode_tile", decode_tile)):
-        if flag in policy.flags:
-            from batchllm.ops.tile_config import prefill_tile_candidates
-
-            candidates = prefill_tile_candidates(engine.arch.head_dim, engine.arch.num_heads // engine.arch.num_kv_heads)
-            if name not in candidates:
-                raise ValueError(f"{policy.label}: {option} must be one of {', '.join(candidates)}, got {name!r}")
-            if not hasattr(backend, attribute):
-                raise ValueError(f"{policy.label}: the {backend.name} attention backend has no tile configs")
-            tiles[attribute] = candidates[name]
-    for attribute, tile in tiles.items():
-        setattr(backend, attribute, tile)
-    try:
-        step_events = None
-        llm.generate(prompts[:8], params[:8], use_tqdm=False)  # warm-up: compile kernels
-        if engine.device.type == "cuda":
-            torch.cuda.synchronize()
-            step_events = engine.runner.step_events = []
-        started = time.perf_counter()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-        if engine.device.type == "cuda":
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - started
-        async_scheduling = engine.async_scheduling
-    finally:
-        engine.runner.step_events = None
-        engine.runner.graphs = graphs
-        engine.async_scheduling = True
-        if hasattr(backend, "prefill_tile"):
-            backend.prefill_tile = None
-            backend.decode_tile = default_decode_tile
     stats = llm.last_run_stats
     num_prompt_tokens = sum(len(p) for p in prompts)
     num_output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
@@ -238,13 +214,7 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
         "wait_ms_per_step": round(1000 * sum(s.wait_time_s for s in steps) / num_steps, 2),
         "flop_bound_s": round(bound, 3), "time_over_bound": round(seconds / bound, 2),
     }
-    if step_events:
-        busy = gpu_busy_seconds(step_events)
-        # GPU idle between steps = host work not hidden behind the GPU (issue 6: < 10%).
-        row["gpu_busy_s"] = round(busy, 3)
-        row["gpu_idle_ms_per_step"] = round(1000 * max(seconds - busy, 0.0) / num_steps, 2)
-        row["gpu_idle_fraction"] = round(max(seconds - busy, 0.0) / seconds, 4)
-    row["async_scheduling"] = async_scheduling
+    row["async_scheduling"] = options.async_scheduling
     if graphs is not None:
         row["graph_replays"] = graphs.num_replays
     if case.skipped_lines is not None:
@@ -272,7 +242,7 @@ def run_bench(options: BenchOptions, llm=None, log: Callable[[str], None] = prin
     arch = engine.arch
     log(f"model {options.model}: {arch.num_layers} layers, hidden {arch.hidden_size}, "
         f"KV cache {engine.num_kv_tokens} tokens, device {engine.device}")
-    base_config = engine.scheduler_config
+    base_settings = {name: getattr(engine.scheduler_config, name) for name in SCHEDULER_SETTINGS}
     on_row = on_row or (lambda row: log(json.dumps(row)))
     rows: list[dict] = []
     inputs: list[dict] = []
@@ -294,16 +264,14 @@ def run_bench(options: BenchOptions, llm=None, log: Callable[[str], None] = prin
         params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in case.max_tokens]
         if options.warm_pass and index == 0 and policies:
             started = time.perf_counter()
-            engine.configure_scheduler(**policies[0].changes)
-            llm.generate(case.prompts, params, use_tqdm=False)
-            engine.scheduler_config = base_config
+            engine.configure_scheduler(**{**base_settings, **policies[0].changes})
+            generate(llm, case.prompts, params, RunOptions())
             log(f"warm pass ({policies[0].name}, untimed): {time.perf_counter() - started:.1f} s")
         traces: list = []
         for policy in policies:
             try:
-                row = run_policy(llm, case, policy, params, plan, bound, options.model, base_config,
-                                 options.trace_dir, traces, options.prefill_tile,
-                                 options.decode_tile)
+                row = run_policy(llm, case, policy, params, plan, bound, options.model, base_settings,
+                                 options.trace_dir, traces)
             except Exception as error:  # noqa: BLE001 -- keep measuring the other policies; the row says what failed
                 import traceback
 
@@ -311,9 +279,9 @@ def run_bench(options: BenchOptions, llm=None, log: Callable[[str], None] = prin
                 row = {"workload": case.label, "policy": policy.label, "error": repr(error)}
             rows.append(row)
             on_row(row)
-        engine.scheduler_config = base_config
+        engine.configure_scheduler(**base_settings)
         if traces:
-            from batchllm.cli.plot import plot_timelines
+            from batchllm.bench.plot import plot_timelines
 
             plot_timelines(traces, os.path.join(options.trace_dir, f"timeline-{slug(case.label)}.png"),
                            title=f"{options.model}, {case.label}, {len(case.prompts)} requests")

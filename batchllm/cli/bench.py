@@ -8,12 +8,11 @@ import os
 import sys
 
 DEFAULT_GPU_MODEL = "random:llama-3.1-8b"
-DEFAULT_OUT = "benchmarks/results/e2e.json"
 CPU_SMOKE_MODEL = "random:tiny?vocab_size=32000"
 
 EPILOG = f"""\
 examples:
-  # the issue-6 comparison on a GPU: 512 requests of micro 2000/200 sd16, three policies
+  # three policies on a GPU: 512 requests of micro 2000/200 sd16 (the table is printed; nothing written)
   batchllm bench --workload micro:2000:200:16 --policies batchllm,vllm,sglang
 
   # several workloads (#N = its request count), a bigger budget, and the HF generate peer on 64 requests
@@ -23,16 +22,16 @@ examples:
   # your own batch file (prompt_token_ids lines work with any model; text needs a tokenizer)
   batchllm bench --input requests.jsonl --policies batchllm,vllm
 
-  # the vllm policy also with the class-split attention launches on its steps with prefill chunks
-  batchllm bench --workload micro:2000:200:16#1024 --policies batchllm,vllm,vllm+ptile --prefill-tile split_classes
+  # batchllm with and without asynchronous scheduling and CUDA graphs, rows saved under results/
+  batchllm bench --workload micro:2000:200:16#1024 --policies batchllm,batchllm+sync,batchllm+eager \
+      --out results/bench.json
 
   # a quick smoke test on a CPU
   batchllm bench --model '{CPU_SMOKE_MODEL}' --workload micro:64:16:4 --requests 16 --output-tokens 4 \\
       --policies batchllm,vllm --out /tmp/bench.json
 
 Policies: batchllm, vllm, sglang, simple; NAME@TOKENS sets the token budget, NAME@SEQS/TOKENS also
-the request cap; suffix +eager runs without CUDA graphs, +sync without asynchronous scheduling,
-+ptile / +dtile with the --prefill-tile / --decode-tile attention tile config.
+the request cap; suffix +eager runs without CUDA graphs, +sync without asynchronous scheduling.
 Outputs are forced to max_tokens (EOS ignored), so every policy does the same work. Each policy
 runs after a warm-up batch of 8 requests (kernel compilation excluded). time/bound: wall time over
 the FLOP bound with optimal prefix sharing at the H200 bf16 peak (790 TFLOP/s).
@@ -47,7 +46,8 @@ def add_parser(subparsers) -> None:
             "Generate a workload (or read --input FILE), load the model once, run every policy on it\n"
             "and report for each: wall time, requests/s, input and output tokens/s, processed prefill\n"
             "tokens and saving ratio, mean tokens per step, valleys, peak KV memory and time over the\n"
-            "FLOP bound. Rows go to --out (JSON) and a table to --markdown (and the terminal).\n"
+            "FLOP bound. The table is printed; rows go to --out (JSON) and the table to --markdown\n"
+            "only when asked for.\n"
             f"Default model: {DEFAULT_GPU_MODEL} (random weights) on a CUDA GPU; on a machine without\n"
             f"CUDA pass --model (e.g. '{CPU_SMOKE_MODEL}' or a small .gguf file)."
         ),
@@ -58,8 +58,8 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(func=bench_command)
 
 
-def add_bench_arguments(parser: argparse.ArgumentParser, default_out: str = DEFAULT_OUT) -> None:
-    """The options of `batchllm bench` (also benchmarks/e2e.py)."""
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `batchllm bench`."""
     parser.add_argument("--model", default=None,
                         help=f"random:PRESET (random:llama-3.1-8b, random:qwen2.5-7b, random:qwen2.5-14b, "
                              f"random:tiny?vocab_size=32000 ...), a .gguf file or a HF model directory "
@@ -85,10 +85,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser, default_out: str = DEFA
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
                         help="auto: float32 on CPU, bfloat16 on GPU")
-    parser.add_argument("--out", default=default_out, metavar="FILE.json",
-                        help=f"raw rows as JSON (default {default_out})")
+    parser.add_argument("--out", default=None, metavar="FILE.json",
+                        help="write the raw rows as JSON here (default: write nothing)")
     parser.add_argument("--markdown", default=None, metavar="FILE.md",
-                        help="the Markdown table (default: --out with .md)")
+                        help="write the Markdown table here (default: --out with .md; nothing without --out)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trace-dir", default=None, metavar="DIR",
                         help="write each run's step trace (batchllm plot input) and one timeline PNG per "
@@ -98,14 +98,6 @@ def add_bench_arguments(parser: argparse.ArgumentParser, default_out: str = DEFA
                         help="skip the untimed pass of the first policy over the first workload (by default "
                              "it runs first, so one-time costs such as CUDA graph captures do not fall on the "
                              "first timed policy)")
-    parser.add_argument("--prefill-tile", default=None, metavar="NAME",
-                        help="attention tile config for steps with prefill chunks, used by policies with the "
-                             "+ptile suffix (names: batchllm.ops.tile_config.prefill_tile_candidates; "
-                             "benchmarks/prefill_tiles.py sweeps them)")
-    parser.add_argument("--decode-tile", default=None, metavar="NAME",
-                        help="attention tile config for decode-only steps (the CUDA-graph steps), used by "
-                             "policies with the +dtile suffix (the same names as --prefill-tile; 'default' is "
-                             "the single fused launch, 'split_classes' the engine's decode default)")
     parser.add_argument("--hf-peer", type=int, default=0, metavar="N",
                         help="also time HF transformers static `generate` (sdpa) on the first N requests of the "
                              "first workload as one batch, and scale its time to the whole workload")
@@ -152,15 +144,15 @@ def options_from_args(args, model: str):
                         max_num_batched_tokens=args.max_num_batched_tokens, attention_backend=args.attention_backend,
                         kv_cache_tokens=args.kv_cache_tokens, device=args.device, dtype=args.dtype, seed=args.seed,
                         trace_dir=args.trace_dir, git_commit=args.git_commit, hf_peer=args.hf_peer,
-                        prefill_tile=args.prefill_tile, decode_tile=args.decode_tile,
                         warm_pass=args.warm_pass)
 
 
-def markdown_path(args) -> str:
-    if args.markdown:
-        return args.markdown
-    root, _ = os.path.splitext(args.out)
-    return root + ".md"
+def output_files(args) -> list[tuple[str, str]]:
+    """(path, "json" | "markdown") of the files to write: none unless --out or --markdown."""
+    files = [(args.out, "json")] if args.out else []
+    if args.markdown or args.out:
+        files.append((args.markdown or os.path.splitext(args.out)[0] + ".md", "markdown"))
+    return files
 
 
 def bench_command(args) -> int:
@@ -206,12 +198,13 @@ def bench_command(args) -> int:
         print("error: nothing ran (no request could run)", file=sys.stderr)
         return 2
     table = render_markdown(result)
-    for path, text in ((args.out, json.dumps(result, indent=1)), (markdown_path(args), table)):
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
+    files = output_files(args)
+    for path, kind in files:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as handle:
-            handle.write(text)
+            handle.write(json.dumps(result, indent=1) if kind == "json" else table)
     print()
     print(table, end="")
-    print(f"\nwrote {args.out} and {markdown_path(args)}")
+    if files:
+        print("\nwrote " + " and ".join(path for path, _ in files))
     return 1 if any("error" in row for row in result["rows"]) else 0

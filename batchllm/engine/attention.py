@@ -53,31 +53,28 @@ class TritonPagedBackend(ReferenceBackend):
 
     name = "triton"
 
+    supports_cuda_graphs = True
+
     def __init__(self, block_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
                  device: torch.device) -> None:
         from batchllm.ops.kv_store import store_kv
         from batchllm.ops.prefix_attention import prefix_shared_attention
+        from batchllm.ops.tile_config import decode_tile_config
+        from batchllm.ops.work_list import device_num_sms
 
         self._store_kv = store_kv
         self._attention = prefix_shared_attention
         self.block_size, self.num_heads, self.num_kv_heads = block_size, num_heads, num_kv_heads
         self.head_dim, self.device = head_dim, device
-        # Tile config for steps with prefill chunks (None: the default table), and for decode-only
-        # steps (the CUDA-graph steps: class-split launches, see tile_config.decode_tile_config).
-        self.prefill_tile = None
-        from batchllm.ops.tile_config import decode_tile_config
-
+        self.num_sms = device_num_sms(device)  # split-KV pieces fill the device; CUDA graphs size their grids
+        # decode-only steps (the CUDA-graph steps) run class-split launches (decode_tile_config);
+        # steps with prefill chunks the default table
         self.decode_tile = decode_tile_config(head_dim, num_heads // num_kv_heads)
-        # Zeroed counters of the in-kernel merge (TileConfig.fused_merge), grown on demand. Every buffer ever handed out
-        # stays alive: captured CUDA graphs keep pointing at the one of their capture.
-        self._counters: list[torch.Tensor] = []
 
     def _tile_for(self, inputs: StepInputs):
         if inputs.num_tokens == inputs.query_start_loc.shape[0] - 1:
             return self.decode_tile  # decode-only step (one row per seq)
-        return self.prefill_tile  # None: the default table
-
-    supports_cuda_graphs = True
+        return None  # the default table
 
     def build_host_plan(self, inputs: StepInputs):
         """The step's work list on the host (numpy); one per step, shared by every layer."""
@@ -86,7 +83,7 @@ class TritonPagedBackend(ReferenceBackend):
         return build_paged_plan(
             inputs.query_start_loc, inputs.seq_lens, inputs.shared_kv_lens, inputs.block_tables,
             block_size=self.block_size, num_kv_heads=self.num_kv_heads, num_heads=self.num_heads,
-            head_dim=self.head_dim, tile=self._tile_for(inputs),
+            head_dim=self.head_dim, tile=self._tile_for(inputs), num_sms=self.num_sms,
         )
 
     def prepare(self, inputs: StepInputs, metadata: AttentionMetadata) -> None:
@@ -95,17 +92,8 @@ class TritonPagedBackend(ReferenceBackend):
     def store(self, key, value, k_cache, v_cache, metadata: AttentionMetadata) -> None:
         self._store_kv(key, value, k_cache, v_cache, metadata.slot_mapping)
 
-    def merge_counters(self, plan) -> torch.Tensor:
-        needed = plan.num_tokens * plan.num_heads
-        if not self._counters or self._counters[-1].numel() < needed:
-            self._counters.append(torch.zeros(max(needed, 8192 * plan.num_heads), dtype=torch.int32,
-                                              device=self.device))
-        return self._counters[-1]
-
     def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
-        plan = metadata.plan
-        counters = self.merge_counters(plan) if plan.tile.fused_merge else None
-        return self._attention(query, k_cache, v_cache, plan, scale, counters)
+        return self._attention(query, k_cache, v_cache, metadata.plan, scale)
 
 
 class FusedPrefixBackend(TritonPagedBackend):
@@ -121,7 +109,7 @@ class FusedPrefixBackend(TritonPagedBackend):
             inputs.query_start_loc, inputs.seq_lens, inputs.shared_kv_lens, inputs.block_tables,
             inputs.group_ids, inputs.is_prefix, block_size=self.block_size,
             num_kv_heads=self.num_kv_heads, num_heads=self.num_heads, head_dim=self.head_dim,
-            tile=self._tile_for(inputs),
+            tile=self._tile_for(inputs), num_sms=self.num_sms,
         )
 
 
@@ -152,6 +140,6 @@ class PagedAttention:
         # query: [num_tokens, num_heads, head_dim]; key/value: [num_tokens, num_kv_heads, head_dim]
         k_cache, v_cache = self.kv_cache.k[layer_index], self.kv_cache.v[layer_index]
         # Every row's KV is stored before any row reads (a prefix chunk and its members'
-        # first chunks may share the step: DESIGN.md).
+        # first chunks may share the step).
         self.backend.store(key, value, k_cache, v_cache, self.metadata)
         return self.backend.attend(query, k_cache, v_cache, self.metadata, self.scale)

@@ -25,7 +25,8 @@ import torch
 from batchllm.engine.attention import AttentionMetadata, PagedAttention
 from batchllm.engine.placeholders import resolve_placeholders_
 from batchllm.engine.step_inputs import StepInputs
-from batchllm.ops.work_list import F_SIZE_CLASS, SIZE_BIG, WORK_FIELDS, aligned_offsets
+from batchllm.ops.plan_layout import graph_layout
+from batchllm.ops.work_list import WORK_FIELDS, PrefixSharedPlanOnDevice
 
 TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
 
@@ -34,7 +35,6 @@ TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
 class GraphKey:
     num_rows: int  # bucket: rows of the graph (> the step's tokens)
     num_blocks: int  # block-table width (power of two)
-    tile: object = None  # the attention TileConfig the graph's launches were captured with
 
 
 def rows_bucket(num_tokens: int, max_rows: int = TOKEN_BUCKETS[-1]) -> int | None:
@@ -48,47 +48,37 @@ def graph_items_capacity(num_rows: int) -> int:
 
 
 class _Graph:
-    def __init__(self, key: GraphKey, work_fields: int, device: torch.device) -> None:
+    def __init__(self, key: GraphKey, device: torch.device) -> None:
         rows = key.num_rows
         self.key = key
         self.items_cap = graph_items_capacity(rows)
         self.slots_cap = 8 * rows + 1024  # partial results to merge
         # int64 part: input_ids, positions, slot_mapping
         self.dev64 = torch.zeros(3 * rows, dtype=torch.int64, device=device)
-        # int32 part: work, block_tables, prefix_limit, merge_tokens, merge_offsets, merge_slots, merge_index,
-        # num_items, work_small. The attention launches are persistent: each runs the first num_items[i]
-        # items of its padded list. A tile with split_classes keeps the BIG items in `work` and the
-        # SMALL ones in `work_small` (num_items: [BIG, SMALL]); otherwise `work` holds them all.
-        self.shapes32 = [(self.items_cap, work_fields), (rows, key.num_blocks), (rows,), (rows,), (rows + 1,),
-                         (self.slots_cap,), (rows,), (2,), (self.items_cap, work_fields)]
-        self.starts32 = aligned_offsets(int(np.prod(shape)) for shape in self.shapes32)
-        size32 = self.starts32[-1]
-        self.dev32 = torch.zeros(size32, dtype=torch.int32, device=device)
-        self.dev32_views = self._views(self.dev32)
+        # int32 part: the plan's arrays (plan_layout.graph_layout). The attention launches are
+        # persistent: each runs the first num_items[i] items of its padded list.
+        self.layout = graph_layout(rows, key.num_blocks, self.items_cap, self.slots_cap, WORK_FIELDS)
+        self.dev32 = torch.zeros(self.layout.num_int32, dtype=torch.int32, device=device)
         # Two pinned host copies, used in turn: with asynchronous scheduling the host fills step
         # N+1's while step N's copy may still be queued behind step N-1 on the stream. Each has
         # an event recorded after its copy; waiting on it is a safety net that never blocks with
         # one step in flight (step N-1 has been synced before step N+1 is filled).
         self._host64 = [torch.zeros(3 * rows, dtype=torch.int64).pin_memory() for _ in range(2)]
-        self._host32 = [torch.zeros(size32, dtype=torch.int32).pin_memory() for _ in range(2)]
+        self._host32 = [torch.zeros(self.layout.num_int32, dtype=torch.int32).pin_memory() for _ in range(2)]
         self._host64_np = [host.numpy() for host in self._host64]
-        self._host32_views = [self._views(host.numpy()) for host in self._host32]
+        self._host32_views = [self.layout.views(host.numpy()) for host in self._host32]
         self._copied: list[torch.cuda.Event | None] = [None, None]
         self._turn = 0
         self.graph: torch.cuda.CUDAGraph | None = None
         self.hidden: torch.Tensor | None = None
 
-    def _views(self, flat):
-        return [flat[start:start + int(np.prod(shape))].reshape(shape)
-                for shape, start in zip(self.shapes32, self.starts32)]
-
     def fits(self, plan, lists: tuple[np.ndarray, np.ndarray]) -> bool:
-        """lists: _class_lists(plan)."""
+        """lists: plan.class_lists()."""
         return (max(items.shape[0] for items in lists) <= self.items_cap
                 and plan.num_partial_slots <= self.slots_cap and plan.merge_tokens.shape[0] < self.key.num_rows)
 
     def fill(self, plan, lists: tuple[np.ndarray, np.ndarray], inputs: StepInputs) -> None:
-        """lists: _class_lists(plan), the work list(s) as the graph's launches take them."""
+        """lists: plan.class_lists(), the work list(s) as the graph's launches take them."""
         turn = self._turn
         self._turn = 1 - turn
         copied = self._copied[turn]
@@ -101,68 +91,53 @@ class _Graph:
         ids[:num_tokens] = inputs.input_ids
         ids[rows:rows + num_tokens] = inputs.positions
         ids[2 * rows:2 * rows + num_tokens] = inputs.slot_mapping
-        work, tables, limit, merge_tokens, merge_offsets, merge_slots, merge_index, num_items, work_small = \
-            self._host32_views[turn]
-        for padded, items, index in zip((work, work_small), lists, range(2)):
-            num_items[index] = items.shape[0]
-            padded[:items.shape[0]] = items  # (the persistent launch never reads past num_items)
+        host = self._host32_views[turn]
+        for name, items, index in (("work", lists[0], 0), ("work_small", lists[1], 1)):
+            host["num_items"][index] = items.shape[0]
+            host[name][:items.shape[0]] = items  # (the persistent launch never reads past num_items)
+        tables = host["block_tables"]
         tables[:] = 0
         tables[:plan.block_tables.shape[0], :plan.block_tables.shape[1]] = plan.block_tables
-        limit[:] = 0
-        limit[:num_tokens] = plan.prefix_limit
+        host["prefix_limit"][:] = 0
+        host["prefix_limit"][:num_tokens] = plan.prefix_limit
         num_merge = plan.merge_tokens.shape[0]
-        merge_tokens[:] = rows - 1  # the spare row absorbs the padded merges
-        merge_tokens[:num_merge] = plan.merge_tokens
-        merge_offsets[:] = plan.num_partial_slots
-        merge_offsets[:num_merge + 1] = plan.merge_offsets
-        merge_slots[:] = 0
-        merge_slots[:plan.num_partial_slots] = plan.merge_slots
-        merge_index[:] = -1  # padding rows: no parts (in-kernel merge)
-        merge_index[:num_tokens] = plan.merge_index
+        host["merge_tokens"][:] = rows - 1  # the spare row absorbs the padded merges
+        host["merge_tokens"][:num_merge] = plan.merge_tokens
+        host["merge_offsets"][:] = plan.num_partial_slots
+        host["merge_offsets"][:num_merge + 1] = plan.merge_offsets
+        host["merge_slots"][:] = 0
+        host["merge_slots"][:plan.num_partial_slots] = plan.merge_slots
         self.dev64.copy_(self._host64[turn], non_blocking=True)
         self.dev32.copy_(self._host32[turn], non_blocking=True)
         event = torch.cuda.Event()
         event.record()
         self._copied[turn] = event
 
-    def device_plan(self, template, num_sms: int):
+    def device_plan(self, template, num_sms: int) -> PrefixSharedPlanOnDevice:
         """A PrefixSharedPlanOnDevice over the static buffers, shaped like the graph; its attention
         launch is persistent (the grid is frozen at capture, the step's item count is not)."""
-        from batchllm.ops.work_list import PrefixSharedPlanOnDevice
-
-        work, tables, limit, merge_tokens, merge_offsets, merge_slots, merge_index, num_items, work_small = \
-            self.dev32_views
+        views = self.layout.views(self.dev32)
         split = template.tile.split_classes
         return PrefixSharedPlanOnDevice(
-            work=work, work_prefix=work[:0], work_distinct=work[:0], block_tables=tables, prefix_limit=limit,
-            work_big=work if split else None, work_small=work_small if split else None,
-            merge_tokens=merge_tokens, merge_offsets=merge_offsets, merge_slots=merge_slots, merge_index=merge_index,
-            num_partial_slots=self.slots_cap, num_tokens=self.key.num_rows, num_heads=template.num_heads,
-            num_kv_heads=template.num_kv_heads, block_size=template.block_size, tile=template.tile,
-            num_items=num_items, persistent_programs=num_sms * template.tile.graph_programs_per_sm)
-
-
-def _class_lists(plan) -> tuple[np.ndarray, np.ndarray]:
-    """(BIG items, SMALL items) of a split_classes plan, else (all items, none), in work order."""
-    if not plan.tile.split_classes:
-        return plan.work, plan.work[:0]
-    big = plan.work[:, F_SIZE_CLASS] == SIZE_BIG
-    return plan.work[big], plan.work[~big]
+            work=views["work"], block_tables=views["block_tables"], prefix_limit=views["prefix_limit"],
+            merge_tokens=views["merge_tokens"], merge_offsets=views["merge_offsets"],
+            merge_slots=views["merge_slots"], work_big=views["work"] if split else None,
+            work_small=views["work_small"] if split else None, num_partial_slots=self.slots_cap,
+            num_tokens=self.key.num_rows, num_heads=template.num_heads, num_kv_heads=template.num_kv_heads,
+            block_size=template.block_size, tile=template.tile, num_items=views["num_items"],
+            persistent_programs=num_sms * template.tile.graph_programs_per_sm)
 
 
 class DecodeGraphRunner:
     def __init__(self, model, kv_cache, backend, scale: float, device: torch.device, max_rows: int = 2048) -> None:
         self.model, self.kv_cache, self.backend, self.scale, self.device = model, kv_cache, backend, scale, device
         self.max_rows = max_rows
-        self.work_fields = WORK_FIELDS
         self.graphs: dict[GraphKey, _Graph] = {}
         self.num_replays = 0
         self.num_eager = 0
-        self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
 
-    def key_for(self, inputs: StepInputs, tile=None) -> GraphKey | None:
-        """The graph of a decode step (None: not a decode step, or too many rows); tile: the
-        attention TileConfig of the step's plan (a new tile config: a new graph)."""
+    def key_for(self, inputs: StepInputs) -> GraphKey | None:
+        """The graph of a decode step (None: not a decode step, or too many rows)."""
         q_lens = np.diff(inputs.query_start_loc)
         if inputs.num_tokens == 0 or q_lens.max() != 1:
             return None
@@ -170,18 +145,18 @@ class DecodeGraphRunner:
         if rows is None:
             return None
         width = 1 << max(int(inputs.block_tables.shape[1]) - 1, 0).bit_length()
-        return GraphKey(rows, max(width, 16), tile)
+        return GraphKey(rows, max(width, 16))
 
     def run(self, inputs: StepInputs, plan, placeholders: torch.Tensor | None = None) -> torch.Tensor | None:
         """Hidden states [num_tokens, hidden] of a decode step via a graph, or None (run eagerly).
         placeholders: the previous step's sampled ids on the device, for placeholder input ids."""
-        key = self.key_for(inputs, plan.tile)
+        key = self.key_for(inputs)
         if key is None:
             return None
         graph = self.graphs.get(key)
         if graph is None:
-            graph = self.graphs[key] = _Graph(key, self.work_fields, self.device)
-        lists = _class_lists(plan)
+            graph = self.graphs[key] = _Graph(key, self.device)
+        lists = plan.class_lists()
         if not graph.fits(plan, lists):
             self.num_eager += 1
             return None
@@ -199,7 +174,7 @@ class DecodeGraphRunner:
         input_ids, positions, slot_mapping = graph.dev64[:rows], graph.dev64[rows:2 * rows], graph.dev64[2 * rows:]
         metadata = AttentionMetadata(slot_mapping=slot_mapping, query_start_loc=None, seq_lens=None,
                                      shared_kv_lens=None, block_tables=None, max_seq_len=0,
-                                     plan=graph.device_plan(template_plan, self.num_sms))
+                                     plan=graph.device_plan(template_plan, self.backend.num_sms))
         attention = PagedAttention(self.kv_cache, metadata, self.backend, self.scale)
         # Warm up on a side stream (Triton compiles, allocator settles), then capture. The
         # buffers hold the current step, so the warm-up writes the same KV the replay will.

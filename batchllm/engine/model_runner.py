@@ -53,8 +53,6 @@ class ModelRunner:
         self.scale = arch.head_dim ** -0.5
         self._pin = device.type == "cuda"
         self.block_tables = BlockTableRows()  # host rows kept from step to step
-        # Benchmarks set a list here: one (start, end) CUDA event pair per step (GPU busy time).
-        self.step_events: list | None = None
         self.graphs = None
         if cuda_graphs and device.type == "cuda" and getattr(self.backend, "supports_cuda_graphs", False):
             from batchllm.engine.cuda_graphs import DecodeGraphRunner
@@ -80,12 +78,10 @@ class ModelRunner:
         batch = SamplingBatch.build(sampling_rows, self.device) if sampling_rows else None
         hidden = self.forward(inputs, allow_graph=allow_graph, previous_token_ids=previous_token_ids)
         if batch is None:
-            self._record_end()
             return StepResult((), None)
         # Only the rows that sample pay for the LM head.
         logits = self.model.compute_logits(hidden[self._to_device(inputs.sample_rows)])
         sampled = sample(logits, batch)
-        self._record_end()
         if not self._pin:
             return StepResult(inputs.sample_seq_ids, sampled)
         host = SamplerOutput(*(_copy_to_pinned(t) for t in (sampled.token_ids, sampled.logprobs,
@@ -98,24 +94,11 @@ class ModelRunner:
         """The step's host arrays; the block tables come from the persistent rows."""
         return build_step_inputs(output, self.block_size, self.block_tables.step_tables(output))
 
-    def _record_start(self) -> None:
-        if self.step_events is not None:
-            start = torch.cuda.Event(enable_timing=True)
-            start.record()
-            self.step_events.append([start, None])
-
-    def _record_end(self) -> None:
-        if self.step_events is not None:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self.step_events[-1][1] = end
-
     def forward(self, inputs: StepInputs, allow_graph: bool = True,
                 previous_token_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] of a step: a CUDA graph for decode steps, else eager."""
         placeholders = placeholder_source(inputs.input_ids, previous_token_ids)
         host_plan = self.backend.build_host_plan(inputs) if self.graphs is not None else None
-        self._record_start()
         hidden = (self.graphs.run(inputs, host_plan, placeholders)
                   if host_plan is not None and allow_graph else None)
         return hidden if hidden is not None else self._forward_eager(inputs, host_plan, placeholders)

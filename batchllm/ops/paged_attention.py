@@ -12,7 +12,7 @@ import torch
 
 from batchllm.ops.prefix_attention import prefix_shared_attention
 from batchllm.ops.validation import check
-from batchllm.ops.work_list import PrefixSharedPlanOnDevice, build_prefix_shared_plan
+from batchllm.ops.work_list import PrefixSharedPlanOnDevice, build_prefix_shared_plan, device_num_sms
 
 
 def build_paged_plan(query_start_loc, seq_lens, shared_kv_lens, block_tables, *, block_size: int,
@@ -44,5 +44,6 @@ def paged_attention(
         check(query.dim() == 3 and k_cache.dim() == 4, "query must be [T, H, D] and k_cache [N, B, Hkv, D]")
         plan = build_paged_plan(query_start_loc, seq_lens, shared_kv_lens, block_tables,
                                 block_size=k_cache.shape[1], num_kv_heads=k_cache.shape[2],
-                                num_heads=query.shape[1], head_dim=query.shape[2]).to(query.device)
+                                num_heads=query.shape[1], head_dim=query.shape[2],
+                                num_sms=device_num_sms(query.device)).to(query.device)
     return prefix_shared_attention(query, k_cache, v_cache, plan, scale)

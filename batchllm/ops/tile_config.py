@@ -23,17 +23,6 @@ class TileConfig:
     num_warps: int
     num_stages: int
     min_kv_split_tokens: int  # never split a KV range into pieces shorter than this
-    # run the whole BLOCK_N steps that every row of a tile sees fully without masks (bounds,
-    # causal / row limits), and skip steps past the tile's last visible position; False: every
-    # step masked (the kernel before this option, kept for benchmarks/prefill_tiles.py)
-    split_mask: bool = True
-    # merge a row's partial results in the attention launch itself (the last program to finish a
-    # part of the row merges; no spin-waits) instead of a second, merge-kernel launch. Off: on
-    # the H200 it was 5-13% slower than launch + merge kernel on 12 of the 16 settings of
-    # benchmarks/attention.py and within 2% on the rest (the epilogue's atomics, barriers and
-    # L1-bypassing loads cost more than the second launch saves). The cascade-style separate
-    # variant always uses the merge kernel.
-    fused_merge: bool = False
     # CUDA graphs freeze the launch grid at capture while a decode step's item count varies, so
     # graph launches are persistent: this many programs per SM stride over the step's items
     # (before: one program per item of the graph's padded capacity; on micro 2000/200 sd16 a
@@ -68,8 +57,8 @@ def default_tile_config(head_dim: int, group_size: int, interpret: bool | None =
     if head_dim <= 64:
         return TileConfig(small_m=packed_min, small_n=64, big_m=max(64, packed_min), big_n=64,
                           num_warps=4, num_stages=3, min_kv_split_tokens=256)
-    # H200, Llama-3.1-8B heads, bf16: best of candidate_tile_configs on every setting of
-    # benchmarks/attention.py (benchmarks/results/attention.json, config "cfg1")
+    # H200, Llama-3.1-8B heads, bf16: best of the candidate configs of benchmarks/attention.py on
+    # every one of its settings (benchmarks/results/attention.json, config "cfg1")
     return TileConfig(small_m=packed_min, small_n=128, big_m=max(64, packed_min), big_n=64,
                       num_warps=4, num_stages=2, min_kv_split_tokens=512)
 
@@ -89,46 +78,3 @@ def decode_tile_config(head_dim: int, group_size: int, interpret: bool | None = 
     if base.small_n < 64:  # the interpreter's tiny config (CPU tests): only the split
         return replace(base, split_classes=True)
     return replace(base, split_classes=True, small_n=64, small_num_warps=4, small_num_stages=2)
-
-
-def candidate_tile_configs(head_dim: int, group_size: int) -> list[TileConfig]:
-    """A few GPU configs the benchmark sweeps (the 'autotune' step, done once per shape)."""
-    packed_min = max(16, next_power_of_2(group_size))
-    return [
-        TileConfig(small_m=packed_min, small_n=64, big_m=max(64, packed_min), big_n=64,
-                   num_warps=4, num_stages=2, min_kv_split_tokens=256),
-        TileConfig(small_m=packed_min, small_n=128, big_m=max(64, packed_min), big_n=64,
-                   num_warps=4, num_stages=2, min_kv_split_tokens=512),
-        TileConfig(small_m=packed_min, small_n=64, big_m=max(128, packed_min), big_n=64,
-                   num_warps=8, num_stages=2, min_kv_split_tokens=256),
-    ]
-
-
-def prefill_tile_candidates(head_dim: int, group_size: int) -> dict[str, TileConfig]:
-    """Named configs swept by benchmarks/prefill_tiles.py on steps with prefill chunks and on
-    decode steps: the BIG tiles carry most of a prefill step's attention work, so larger MMA
-    tiles / more warps may pay even though the SMALL (decode) tiles of the same launch share the
-    warp count; decode steps stream KV, where pipeline depth (num_stages) and BLOCK_N matter."""
-    from dataclasses import replace
-
-    packed_min = max(16, next_power_of_2(group_size))
-    base = default_tile_config(head_dim, group_size, interpret=False)
-    return {
-        "default": base,
-        "masked": replace(base, split_mask=False),  # every KV step masked (before split_mask)
-        "in_kernel_merge": replace(base, fused_merge=True),  # last-arriver merge in the launch
-        "s3": replace(base, num_stages=3),
-        "sn64_s3": replace(base, small_n=64, num_stages=3),
-        "sn64_s4": replace(base, small_n=64, num_stages=4),
-        "m128_w8": TileConfig(small_m=packed_min, small_n=128, big_m=max(128, packed_min), big_n=64,
-                              num_warps=8, num_stages=2, min_kv_split_tokens=512),
-        "m128_w8_s3": TileConfig(small_m=packed_min, small_n=128, big_m=max(128, packed_min), big_n=64,
-                                 num_warps=8, num_stages=3, min_kv_split_tokens=512),
-        "m64_n128_w4": TileConfig(small_m=packed_min, small_n=128, big_m=max(64, packed_min), big_n=128,
-                                  num_warps=4, num_stages=2, min_kv_split_tokens=512),
-        "m128_n128_w8": TileConfig(small_m=packed_min, small_n=128, big_m=max(128, packed_min), big_n=128,
-                                   num_warps=8, num_stages=2, min_kv_split_tokens=512),
-        "split256": replace(base, min_kv_split_tokens=256),
-        # class-specialised BIG and SMALL launches (the decode steps' config, decode_tile_config)
-        "split_classes": decode_tile_config(head_dim, group_size, interpret=False),
-    }

@@ -39,11 +39,12 @@ model on purpose; benchmarks/attention.py (fused vs fused_interleave) measures t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
 
+from batchllm.ops.plan_layout import PLAN_ARRAYS, step_layout
 from batchllm.ops.tile_config import TileConfig, default_tile_config
 from batchllm.ops.validation import check
 
@@ -54,21 +55,19 @@ WORK_FIELDS = 12
 MASK_NONE, MASK_CAUSAL, MASK_ROW_LIMIT = 0, 1, 2
 KIND_PREFIX, KIND_DISTINCT = 0, 1
 SIZE_SMALL, SIZE_BIG = 0, 1
-DEFAULT_NUM_SMS = 132  # H200
 WORK_ORDERS = ("cost", "interleave", "auto")
 # Order used when build_prefix_shared_plan gets no `order` (the engine's); see the docstring.
 DEFAULT_WORK_ORDER = "auto"
 
 
-def aligned_offsets(sizes) -> list[int]:
-    """Starts of parts of `sizes` int32 each laid out in turn in one int32 buffer, every start
-    16-byte aligned (Triton specialises pointer arguments on 16-byte alignment, so views at
-    size-dependent offsets would compile new kernel variants mid-run); the last entry is the
-    buffer's length."""
-    starts = [0]
-    for size in sizes:
-        starts.append(starts[-1] + -(-int(size) // 4) * 4)
-    return starts
+def device_num_sms(device, cpu_num_sms: int = 8) -> int:
+    """Streaming multiprocessors of a CUDA device: split-KV pieces are sized so that the launch
+    fills them. `cpu_num_sms` stands in where there is no GPU (the Triton interpreter runs the
+    programs one after another, so a few pieces per range are enough there)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return cpu_num_sms
 
 
 def _as_numpy(x, dtype) -> np.ndarray:
@@ -86,6 +85,12 @@ def _flat_ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.repeat(starts, counts) + (np.arange(total) - offsets)
 
 
+def _index_within(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each of `counts[i]` copies of i: (parent i, index 0..counts[i]-1 within it)."""
+    parent = np.repeat(np.arange(counts.shape[0]), counts)
+    return parent, np.arange(parent.shape[0]) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
 def _ceil_div(a, b):
     return -(-a // b)
 
@@ -94,11 +99,6 @@ def item_cost(kv_len, size_class, tile: TileConfig) -> np.ndarray:
     """Estimated cost of work items (see the module docstring): kv_len * (1 + m_pad / 128)."""
     m_pad = np.where(np.asarray(size_class) == SIZE_SMALL, tile.small_m, tile.big_m)
     return np.asarray(kv_len, np.int64) * (1.0 + m_pad / 128.0)
-
-
-def work_cost(work: np.ndarray, tile: TileConfig) -> np.ndarray:
-    """item_cost of the rows of an int32 work list."""
-    return item_cost(work[:, F_KV_END].astype(np.int64) - work[:, F_KV_START], work[:, F_SIZE_CLASS], tile)
 
 
 def resolve_order(order: str, size_class: np.ndarray, kind: np.ndarray) -> str:
@@ -131,14 +131,11 @@ class PrefixSharedPlanOnDevice:
     """Device tensors of a plan (views into one int32 buffer: a single host-to-device copy)."""
 
     work: torch.Tensor  # [num_items, WORK_FIELDS] int32, all items (fused launch)
-    work_prefix: torch.Tensor  # prefix items only (separate-launch variant; empty unless asked for)
-    work_distinct: torch.Tensor  # distinct items only
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
     prefix_limit: torch.Tensor  # [num_tokens] int32
     merge_tokens: torch.Tensor  # [num_merge_tokens] int32
     merge_offsets: torch.Tensor  # [num_merge_tokens + 1] int32
     merge_slots: torch.Tensor  # [num_partial_slots] int32
-    merge_index: torch.Tensor  # [num_tokens] int32
     num_partial_slots: int
     num_tokens: int
     num_heads: int
@@ -165,7 +162,6 @@ class PrefixSharedPlan:
     merge_tokens: np.ndarray  # [num_merge_tokens] int32: rows whose partials need merging
     merge_offsets: np.ndarray  # [num_merge_tokens + 1] int32 (CSR into merge_slots)
     merge_slots: np.ndarray  # [num_partial_slots] int32
-    merge_index: np.ndarray  # [num_tokens] int32: row -> its index in merge_tokens, -1 if none
     num_tokens: int
     num_heads: int
     num_kv_heads: int
@@ -176,39 +172,262 @@ class PrefixSharedPlan:
     def num_partial_slots(self) -> int:
         return int(self.merge_slots.shape[0])
 
-    def to(self, device, separate_lists: bool = False) -> PrefixSharedPlanOnDevice:
-        """One host-to-device copy. separate_lists: also the per-kind lists that
-        `prefix_shared_attention_separate` launches (benchmark and tests; the engine runs the
-        fused launch only, so its steps skip the sort and the second copy of the work list)."""
-        if separate_lists:
-            # cost-sorted within kind whatever the fused order (for "cost" this is the work
-            # list's own order; other orders may break ties of equal cost differently)
-            by_cost = self.work[np.argsort(-work_cost(self.work, self.tile), kind="stable")]
-            is_prefix = by_cost[:, F_KIND] == KIND_PREFIX
-            work_prefix, work_distinct = by_cost[is_prefix], by_cost[~is_prefix]
-        else:
-            work_prefix = work_distinct = self.work[:0]
-        parts = [self.work, work_prefix, work_distinct, self.block_tables,
-                 self.prefix_limit, self.merge_tokens, self.merge_offsets, self.merge_slots, self.merge_index]
+    def class_lists(self) -> tuple[np.ndarray, np.ndarray]:
+        """The work lists of the launches: with tile.split_classes (BIG items, SMALL items), else
+        (all items, none); each in work order."""
+        if not self.tile.split_classes:
+            return self.work, self.work[:0]
+        big = self.work[:, F_SIZE_CLASS] == SIZE_BIG
+        return self.work[big], self.work[~big]
+
+    def to(self, device) -> PrefixSharedPlanOnDevice:
+        """One host-to-device copy of every array (laid out by plan_layout.step_layout)."""
+        arrays = {name: np.asarray(getattr(self, name), dtype=np.int32) for name in PLAN_ARRAYS}
         if self.tile.split_classes:
-            big = self.work[:, F_SIZE_CLASS] == SIZE_BIG
-            parts += [self.work[big], self.work[~big]]
-        starts = aligned_offsets(p.size for p in parts)
-        flat = np.zeros(starts[-1], np.int32)
-        for p, start in zip(parts, starts):
-            flat[start:start + p.size] = np.asarray(p, dtype=np.int32).ravel()
-        buffer = torch.from_numpy(flat)
+            arrays["work_big"], arrays["work_small"] = self.class_lists()
+        layout = step_layout(arrays)
+        buffer = torch.from_numpy(layout.pack(arrays))
         if torch.device(device).type == "cuda":
             buffer = buffer.pin_memory().to(device, non_blocking=True)
         else:
             buffer = buffer.to(device)
-        views = [buffer[start:start + p.size].view(p.shape) for p, start in zip(parts, starts)]
-        by_class = views[9:]
         return PrefixSharedPlanOnDevice(
-            *views[:9], work_big=by_class[0] if by_class else None, work_small=by_class[1] if by_class else None,
-            num_partial_slots=self.num_partial_slots, num_tokens=self.num_tokens,
-            num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, block_size=self.block_size,
-            tile=self.tile)
+            **layout.views(buffer), num_partial_slots=self.num_partial_slots, num_tokens=self.num_tokens,
+            num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, block_size=self.block_size, tile=self.tile)
+
+
+# --- the stages of build_prefix_shared_plan -------------------------------------------------
+
+
+class _Columns:
+    """Equal-length numpy columns (a dataclass's fields); `take` selects rows of all of them."""
+
+    def take(self, rows):
+        return type(self)(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+
+
+@dataclass
+class _Step:
+    """The step's per-seq metadata as int64 / bool numpy arrays."""
+
+    query_start_loc: np.ndarray  # [num_seqs + 1]
+    seq_lens: np.ndarray  # [num_seqs]
+    shared_kv_lens: np.ndarray  # [num_seqs]
+    block_tables: np.ndarray  # [num_seqs, max_blocks] int32
+    group_ids: np.ndarray  # [num_seqs], -1: no group
+    is_prefix: np.ndarray  # [num_seqs] bool
+    num_rows: np.ndarray  # [num_seqs] query rows
+    first_positions: np.ndarray  # [num_seqs] position of each seq's first row
+    num_seqs: int
+    num_tokens: int
+
+
+def _step_arrays(query_start_loc, seq_lens, shared_kv_lens, block_tables, group_ids, is_prefix) -> _Step:
+    qsl, lens = _as_numpy(query_start_loc, np.int64), _as_numpy(seq_lens, np.int64)
+    num_seqs = lens.shape[0]
+    check(qsl.shape == (num_seqs + 1,), f"query_start_loc must be [num_seqs + 1], got {qsl.shape}")
+    num_rows = qsl[1:] - qsl[:-1]
+    step = _Step(
+        qsl, lens, _as_numpy(shared_kv_lens, np.int64), _as_numpy(block_tables, np.int32),
+        np.full(num_seqs, -1, np.int64) if group_ids is None else _as_numpy(group_ids, np.int64),
+        np.zeros(num_seqs, bool) if is_prefix is None else _as_numpy(is_prefix, bool),
+        num_rows, lens - num_rows, num_seqs, int(qsl[-1]) if num_seqs else 0)
+    check(step.shared_kv_lens.shape == step.group_ids.shape == step.is_prefix.shape == (num_seqs,),
+          "per-seq arrays differ in length")
+    check(step.block_tables.ndim == 2 and step.block_tables.shape[0] == num_seqs,
+          f"block_tables must be [num_seqs, max_blocks], got {step.block_tables.shape}")
+    check(bool(np.all(num_rows >= 0)) and bool(np.all(lens >= num_rows)), "need 0 <= q_len <= seq_len per seq")
+    return step
+
+
+@dataclass
+class _Groups:
+    """The step's prefix-sharing groups (rows are laid out group by group)."""
+
+    grouped_seqs: np.ndarray  # seqs that belong to a group
+    group_of_seq: np.ndarray  # [len(grouped_seqs)] group index of each
+    prefix_len: np.ndarray  # [num_groups] shared prefix KV positions P_g
+    representative_seq: np.ndarray  # [num_groups] the seq whose block table holds the prefix
+    row_begin: np.ndarray  # [num_groups] first query row of the group
+    row_end: np.ndarray  # [num_groups] one past its last row
+
+
+def _groups(step: _Step) -> _Groups:
+    grouped = np.nonzero(step.group_ids >= 0)[0]
+    group_of = np.unique(step.group_ids[grouped], return_inverse=True)[1].reshape(-1)
+    num_groups = int(group_of.max()) + 1 if group_of.size else 0
+    prefix_len = np.zeros(num_groups, np.int64)
+    np.maximum.at(prefix_len, group_of,
+                  np.where(step.is_prefix[grouped], step.seq_lens[grouped], step.shared_kv_lens[grouped]))
+    representative = np.full(num_groups, step.num_seqs, np.int64)
+    np.minimum.at(representative, group_of, grouped)
+    row_begin = np.full(num_groups, step.num_tokens, np.int64)
+    row_end = np.zeros(num_groups, np.int64)
+    np.minimum.at(row_begin, group_of, step.query_start_loc[grouped])
+    np.maximum.at(row_end, group_of, step.query_start_loc[grouped + 1])
+    return _Groups(grouped, group_of, prefix_len, representative, row_begin, row_end)
+
+
+def _row_prefix_limits(step: _Step, groups: _Groups) -> np.ndarray:
+    """[num_tokens] prefix KV positions each row sees: prefix-chunk rows causally, members their
+    shared part, at most the group's prefix (0 outside groups)."""
+    row_seq = np.repeat(np.arange(step.num_seqs), step.num_rows)
+    row_position = step.first_positions[row_seq] + (np.arange(step.num_tokens) - step.query_start_loc[row_seq])
+    seq_prefix_len = np.zeros(step.num_seqs, np.int64)
+    seq_prefix_len[groups.grouped_seqs] = groups.prefix_len[groups.group_of_seq]
+    row_prefix_len = seq_prefix_len[row_seq]
+    return np.where(step.is_prefix[row_seq], np.minimum(row_position + 1, row_prefix_len),
+                    np.minimum(step.shared_kv_lens[row_seq], row_prefix_len))
+
+
+@dataclass
+class _Segments(_Columns):
+    """Rows x KV ranges before tiling: one per group prefix and per seq's own KV."""
+
+    q_start: np.ndarray
+    num_rows: np.ndarray
+    seq: np.ndarray  # whose block table addresses the KV
+    kv_start: np.ndarray
+    kv_end: np.ndarray
+    base_block: np.ndarray  # block-table index of base_pos
+    base_pos: np.ndarray
+    mask_mode: np.ndarray
+    first_position: np.ndarray  # position of the first row (causal masks)
+    kind: np.ndarray
+
+
+def _segments(step: _Step, groups: _Groups, block_size: int) -> _Segments:
+    """Prefix segments (a group's rows x its prefix, row limits) and distinct segments (a seq's
+    rows x its own KV, causal; ungrouped seqs that still read shared blocks also x [0, shared))."""
+    g = np.nonzero((groups.prefix_len > 0) & (groups.row_end > groups.row_begin))[0]
+    zeros = np.zeros(g.shape[0], np.int64)
+    prefix = _Segments(groups.row_begin[g], groups.row_end[g] - groups.row_begin[g], groups.representative_seq[g],
+                       zeros, groups.prefix_len[g], zeros, zeros, zeros + MASK_ROW_LIMIT, zeros,
+                       zeros + KIND_PREFIX)
+    qsl, lens, shared, num_rows = step.query_start_loc, step.seq_lens, step.shared_kv_lens, step.num_rows
+    active, in_group = num_rows > 0, step.group_ids >= 0
+    s = np.nonzero(active & ~(in_group & step.is_prefix) & (lens > shared))[0]  # own KV [shared, seq_len)
+    own = _Segments(qsl[s], num_rows[s], s, shared[s], lens[s], _ceil_div(shared[s], block_size), shared[s],
+                    np.full_like(s, MASK_CAUSAL), step.first_positions[s], np.full_like(s, KIND_DISTINCT))
+    s = np.nonzero(active & ~in_group & (shared > 0))[0]  # [0, shared) of ungrouped seqs
+    zeros = np.zeros(s.shape[0], np.int64)
+    shared_part = _Segments(qsl[s], num_rows[s], s, zeros, np.minimum(shared[s], lens[s]), zeros, zeros,
+                            np.full_like(s, MASK_CAUSAL), step.first_positions[s], np.full_like(s, KIND_DISTINCT))
+    parts = (prefix, own, shared_part)
+    return _Segments(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]).astype(np.int64)
+                        for f in fields(_Segments)})
+
+
+@dataclass
+class _Tiles(_Columns):
+    """Row tiles of segments (GQA heads of one KV head packed with rows into M), later their
+    split-KV pieces: the work items."""
+
+    segment: np.ndarray
+    q_start: np.ndarray
+    num_rows: np.ndarray
+    first_position: np.ndarray
+    kv_start: np.ndarray
+    kv_end: np.ndarray
+    mask_mode: np.ndarray
+    size_class: np.ndarray
+
+
+def _row_tiles(seg: _Segments, prefix_limit: np.ndarray, tile: TileConfig, group_size: int) -> _Tiles:
+    """Cut segments into row tiles; clip each tile's KV to what its rows see and drop the masks
+    that no row needs."""
+    small_rows, big_rows = max(1, tile.small_m // group_size), max(1, tile.big_m // group_size)
+    rows_per_tile = np.where(seg.num_rows <= small_rows, small_rows, big_rows)
+    segment, index = _index_within(_ceil_div(seg.num_rows, rows_per_tile))
+    row_offset = index * rows_per_tile[segment]
+    tiles = _Tiles(segment, seg.q_start[segment] + row_offset,
+                   np.minimum(rows_per_tile[segment], seg.num_rows[segment] - row_offset),
+                   seg.first_position[segment] + row_offset, seg.kv_start[segment], seg.kv_end[segment],
+                   seg.mask_mode[segment], np.zeros(segment.shape[0], np.int64))
+    # causal: clip KV to the tile's last row; no mask when the first row sees the whole range
+    causal = tiles.mask_mode == MASK_CAUSAL
+    tiles.kv_end[causal] = np.minimum(tiles.kv_end[causal], tiles.first_position[causal] + tiles.num_rows[causal])
+    tiles.mask_mode[causal & (tiles.first_position + 1 >= tiles.kv_end)] = MASK_NONE
+    # row limits on prefix tiles: clip to the largest, mask only if some row sees less
+    limited = np.nonzero(tiles.mask_mode == MASK_ROW_LIMIT)[0]
+    if limited.size:
+        rows = _flat_ranges(tiles.q_start[limited], tiles.num_rows[limited])
+        starts = np.cumsum(tiles.num_rows[limited]) - tiles.num_rows[limited]
+        least = np.minimum.reduceat(prefix_limit[rows], starts)
+        most = np.maximum.reduceat(prefix_limit[rows], starts)
+        tiles.kv_end[limited] = np.minimum(tiles.kv_end[limited], most)
+        tiles.mask_mode[limited[least >= tiles.kv_end[limited]]] = MASK_NONE
+    tiles = tiles.take(np.nonzero(tiles.kv_end > tiles.kv_start)[0])
+    tiles.size_class = np.where(tiles.num_rows * group_size <= tile.small_m, SIZE_SMALL, SIZE_BIG)
+    return tiles
+
+
+def _kv_piece_tokens(tiles: _Tiles, tile: TileConfig, kv_split_tokens: int | None, num_sms: int | None,
+                     programs_per_sm: int, num_kv_heads: int) -> int:
+    """Split-KV piece length: fixed, or enough items to fill the GPU (num_sms x programs_per_sm
+    programs), never below tile.min_kv_split_tokens; a multiple of the KV step."""
+    if kv_split_tokens is None:
+        check(num_sms is not None, "num_sms (the device's SM count, see device_num_sms) or kv_split_tokens is needed")
+        kv_len = tiles.kv_end - tiles.kv_start
+        target_items = max(1, num_sms * programs_per_sm // num_kv_heads)
+        piece = max(tile.min_kv_split_tokens, int(_ceil_div(int(kv_len.sum()), target_items)) if kv_len.size else 1)
+    else:
+        piece = kv_split_tokens
+    return int(_ceil_div(piece, tile.kv_split_multiple) * tile.kv_split_multiple)
+
+
+def _split_kv(tiles: _Tiles, piece_tokens: int, multiple: int) -> _Tiles:
+    """Each tile's KV range in equal pieces (multiples of the KV step) of at most piece_tokens;
+    pieces past a causal tile's last row vanish."""
+    kv_len = tiles.kv_end - tiles.kv_start
+    num_pieces = np.maximum(1, _ceil_div(kv_len, piece_tokens))
+    piece_len = _ceil_div(_ceil_div(kv_len, num_pieces), multiple) * multiple
+    parent, index = _index_within(num_pieces)
+    items = tiles.take(parent)
+    items.kv_start = items.kv_start + index * piece_len[parent]
+    items.kv_end = np.minimum(items.kv_end, items.kv_start + piece_len[parent])
+    items.mask_mode[(items.mask_mode == MASK_CAUSAL) & (items.first_position + 1 >= items.kv_end)] = MASK_NONE
+    return items.take(np.nonzero(items.kv_end > items.kv_start)[0])
+
+
+@dataclass
+class _Merges:
+    partial_base: np.ndarray  # [num_items] first partial slot of the item's rows, -1: written directly
+    merge_tokens: np.ndarray  # rows with several parts
+    merge_offsets: np.ndarray  # CSR into merge_slots
+    merge_slots: np.ndarray
+
+
+def _merges(items: _Tiles, num_tokens: int) -> _Merges:
+    """Rows with exactly one part are written directly; the others get a partial slot per part
+    and a merge list."""
+    coverage = np.zeros(num_tokens + 1, np.int64)
+    np.add.at(coverage, items.q_start, 1)
+    np.add.at(coverage, items.q_start + items.num_rows, -1)
+    parts_per_row = np.cumsum(coverage)[:num_tokens]
+    multi = np.concatenate([[0], np.cumsum(parts_per_row != 1)])
+    direct = (multi[items.q_start + items.num_rows] - multi[items.q_start]) == 0
+    partial_count = np.where(direct, 0, items.num_rows)
+    partial_base = np.where(direct, -1, np.cumsum(partial_count) - partial_count)
+    slot_rows = _flat_ranges(items.q_start[~direct], items.num_rows[~direct])
+    slot_order = np.argsort(slot_rows, kind="stable")
+    merge_tokens, first = np.unique(slot_rows[slot_order], return_index=True)
+    return _Merges(partial_base, merge_tokens, np.concatenate([first, [slot_order.shape[0]]]), slot_order)
+
+
+def _work_list(items: _Tiles, seg: _Segments, partial_base: np.ndarray, tile: TileConfig, order: str) -> np.ndarray:
+    """[num_items, WORK_FIELDS] int32 in `order` (largest estimated cost first within each class)."""
+    work = np.zeros((items.segment.shape[0], WORK_FIELDS), np.int64)
+    columns = {F_Q_START: items.q_start, F_Q_COUNT: items.num_rows, F_SEQ: seg.seq[items.segment],
+               F_KV_START: items.kv_start, F_KV_END: items.kv_end, F_BASE_BLOCK: seg.base_block[items.segment],
+               F_BASE_POS: seg.base_pos[items.segment], F_MASK_MODE: items.mask_mode,
+               F_Q_POS0: items.first_position, F_PARTIAL_BASE: partial_base, F_SIZE_CLASS: items.size_class,
+               F_KIND: seg.kind[items.segment]}
+    for field, column in columns.items():
+        work[:, field] = column
+    cost = item_cost(items.kv_end - items.kv_start, items.size_class, tile)
+    resolved = resolve_order(order, items.size_class, work[:, F_KIND])
+    return work[order_items(cost, items.size_class, resolved)].astype(np.int32)
 
 
 def build_prefix_shared_plan(
@@ -224,159 +443,28 @@ def build_prefix_shared_plan(
     num_heads: int,
     head_dim: int = 128,
     tile: TileConfig | None = None,
-    kv_split_tokens: int | None = None,  # fixed split-KV piece length (tests); None = auto
-    num_sms: int = DEFAULT_NUM_SMS,
+    kv_split_tokens: int | None = None,  # fixed split-KV piece length (tests); None: sized from num_sms
+    num_sms: int | None = None,  # the device's SM count (device_num_sms); needed unless kv_split_tokens
     programs_per_sm: int = 4,
     order: str | None = None,  # "cost" | "interleave" | "auto"; None = DEFAULT_WORK_ORDER
 ) -> PrefixSharedPlan:
     """Build the step's work list (numpy in, numpy out). See the module docstring."""
     order = DEFAULT_WORK_ORDER if order is None else order
     check(order in WORK_ORDERS, f"order must be one of {WORK_ORDERS}, got {order!r}")
-    qsl = _as_numpy(query_start_loc, np.int64)
-    lens = _as_numpy(seq_lens, np.int64)
-    shared = _as_numpy(shared_kv_lens, np.int64)
-    tables = _as_numpy(block_tables, np.int32)
-    num_seqs = lens.shape[0]
-    groups = np.full(num_seqs, -1, np.int64) if group_ids is None else _as_numpy(group_ids, np.int64)
-    prefix_seq = np.zeros(num_seqs, bool) if is_prefix is None else _as_numpy(is_prefix, bool)
-    check(qsl.shape == (num_seqs + 1,), f"query_start_loc must be [num_seqs + 1], got {qsl.shape}")
-    check(shared.shape == groups.shape == prefix_seq.shape == (num_seqs,), "per-seq arrays differ in length")
-    check(tables.ndim == 2 and tables.shape[0] == num_seqs, f"block_tables must be [num_seqs, max_blocks], got {tables.shape}")
     check(num_heads % num_kv_heads == 0, f"num_heads {num_heads} not a multiple of num_kv_heads {num_kv_heads}")
+    step = _step_arrays(query_start_loc, seq_lens, shared_kv_lens, block_tables, group_ids, is_prefix)
     group_size = num_heads // num_kv_heads
     tile = tile or default_tile_config(head_dim, group_size)
-    num_tokens = int(qsl[-1]) if num_seqs else 0
-    q_lens = qsl[1:] - qsl[:-1]
-    check(bool(np.all(q_lens >= 0)) and bool(np.all(lens >= q_lens)), "need 0 <= q_len <= seq_len per seq")
-    pos0 = lens - q_lens  # position of each seq's first row
-    own_block0 = _ceil_div(shared, block_size)  # block-table index of position shared_kv_len
-
-    # --- groups: prefix length P_g, representative seq, row range (rows are laid out group by group)
-    grouped = np.nonzero(groups >= 0)[0]
-    group_keys, group_of = np.unique(groups[grouped], return_inverse=True)
-    num_groups = group_keys.shape[0]
-    prefix_len = np.zeros(num_groups, np.int64)
-    np.maximum.at(prefix_len, group_of, np.where(prefix_seq[grouped], lens[grouped], shared[grouped]))
-    rep_seq = np.full(num_groups, num_seqs, np.int64)
-    np.minimum.at(rep_seq, group_of, grouped)
-    row_begin = np.full(num_groups, num_tokens, np.int64)
-    row_end = np.zeros(num_groups, np.int64)
-    np.minimum.at(row_begin, group_of, qsl[grouped])
-    np.maximum.at(row_end, group_of, qsl[grouped + 1])
-
-    # --- per-row visible prefix length (prefix-chunk rows: causal; members: their shared part)
-    token_seq = np.repeat(np.arange(num_seqs), q_lens)
-    token_pos = pos0[token_seq] + (np.arange(num_tokens) - qsl[token_seq])
-    seq_prefix_len = np.zeros(num_seqs, np.int64)
-    seq_prefix_len[grouped] = prefix_len[group_of]
-    tok_p = seq_prefix_len[token_seq]
-    prefix_limit = np.where(prefix_seq[token_seq], np.minimum(token_pos + 1, tok_p),
-                            np.minimum(shared[token_seq], tok_p))
-
-    # --- segments: (q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask, q_pos0, kind)
-    segs = []
-    has_prefix = (prefix_len > 0) & (row_end > row_begin)
-    g = np.nonzero(has_prefix)[0]
-    zeros = np.zeros(g.shape[0], np.int64)
-    segs.append(np.stack([row_begin[g], row_end[g] - row_begin[g], rep_seq[g], zeros, prefix_len[g], zeros,
-                          zeros, np.full_like(zeros, MASK_ROW_LIMIT), zeros, np.full_like(zeros, KIND_PREFIX)], 1))
-    active = q_lens > 0
-    in_group = groups >= 0
-    # own KV [shared, seq_len) of every non-prefix seq
-    s = np.nonzero(active & ~(in_group & prefix_seq) & (lens > shared))[0]
-    segs.append(np.stack([qsl[s], q_lens[s], s, shared[s], lens[s], own_block0[s], shared[s],
-                          np.full_like(s, MASK_CAUSAL), pos0[s], np.full_like(s, KIND_DISTINCT)], 1))
-    # ungrouped seqs that still read shared blocks: [0, shared) is their own distinct part here
-    s = np.nonzero(active & ~in_group & (shared > 0))[0]
-    zeros = np.zeros(s.shape[0], np.int64)
-    segs.append(np.stack([qsl[s], q_lens[s], s, zeros, np.minimum(shared[s], lens[s]), zeros, zeros,
-                          np.full_like(s, MASK_CAUSAL), pos0[s], np.full_like(s, KIND_DISTINCT)], 1))
-    seg = np.concatenate(segs, 0).astype(np.int64).reshape(-1, 10)
-    (sq_start, sq_count, s_seq, s_kv_start, s_kv_end, s_base_block, s_base_pos, s_mask, s_pos0,
-     s_kind) = seg.T
-
-    # --- row tiles: GQA heads of one KV head packed with rows into M
-    small_rows = max(1, tile.small_m // group_size)
-    big_rows = max(1, tile.big_m // group_size)
-    rows_per_tile = np.where(sq_count <= small_rows, small_rows, big_rows)
-    n_tiles = _ceil_div(sq_count, rows_per_tile)
-    t_seg = np.repeat(np.arange(seg.shape[0]), n_tiles)
-    t_index = np.arange(t_seg.shape[0]) - np.repeat(np.cumsum(n_tiles) - n_tiles, n_tiles)
-    t_q_start = sq_start[t_seg] + t_index * rows_per_tile[t_seg]
-    t_q_count = np.minimum(rows_per_tile[t_seg], sq_count[t_seg] - t_index * rows_per_tile[t_seg])
-    t_pos0 = s_pos0[t_seg] + t_index * rows_per_tile[t_seg]
-    t_kv_start, t_kv_end, t_mask = s_kv_start[t_seg], s_kv_end[t_seg].copy(), s_mask[t_seg].copy()
-    # causal: clip KV to the tile's last row; no mask when the first row sees the whole range
-    causal = t_mask == MASK_CAUSAL
-    t_kv_end[causal] = np.minimum(t_kv_end[causal], t_pos0[causal] + t_q_count[causal])
-    t_mask[causal & (t_pos0 + 1 >= t_kv_end)] = MASK_NONE
-    # row limits on prefix tiles: clip to the largest, mask only if some row sees less
-    lim = np.nonzero(t_mask == MASK_ROW_LIMIT)[0]
-    if lim.size:
-        rows = _flat_ranges(t_q_start[lim], t_q_count[lim])
-        starts = np.cumsum(t_q_count[lim]) - t_q_count[lim]
-        lo = np.minimum.reduceat(prefix_limit[rows], starts)
-        hi = np.maximum.reduceat(prefix_limit[rows], starts)
-        t_kv_end[lim] = np.minimum(t_kv_end[lim], hi)
-        t_mask[lim[lo >= t_kv_end[lim]]] = MASK_NONE
-    keep = t_kv_end > t_kv_start
-    t_seg, t_q_start, t_q_count, t_pos0 = t_seg[keep], t_q_start[keep], t_q_count[keep], t_pos0[keep]
-    t_kv_start, t_kv_end, t_mask = t_kv_start[keep], t_kv_end[keep], t_mask[keep]
-    t_size = np.where(t_q_count * group_size <= tile.small_m, SIZE_SMALL, SIZE_BIG)
-
-    # --- split-KV: equal pieces, multiples of the KV step, enough programs to fill the GPU
-    kv_len = t_kv_end - t_kv_start
-    multiple = tile.kv_split_multiple
-    if kv_split_tokens is None:
-        target_items = max(1, num_sms * programs_per_sm // num_kv_heads)
-        piece = max(tile.min_kv_split_tokens, int(_ceil_div(int(kv_len.sum()), target_items)) if kv_len.size else 1)
-    else:
-        piece = kv_split_tokens
-    piece = int(_ceil_div(piece, multiple) * multiple)
-    n_pieces = np.maximum(1, _ceil_div(kv_len, piece))
-    piece_len = _ceil_div(_ceil_div(kv_len, n_pieces), multiple) * multiple
-    i_tile = np.repeat(np.arange(kv_len.shape[0]), n_pieces)
-    i_index = np.arange(i_tile.shape[0]) - np.repeat(np.cumsum(n_pieces) - n_pieces, n_pieces)
-    i_kv_start = t_kv_start[i_tile] + i_index * piece_len[i_tile]
-    i_kv_end = np.minimum(t_kv_end[i_tile], i_kv_start + piece_len[i_tile])
-    i_seg = t_seg[i_tile]
-    i_q_start, i_q_count, i_pos0 = t_q_start[i_tile], t_q_count[i_tile], t_pos0[i_tile]
-    i_mask = t_mask[i_tile].copy()
-    i_mask[(i_mask == MASK_CAUSAL) & (i_pos0 + 1 >= i_kv_end)] = MASK_NONE
-    keep = i_kv_end > i_kv_start  # pieces past a causal tile's last row vanish
-    sel = np.nonzero(keep)[0]
-    i_tile, i_seg, i_q_start, i_q_count, i_pos0 = i_tile[sel], i_seg[sel], i_q_start[sel], i_q_count[sel], i_pos0[sel]
-    i_kv_start, i_kv_end, i_mask = i_kv_start[sel], i_kv_end[sel], i_mask[sel]
-    i_size = t_size[i_tile]
-
-    # --- direct write vs partial: rows with exactly one part skip the merge
-    num_items = i_seg.shape[0]
-    coverage = np.zeros(num_tokens + 1, np.int64)
-    np.add.at(coverage, i_q_start, 1)
-    np.add.at(coverage, i_q_start + i_q_count, -1)
-    parts_per_token = np.cumsum(coverage)[:num_tokens]
-    multi = np.concatenate([[0], np.cumsum(parts_per_token != 1)])
-    direct = (multi[i_q_start + i_q_count] - multi[i_q_start]) == 0
-    partial_count = np.where(direct, 0, i_q_count)
-    partial_base = np.where(direct, -1, np.cumsum(partial_count) - partial_count)
-    slot_tokens = _flat_ranges(i_q_start[~direct], i_q_count[~direct])
-    slot_order = np.argsort(slot_tokens, kind="stable")
-    merge_tokens, first = np.unique(slot_tokens[slot_order], return_index=True)
-    merge_offsets = np.concatenate([first, [slot_order.shape[0]]])
-    merge_index = np.full(num_tokens, -1, np.int64)
-    merge_index[merge_tokens] = np.arange(merge_tokens.shape[0])
-
-    # --- the work list in `order` (largest estimated cost first within each class, section 5)
-    cost = item_cost(i_kv_end - i_kv_start, i_size, tile)
-    work = np.zeros((num_items, WORK_FIELDS), np.int64)
-    work[:, F_Q_START], work[:, F_Q_COUNT], work[:, F_SEQ] = i_q_start, i_q_count, s_seq[i_seg]
-    work[:, F_KV_START], work[:, F_KV_END] = i_kv_start, i_kv_end
-    work[:, F_BASE_BLOCK], work[:, F_BASE_POS] = s_base_block[i_seg], s_base_pos[i_seg]
-    work[:, F_MASK_MODE], work[:, F_Q_POS0], work[:, F_PARTIAL_BASE] = i_mask, i_pos0, partial_base
-    work[:, F_SIZE_CLASS], work[:, F_KIND] = i_size, s_kind[i_seg]
-    work = work[order_items(cost, i_size, resolve_order(order, i_size, s_kind[i_seg]))].astype(np.int32)
+    groups = _groups(step)
+    prefix_limit = _row_prefix_limits(step, groups)
+    segments = _segments(step, groups, block_size)
+    tiles = _row_tiles(segments, prefix_limit, tile, group_size)
+    piece_tokens = _kv_piece_tokens(tiles, tile, kv_split_tokens, num_sms, programs_per_sm, num_kv_heads)
+    items = _split_kv(tiles, piece_tokens, tile.kv_split_multiple)
+    merges = _merges(items, step.num_tokens)
     return PrefixSharedPlan(
-        work=work, block_tables=tables, prefix_limit=prefix_limit.astype(np.int32),
-        merge_tokens=merge_tokens.astype(np.int32), merge_offsets=merge_offsets.astype(np.int32),
-        merge_slots=slot_order.astype(np.int32), merge_index=merge_index.astype(np.int32), num_tokens=num_tokens,
-        num_heads=num_heads, num_kv_heads=num_kv_heads, block_size=block_size, tile=tile)
+        work=_work_list(items, segments, merges.partial_base, tile, order), block_tables=step.block_tables,
+        prefix_limit=prefix_limit.astype(np.int32), merge_tokens=merges.merge_tokens.astype(np.int32),
+        merge_offsets=merges.merge_offsets.astype(np.int32), merge_slots=merges.merge_slots.astype(np.int32),
+        num_tokens=step.num_tokens, num_heads=num_heads, num_kv_heads=num_kv_heads, block_size=block_size,
+        tile=tile)

@@ -421,7 +421,8 @@ def test_an_input_with_nothing_to_run_never_loads_the_model(tmp_path, capsys, co
     code, out, err = _run_cli(capsys, input_path, "-o", tmp_path / "out.jsonl", "--model", MISSING_MODEL)
     assert code == 0 and "has no line that can run" in err and "loading model" not in err, err
     records = _normalized(tmp_path / "out.jsonl")
-    assert [r["error"]["code"] for r in records] == (["invalid_json", "invalid_request"] if b"broken" in content else [])
+    expected = ["invalid_json", "invalid_request"] if b"broken" in content else []
+    assert [r["error"]["code"] for r in records] == expected
 
 
 _SIGNAL_SCRIPT = textwrap.dedent("""

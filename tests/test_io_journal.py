@@ -128,7 +128,8 @@ def test_other_options_are_refused_by_name_and_restart_starts_over(tmp_path):
 
 def test_an_older_journal_format_is_refused(tmp_path):
     path = tmp_path / "out.jsonl.partial"
-    path.write_bytes(b'#batchllm-journal v1\t{"input_size_bytes": 5, "model": "m"}\n1\t{"custom_id": "a", "error": null}\n')
+    path.write_bytes(b'#batchllm-journal v1\t{"input_size_bytes": 5, "model": "m"}\n'
+                     b'1\t{"custom_id": "a", "error": null}\n')
     with pytest.raises(JournalMismatchError, match="older batchllm.*--restart"):
         Journal(str(path), HEADER)
 

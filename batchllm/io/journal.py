@@ -54,7 +54,8 @@ class JournalHeader:
         """'name: old -> new' for each option that differs from `other` (a decoded header job)."""
         mine = json.loads(json.dumps(self.job))
         names = sorted(set(mine) | set(other))
-        return [f"{name} {other.get(name)!r} -> {mine.get(name)!r}" for name in names if other.get(name) != mine.get(name)]
+        return [f"{name} {other.get(name)!r} -> {mine.get(name)!r}"
+                for name in names if other.get(name) != mine.get(name)]
 
 
 @dataclass(frozen=True)

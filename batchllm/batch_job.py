@@ -10,18 +10,23 @@ Running the same job again after a crash resumes: lines already in the journal a
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from batchllm.engine.llm_engine import LLMEngine, PreparedRequest, RunStats
-from batchllm.io.batch_input import BatchError, BatchRequest, read_batch_file
+from batchllm.io.batch_input import DEFAULT_MAX_LINE_BYTES, BatchError, BatchRequest, read_batch_file
 from batchllm.io.batch_output import dumps, error_line, success_line
+from batchllm.io.job_files import JobLock, check_existing_output, check_job_paths, journal_path_for
 from batchllm.io.journal import Journal, JournalHeader
 from batchllm.progress import Progress
 from batchllm.request_limits import EmptyPromptError, InvalidRequestError, NoTokenizerError, PromptTooLongError
+from batchllm.sampling_params import SamplingParams
 
 ORDERS = ("input", "finish")
 
@@ -32,6 +37,8 @@ class BatchJobOptions:
     order: str = "input"  # final output order: "input" (rewrite at the end) or "finish"
     window_num_requests: int | None = None  # plan and run this many requests at a time (None: all)
     restart: bool = False  # ignore an existing journal
+    overwrite: bool = False  # replace an existing output file (else refused, unless resuming its job)
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES  # a longer input line is a line_too_long record
     show_progress: bool = True
     max_printed_warnings: int = 20  # per-line warnings printed; the rest are counted
 
@@ -40,14 +47,18 @@ class BatchJobOptions:
             raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {self.order!r}")
         if self.window_num_requests is not None and self.window_num_requests < 1:
             raise ValueError(f"window must be >= 1 requests, got {self.window_num_requests}")
+        if self.max_line_bytes < 1:
+            raise ValueError(f"max line bytes must be >= 1, got {self.max_line_bytes}")
 
 
 @dataclass
 class StopRequest:
-    """Set by a signal handler (SIGINT/SIGTERM); the job stops after the current step."""
+    """Set on SIGINT/SIGTERM (batchllm.stop_signals); the job stops after the current step.
+    on_exit_now: what must be saved before the process exits at once (a second signal)."""
 
     signal_name: str | None = None
     exit_code: int = 0
+    on_exit_now: Callable[[], None] | None = None
 
     @property
     def requested(self) -> bool:
@@ -56,6 +67,25 @@ class StopRequest:
 
 class JobInterrupted(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class LazyEngine:
+    """An engine loaded only when the first line that needs it is reached: a job whose lines
+    are all errors, or all answered by an earlier run, never loads the model."""
+
+    config: object  # EngineConfig: what the journal header records
+    load: Callable[[], LLMEngine]
+
+
+def job_header(config) -> JournalHeader:
+    """Every option that changes outputs (not how fast they come: policy, KV size, backends)."""
+    model = config.model
+    if model and os.path.exists(model):
+        model = os.path.abspath(model)
+    sampling_defaults = json.loads(json.dumps(dataclasses.asdict(SamplingParams()), default=repr))
+    return JournalHeader({"model": model or "default", "dtype": config.dtype, "seed": config.seed,
+                          "max_model_len": config.max_model_len, "sampling_defaults": sampling_defaults})
 
 
 @dataclass(frozen=True)
@@ -71,6 +101,7 @@ class BatchJobSummary:
     num_resumed: int = 0  # records taken from an earlier run's journal
     journal_path: str = ""
     interrupted_by: str | None = None  # signal name when stopped early (no final output yet)
+    model_loaded: bool = True  # False: no line needed the model
 
     @property
     def requests_per_second(self) -> float:
@@ -107,20 +138,23 @@ class _Pending:
         return len(self.line_numbers)
 
 
-def tokenize_request(engine: LLMEngine, request: BatchRequest) -> list[int]:
+def tokenize_request(engine: LLMEngine, request: BatchRequest, max_num_tokens: int | None = None) -> list[int]:
+    """The prompt's token ids; with max_num_tokens, tokenizing may stop once the prompt is
+    known to hold more (the result is then a prefix, longer than max_num_tokens)."""
     if request.prompt_token_ids is not None:
         return list(request.prompt_token_ids)
     if engine.tokenizer is None:
         raise NoTokenizerError(f"model {engine.model_name} has no tokenizer: give prompt_token_ids")
     if request.messages is not None:
-        return engine.tokenizer.encode_chat(request.messages)
-    return engine.tokenizer.encode_prompt(request.prompt)
+        return engine.tokenizer.encode_chat(request.messages, max_num_tokens=max_num_tokens)
+    return engine.tokenizer.encode_prompt(request.prompt, max_num_tokens=max_num_tokens)
 
 
 def prepare_request(engine: LLMEngine, request: BatchRequest):
     """(int32 token ids, checked params) or an error record (prompt too long, no tokenizer, ...)."""
+    limit = engine.limits.token_limit
     try:
-        token_ids = tokenize_request(engine, request)
+        token_ids = tokenize_request(engine, request, max_num_tokens=limit)
     except NoTokenizerError as error:
         return error_line(request.custom_id, "invalid_request", str(error), request.line_number)
     except Exception as error:  # a tokenizer or chat template failing on one line's content
@@ -129,7 +163,10 @@ def prepare_request(engine: LLMEngine, request: BatchRequest):
     try:
         params = engine.limits.check(token_ids, request.sampling)  # clamps max_tokens (README)
     except PromptTooLongError as error:
-        return error_line(request.custom_id, "prompt_too_long", str(error), request.line_number)
+        message = str(error)
+        if request.prompt_token_ids is None:  # text: tokenizing stopped past the limit
+            message = message.replace("prompt has ", "prompt has at least ", 1)
+        return error_line(request.custom_id, "prompt_too_long", message, request.line_number)
     except EmptyPromptError as error:
         return error_line(request.custom_id, "empty_prompt", str(error), request.line_number)
     except InvalidRequestError as error:
@@ -147,7 +184,7 @@ def count_lines(path: str, chunk_num_bytes: int = 1 << 20) -> int:
 
 
 def run_batch_file(
-    engine: LLMEngine,
+    engine: LLMEngine | LazyEngine,
     input_path: str,
     output_path: str,
     errors_path: str | None = None,
@@ -155,67 +192,98 @@ def run_batch_file(
     options: BatchJobOptions | None = None,
     stop: StopRequest | None = None,
 ) -> BatchJobSummary:
+    """Answer every line of input_path into output_path. Before any work it refuses unusable
+    paths (JobFilesError), a job already writing this output (JobLockedError) and a journal of
+    a job with other options (JournalMismatchError); see batchllm/io/job_files.py."""
     options = options or BatchJobOptions(errors_path=errors_path, show_progress=show_progress)
-    stop = stop or StopRequest()
-    os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
-    header = JournalHeader(os.path.getsize(input_path), engine.model_name)
-    journal = Journal(output_path + ".partial", header, restart=options.restart)
-    if journal.resume.num_entries or journal.resume.num_torn_bytes:
-        print(f"resuming from {journal.path}: {journal.resume.num_entries} records kept"
-              + (f", a torn last line ({journal.resume.num_torn_bytes} bytes) dropped" if journal.resume.num_torn_bytes
-                 else "")
-              + (f", {journal.resume.num_corrupt_lines} corrupt lines dropped" if journal.resume.num_corrupt_lines
-                 else ""), file=sys.stderr)
-    run = _JobRun(engine, journal, options, stop, count_lines(input_path))
+    check_job_paths(input_path, output_path, options.errors_path)
+    with JobLock(output_path):
+        check_existing_output(output_path, options.overwrite, options.restart)
+        return _run_locked(engine, input_path, output_path, options, stop or StopRequest())
+
+
+def _run_locked(engine, input_path: str, output_path: str, options: BatchJobOptions,
+                stop: StopRequest) -> BatchJobSummary:
+    num_lines = count_lines(input_path)
+    journal = Journal(journal_path_for(output_path), job_header(engine.config), restart=options.restart,
+                      num_input_lines=num_lines)
+    _print_resume(journal)
+    run = _JobRun(engine, journal, options, stop, num_lines)
+    stop.on_exit_now = journal.flush_for_exit
     try:
         run.stream(input_path)
     except JobInterrupted:
         pass
     except BaseException:
         journal.close()
-        print(f"error: the job stopped early; {journal.num_entries} records are saved in {journal.path}: "
-              "run the same command again to resume", file=sys.stderr)
+        if journal.counts(confirmed_only=False) != (0, 0):
+            print(f"note: the records done so far are saved in {journal.path}: "
+                  "run the same command again to resume", file=sys.stderr)
         raise
     finally:
+        stop.on_exit_now = None
         run.progress.close()
-    num_errors = journal.num_errors
     if stop.requested:
         journal.close()
     else:
         journal.finalize(output_path, options.order, options.errors_path)
-    if run.num_warnings > options.max_printed_warnings:
-        print(f"warning: {run.num_warnings - options.max_printed_warnings} more warnings not shown", file=sys.stderr)
+    run.print_notes(input_path)
+    num_answered, num_errors = journal.counts(confirmed_only=not stop.requested)
     stats = run.stats
-    return BatchJobSummary(input_path, output_path, journal.num_entries - num_errors, num_errors,
+    return BatchJobSummary(input_path, output_path, num_answered, num_errors,
                            stats.num_prompt_tokens, stats.num_output_tokens, stats.num_steps, stats.seconds,
-                           journal.resume.num_entries, journal.path, stop.signal_name)
+                           journal.resume.num_entries, journal.path, stop.signal_name, run.engine_loaded)
+
+
+def _print_resume(journal: Journal) -> None:
+    resume = journal.resume
+    if not (resume.num_entries or resume.num_torn_bytes or resume.num_dropped):
+        return
+    print(f"resuming from {journal.path}: {resume.num_entries} records kept"
+          + (f", a torn last line ({resume.num_torn_bytes} bytes) dropped" if resume.num_torn_bytes else "")
+          + (f", {resume.num_corrupt_lines} corrupt lines dropped" if resume.num_corrupt_lines else "")
+          + (f", {resume.num_repeated} repeated records dropped" if resume.num_repeated else "")
+          + (f", {resume.num_out_of_range} records for lines the input does not have dropped"
+             if resume.num_out_of_range else ""), file=sys.stderr)
 
 
 class _JobRun:
     """The streaming loop of one job: parse -> window -> engine -> journal."""
 
-    def __init__(self, engine: LLMEngine, journal: Journal, options: BatchJobOptions, stop: StopRequest,
+    def __init__(self, engine, journal: Journal, options: BatchJobOptions, stop: StopRequest,
                  num_lines: int) -> None:
-        self.engine, self.journal, self.options, self.stop = engine, journal, options, stop
+        self._engine = None if isinstance(engine, LazyEngine) else engine
+        self._engine_source = engine
+        self.journal, self.options, self.stop = journal, options, stop
         self.stats = RunStats()
         self.num_warnings = 0
         self.progress = Progress(num_lines, enabled=options.show_progress, description="lines")
-        self.progress.update(journal.num_entries, 0)
+        self.progress.update(journal.resume.num_entries, 0)
+
+    @property
+    def engine(self) -> LLMEngine:
+        if self._engine is None:
+            self._engine = self._engine_source.load()
+        return self._engine
+
+    @property
+    def engine_loaded(self) -> bool:
+        return self._engine is not None
 
     def stream(self, input_path: str) -> None:
         pending = _Pending()
-        for item in read_batch_file(input_path):
+        for item in read_batch_file(input_path, self.options.max_line_bytes):
             if self.stop.requested:
                 raise JobInterrupted
-            if (item.line_number, item.custom_id) in self.journal.done:
+            if self.journal.keep(item.line_number, item.digest):
                 continue
             if isinstance(item, BatchError):
-                self._write(item.line_number, error_line(item.custom_id, item.code, item.message, item.line_number))
+                self._write(item, error_line(item.custom_id, item.code, item.message, item.line_number))
                 continue
             self._warn(item)
-            prepared = prepare_request(self.engine, item)
+            prepared = self._prepare(item)
             if isinstance(prepared, dict):
-                self._write(item.line_number, prepared)
+                self._write(item, prepared)
                 continue
             pending.line_numbers.append(item.line_number)
             pending.requests.append(_strip_prompt(item))
@@ -227,24 +295,58 @@ class _JobRun:
         if len(pending):
             self._run_window(pending)
 
+    def _prepare(self, item: BatchRequest):
+        engine = self.engine  # loading the model is not one line's fault
+        try:
+            return prepare_request(engine, item)
+        except Exception as error:
+            return self._internal_error(item, error)
+
     def _run_window(self, pending: _Pending) -> None:
         prepared = [PreparedRequest(line, ids.tolist(), params)
                     for line, ids, params in zip(pending.line_numbers, pending.token_ids, pending.params)]
         pending.token_ids.clear()
-        requests = dict(zip(pending.line_numbers, pending.requests))
-        for done in self.engine.run(prepared, on_step=self._on_step, stats=self.stats):
-            request = requests.pop(done.request_id)
+        self._serve(prepared, dict(zip(pending.line_numbers, pending.requests)))
+        self.journal.sync()
+
+    def _serve(self, prepared: list[PreparedRequest], requests: dict[int, BatchRequest]) -> None:
+        """Run requests; if the engine fails, the unfinished ones run again in halves until the
+        request that fails alone is found: it gets an internal_error record, the rest their answers."""
+        try:
+            for done in self.engine.run(prepared, on_step=self._on_step, stats=self.stats):
+                self._answer(requests.pop(done.request_id), done)
+        except JobInterrupted:
+            raise
+        except Exception as error:
+            left = [request for request in prepared if request.request_id in requests]
+            if len(left) == 1:
+                request = requests.pop(left[0].request_id)
+                self._write(request, self._internal_error(request, error))
+            elif left:
+                half = len(left) // 2
+                self._serve(left[:half], requests)
+                self._serve(left[half:], requests)
+
+    def _answer(self, request: BatchRequest, done) -> None:
+        try:
             if done.error is not None:
                 code = "internal_error" if done.error.startswith("internal_error") else "invalid_request"
-                line = error_line(request.custom_id, code, done.error, done.request_id)
+                record = error_line(request.custom_id, code, done.error, done.request_id)
             else:
-                line = success_line(
-                    request.custom_id, request.endpoint, request.model or self.engine.model_name, done.text,
+                record = success_line(
+                    request.custom_id, request.endpoint, self.engine.model_name, done.text,
                     done.finish_reason, len(done.prompt_token_ids), len(done.output_token_ids),
                     done.num_cached_prompt_tokens, _openai_logprobs(self.engine, done),
                 )
-            self.journal.append(done.request_id, line, dumps(line))
-        self.journal.sync()
+        except Exception as error:
+            record = self._internal_error(request, error)
+        self.journal.append(done.request_id, record, dumps(record), request.digest)
+
+    def _internal_error(self, item: BatchRequest, error: Exception) -> dict:
+        message = f"{type(error).__name__}: {error}"
+        self._print_warning(f"line {item.line_number} ({item.custom_id}): internal error, recorded as "
+                            f"internal_error: {message}")
+        return error_line(item.custom_id, "internal_error", message, item.line_number)
 
     def _on_step(self, num_finished: int, num_new_tokens: int) -> None:
         self.progress.update(num_finished, num_new_tokens)
@@ -252,15 +354,31 @@ class _JobRun:
         if self.stop.requested:
             raise JobInterrupted
 
-    def _write(self, line_number: int, record: dict) -> None:
-        self.journal.append(line_number, record, dumps(record))
+    def _write(self, item: BatchRequest | BatchError, record: dict) -> None:
+        self.journal.append(item.line_number, record, dumps(record), item.digest)
         self.progress.update(1, 0)
 
     def _warn(self, item: BatchRequest) -> None:
         for warning in item.warnings:
-            self.num_warnings += 1
-            if self.num_warnings <= self.options.max_printed_warnings:
-                print(f"warning: line {item.line_number} ({item.custom_id}): {warning}", file=sys.stderr)
+            self._print_warning(f"line {item.line_number} ({item.custom_id}): {warning}")
+
+    def _print_warning(self, text: str) -> None:
+        self.num_warnings += 1
+        if self.num_warnings <= self.options.max_printed_warnings:
+            print(f"warning: {text}", file=sys.stderr)
+
+    def print_notes(self, input_path: str) -> None:
+        """After the run: hidden warnings, lines answered again because they changed, and a job
+        with nothing to run."""
+        if self.num_warnings > self.options.max_printed_warnings:
+            print(f"warning: {self.num_warnings - self.options.max_printed_warnings} more warnings not shown",
+                  file=sys.stderr)
+        if self.journal.num_changed:
+            print(f"note: {self.journal.num_changed} lines of {input_path} changed since the earlier run: "
+                  "answered again", file=sys.stderr)
+        if not self.engine_loaded and not self.stop.requested and self.journal.counts()[0] == 0:
+            print(f"warning: {input_path} has no line that can run (only errors or blank lines): "
+                  "the model was not loaded", file=sys.stderr)
 
 
 def _strip_prompt(request: BatchRequest) -> BatchRequest:

@@ -6,6 +6,9 @@ import os
 from collections.abc import Sequence
 
 
+CAP_MARGIN_TOKENS = 64  # tokens a cut inside the text may merge away (far more than BPE merges across a cut)
+
+
 class TokenizerUnavailableError(ValueError):
     pass
 
@@ -20,15 +23,29 @@ class Tokenizer:
     def eos_token_id(self) -> int | None:
         return self.hf.eos_token_id
 
-    def encode_prompt(self, text: str) -> list[int]:
+    def encode_prompt(self, text: str, max_num_tokens: int | None = None) -> list[int]:
         # Same call HF users make (tokenizer(text)), so special tokens such as BOS match theirs.
-        return list(self.hf(text).input_ids)
+        return self._encode(text, True, max_num_tokens)
 
-    def encode_chat(self, messages: Sequence[dict]) -> list[int]:
+    def encode_chat(self, messages: Sequence[dict], max_num_tokens: int | None = None) -> list[int]:
         if not getattr(self.hf, "chat_template", None):
             raise TokenizerUnavailableError("this model's tokenizer has no chat template: use /v1/completions prompts")
         text = self.hf.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
-        return list(self.hf(text, add_special_tokens=False).input_ids)
+        return self._encode(text, False, max_num_tokens)
+
+    def _encode(self, text: str, add_special_tokens: bool, max_num_tokens: int | None) -> list[int]:
+        """All of text's token ids; with max_num_tokens, a long text is tokenized in growing
+        prefixes (4 characters a token, then x4) and tokenizing stops once a prefix has more than
+        max_num_tokens + CAP_MARGIN_TOKENS tokens: the result is then that prefix's ids. Time and
+        memory stay proportional to the limit, not to the text (a 30 MB prompt takes one short
+        call). The margin covers tokens merged across the cut, so a text reported longer than
+        the limit is longer."""
+        num_chars = len(text) if max_num_tokens is None else 4 * (max_num_tokens + CAP_MARGIN_TOKENS)
+        while True:
+            token_ids = self.hf(text[:num_chars], add_special_tokens=add_special_tokens).input_ids
+            if num_chars >= len(text) or len(token_ids) > max_num_tokens + CAP_MARGIN_TOKENS:
+                return list(token_ids)
+            num_chars *= 4
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)

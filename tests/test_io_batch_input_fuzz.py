@@ -28,7 +28,9 @@ def _check(lines):
         return
     items = list(parse_lines(lines))
     blank = " \t\r\n" if isinstance(lines[0], str) else b" \t\r\n"
-    non_blank = [raw for raw in lines if raw.strip(blank)]
+    bom = "\ufeff" if isinstance(lines[0], str) else b"\xef\xbb\xbf"
+    lines_without_bom = [lines[0].removeprefix(bom), *lines[1:]]  # a BOM opening the file is not content
+    non_blank = [raw for raw in lines_without_bom if raw.strip(blank)]
     assert len(items) == len(non_blank)
     for item in items:
         assert isinstance(item, (BatchRequest, BatchError))

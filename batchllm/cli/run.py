@@ -5,6 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from batchllm.io.batch_input import DEFAULT_MAX_LINE_BYTES
+
+
+class ModelLoadError(RuntimeError):
+    """The model could not be loaded; the message names the fix."""
+
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -18,7 +24,10 @@ def add_parser(subparsers) -> None:
             'or the short form {"custom_id": "q1", "prompt": "...", "max_tokens": 64}\n'
             '(also "messages" or "prompt_token_ids"). A bad line becomes an error record; the rest run.\n\n'
             "Finished requests are journaled to OUTPUT.jsonl.partial as they finish; after a crash or\n"
-            "Ctrl-C, running the same command again resumes where it stopped (--restart: start over).\n"
+            "Ctrl-C, running the same command again resumes where it stopped (--restart: start over);\n"
+            "lines edited since are answered again. One job at a time per OUTPUT (OUTPUT.jsonl.lock).\n"
+            "Refused before any work (exit 2): -o that is the input or a directory, an unwritable -o or\n"
+            "--errors, an existing OUTPUT unless --overwrite (or resuming its job).\n"
             "Exit codes: 0 done (per-line errors are records in the output), 2 nothing could run,\n"
             "130/143 stopped by SIGINT/SIGTERM after saving (run the same command to resume)."
         ),
@@ -41,6 +50,12 @@ def add_parser(subparsers) -> None:
                              "only shared within a window). Default: the whole file at once")
     parser.add_argument("--restart", action="store_true",
                         help="ignore OUTPUT.jsonl.partial from an interrupted run and start over")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing OUTPUT.jsonl (without it, an existing output is refused unless "
+                             "this run resumes the job that writes it)")
+    parser.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES, metavar="N",
+                        help=f"a longer input line becomes a line_too_long error record without being parsed "
+                             f"(default {DEFAULT_MAX_LINE_BYTES} = 10 MiB)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run_command)
 
@@ -77,6 +92,9 @@ def engine_config_from_args(args):
     from batchllm.config import EngineConfig
     from batchllm.sched.config import SchedulerConfig
 
+    if args.kv_cache_tokens is not None and args.kv_cache_tokens < args.block_size:
+        raise ValueError(f"--kv-cache-tokens {args.kv_cache_tokens} is less than one KV block "
+                         f"(--block-size {args.block_size}): give at least {args.block_size}")
     scheduler = SchedulerConfig(policy=args.policy, block_size=args.block_size,
                                 max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
     return EngineConfig(model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
@@ -88,9 +106,13 @@ def engine_config_from_args(args):
 
 def run_command(args) -> int:
     """Exit codes: 0 the job completed (per-line errors included), 2 nothing could run (unreadable
-    input, bad model, unwritable output, journal of another job), 130 / 143 stopped by SIGINT /
-    SIGTERM after saving what was done (run the same command again to resume)."""
-    from batchllm.batch_job import BatchJobOptions, StopRequest
+    input, bad model, unusable output path, output locked by another job, journal of another
+    job), 130 / 143 stopped by SIGINT / SIGTERM after saving what was done (run the same command
+    again to resume)."""
+    from batchllm.batch_job import BatchJobOptions, LazyEngine, StopRequest, run_batch_file
+    from batchllm.io.job_files import JobFilesError, JobLockedError
+    from batchllm.io.journal import JournalMismatchError
+    from batchllm.stop_signals import StopSignals
 
     problem = _input_problem(args.input)
     if problem:
@@ -99,35 +121,23 @@ def run_command(args) -> int:
     try:
         config = engine_config_from_args(args)
         options = BatchJobOptions(errors_path=args.errors, order=args.order, window_num_requests=args.window,
-                                  restart=args.restart, show_progress=not args.no_progress)
+                                  restart=args.restart, overwrite=args.overwrite, max_line_bytes=args.max_line_bytes,
+                                  show_progress=not args.no_progress)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    from batchllm.batch_job import run_batch_file
-    from batchllm.engine.factory import create_engine
-    from batchllm.io.journal import JournalMismatchError
-
-    print(f"loading model {args.model or 'SmolLM2-135M-Instruct (default)'} ...", file=sys.stderr)
-    try:
-        engine = _ray_engine(args, config) if args.ray else create_engine(config, args.tensor_parallel_size)
-        if engine is None:
-            return 2
-    except (FileNotFoundError, ValueError, OSError) as error:
-        print(f"error: cannot load the model {args.model or '(default)'}: {error} "
-              "(fix: pass --model a .gguf file, a HF model directory or random:PRESET)", file=sys.stderr)
-        return 2
     stop = StopRequest()
-    previous = _install_stop_handlers(stop)
     try:
-        summary = run_batch_file(engine, args.input, args.output, options=options, stop=stop)
-    except JournalMismatchError as error:
+        with StopSignals(stop):
+            summary = run_batch_file(LazyEngine(config, lambda: _load_engine(args, config)), args.input, args.output,
+                                     options=options, stop=stop)
+    except (JobFilesError, JobLockedError, JournalMismatchError, ModelLoadError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except OSError as error:
-        print(f"error: cannot write the output: {error} (fix: choose a writable -o path)", file=sys.stderr)
+        print(f"error: cannot write {error.filename or 'the output'!r}: {error.strerror or error} "
+              "(fix: free disk space, or choose writable -o / --errors paths)", file=sys.stderr)
         return 2
-    finally:
-        _restore_handlers(previous)
     if summary.interrupted_by:
         print(summary.describe(), file=sys.stderr)
         return stop.exit_code
@@ -135,8 +145,20 @@ def run_command(args) -> int:
     return 0
 
 
+def _load_engine(args, config):
+    """The engine (local, tensor parallel or Ray); ModelLoadError with the fix if it cannot load."""
+    from batchllm.engine.factory import create_engine
+
+    print(f"loading model {args.model or 'SmolLM2-135M-Instruct (default)'} ...", file=sys.stderr)
+    try:
+        return _ray_engine(args, config) if args.ray else create_engine(config, args.tensor_parallel_size)
+    except (FileNotFoundError, ValueError, OSError) as error:
+        raise ModelLoadError(f"cannot load the model {args.model or '(default)'}: {error} "
+                             "(fix: pass --model a .gguf file, a HF model directory or random:PRESET)") from None
+
+
 def _ray_engine(args, config):
-    """The engine for --ray: replicas on the local or connected Ray cluster (None: Ray missing)."""
+    """The engine for --ray: replicas on the local or connected Ray cluster."""
     import torch
 
     from batchllm.distributed.ray_dp import RAY_MISSING, RayDPConfig
@@ -145,8 +167,7 @@ def _ray_engine(args, config):
     try:
         import ray
     except ImportError:
-        print(f"error: {RAY_MISSING}", file=sys.stderr)
-        return None
+        raise ModelLoadError(RAY_MISSING) from None
     ray.init(ignore_reinit_error=True)
     gpus = 1 if torch.cuda.is_available() else 0
     return RayEngine(config, RayDPConfig(num_replicas=args.num_replicas, gpus_per_replica=gpus))
@@ -165,31 +186,3 @@ def _input_problem(path: str) -> str | None:
     except OSError as error:
         return f"cannot read input file {path!r}: {error.strerror} (fix: check its permissions)"
     return None
-
-
-def _install_stop_handlers(stop) -> dict:
-    """SIGINT/SIGTERM: finish the current step, save, exit 128 + signal number. A second
-    signal stops at once (the journal still holds every record written so far)."""
-    import signal
-
-    def handler(signum, frame):
-        if stop.requested:
-            raise KeyboardInterrupt
-        stop.signal_name = signal.Signals(signum).name
-        stop.exit_code = 128 + signum
-        print(f"\n{stop.signal_name}: stopping after the current step, saving what is done ...", file=sys.stderr)
-
-    previous = {}
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        try:
-            previous[signum] = signal.signal(signum, handler)
-        except ValueError:  # not the main thread (e.g. called from a library)
-            pass
-    return previous
-
-
-def _restore_handlers(previous: dict) -> None:
-    import signal
-
-    for signum, handler in previous.items():
-        signal.signal(signum, handler)

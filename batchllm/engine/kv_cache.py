@@ -24,6 +24,15 @@ class KVCache:
         return self.k.shape[1]
 
 
+def num_kv_blocks(num_kv_tokens: int, block_size: int) -> int:
+    """Whole blocks in a KV budget (rounded down); a budget under one block is an error, not
+    silently one block."""
+    if num_kv_tokens < block_size:
+        raise ValueError(f"a KV cache of {num_kv_tokens} tokens is less than one block of {block_size} tokens: "
+                         f"give at least {block_size} KV cache tokens")
+    return num_kv_tokens // block_size
+
+
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
     return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 

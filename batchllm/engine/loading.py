@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from batchllm.config import EngineConfig
-from batchllm.engine.kv_cache import KVCache, choose_num_kv_tokens, kv_bytes_per_token
+from batchllm.engine.kv_cache import KVCache, choose_num_kv_tokens, kv_bytes_per_token, num_kv_blocks
 from batchllm.engine.model_runner import ModelRunner
 
 
@@ -79,7 +79,7 @@ def load_parts(config: EngineConfig) -> EngineParts:
     num_kv_tokens = choose_num_kv_tokens(device, bytes_per_token, config.kv_cache_tokens,
                                          config.gpu_memory_utilization,
                                          activation_reserve_bytes(config, arch, dtype))
-    kv_cache = KVCache.allocate(arch.num_layers, max(1, num_kv_tokens // block_size), block_size,
+    kv_cache = KVCache.allocate(arch.num_layers, num_kv_blocks(num_kv_tokens, block_size), block_size,
                                 arch.num_kv_heads, arch.head_dim, dtype, device)
     runner = ModelRunner(loaded.model, arch, kv_cache, block_size, device, config.attention_backend,
                          cuda_graphs=not config.enforce_eager)

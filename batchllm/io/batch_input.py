@@ -10,16 +10,23 @@ A line that cannot be run becomes a BatchError; the job goes on (one error per b
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from batchllm.io.compact_set import Int64Set, digest64
 from batchllm.sampling_params import SamplingParams, SamplingParamsError
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 ENDPOINTS = {CHAT_URL: "chat", COMPLETIONS_URL: "completion"}
 MAX_TOKEN_ID = (1 << 31) - 1  # token ids are held as int32
+MAX_INT64 = (1 << 63) - 1
+DEFAULT_MAX_LINE_BYTES = 10 << 20  # 10 MiB: ~100x the text of a 128k-token context
+UTF8_BOM = b"\xef\xbb\xbf"
+_READ_CHUNK_BYTES = 1 << 20
 
 # Body fields we read; anything else is ignored with a warning.
 _SAMPLING_FIELDS = {
@@ -27,6 +34,12 @@ _SAMPLING_FIELDS = {
     "stop_token_ids", "ignore_eos", "logprobs", "top_logprobs", "n", "include_stop_str_in_output",
 }
 _PROMPT_FIELDS = {"messages", "prompt", "prompt_token_ids"}
+# Fields that would change what the answer means: refused (unsupported_feature), unless set to
+# their no-op value.
+_UNSUPPORTED_FIELDS = {
+    "tools": [], "tool_choice": "none", "functions": [], "function_call": "none",
+    "response_format": {"type": "text"},
+}
 _HARMLESS_FIELDS = {"model", "user", "stream", "metadata", "store"}
 _ENVELOPE_FIELDS = {"custom_id", "method", "url", "body"}
 
@@ -42,6 +55,7 @@ class BatchRequest:
     prompt_token_ids: tuple[int, ...] | None = None
     model: str | None = None
     warnings: tuple[str, ...] = ()
+    digest: int = 0  # digest64 of the raw input line (the journal checks it on resume)
 
 
 @dataclass(frozen=True)
@@ -50,6 +64,7 @@ class BatchError:
     code: str  # "invalid_json" | "invalid_request" | "duplicate_custom_id" | ...
     message: str
     custom_id: str | None = None
+    digest: int = 0
 
 
 class RequestError(ValueError):
@@ -84,7 +99,8 @@ def parse_request_object(obj: object, line_number: int = 0) -> BatchRequest:
     else:
         body = obj
         endpoint = "chat" if "messages" in obj else "completion"
-    known = _SAMPLING_FIELDS | _PROMPT_FIELDS | _HARMLESS_FIELDS | _ENVELOPE_FIELDS
+    _check_unsupported(body)
+    known = _SAMPLING_FIELDS | _PROMPT_FIELDS | _HARMLESS_FIELDS | _ENVELOPE_FIELDS | {"parallel_tool_calls"}
     warnings += [f"unknown field {k!r} ignored" for k in body if k not in known]
     if body.get("stream"):
         warnings.append("stream=true ignored: batch results are written whole")
@@ -157,81 +173,129 @@ def _parse_messages(value: object) -> tuple[dict, ...]:
     return tuple(messages)
 
 
+def _check_unsupported(body: dict) -> None:
+    for name, no_op in _UNSUPPORTED_FIELDS.items():
+        if body.get(name) is not None and body[name] != no_op:
+            raise RequestError("unsupported_feature", f"{name} is not supported (batchllm generates plain text): "
+                               f"remove {name!r} from the request")
+
+
+def _integer(value: object, name: str, low: int, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise RequestError("invalid_sampling", f"{name} must be an integer in [{low}, {high}], got {value!r}")
+    return value
+
+
+def _boolean(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise RequestError("invalid_sampling", f"{name} must be true or false, got {value!r}")
+    return value
+
+
 def _parse_sampling(body: dict, endpoint: str) -> SamplingParams:
+    """Check each field's JSON type here (bool is not an int, sizes fit int32/int64); value
+    ranges are SamplingParams' to check."""
     kwargs: dict = {}
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = next((body[k] for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None), None)
     if max_tokens is not None:
-        kwargs["max_tokens"] = max_tokens
+        kwargs["max_tokens"] = _integer(max_tokens, "max_tokens", -MAX_TOKEN_ID, MAX_TOKEN_ID)
     elif endpoint == "chat":
         kwargs["max_tokens"] = None  # OpenAI chat: up to the context length
-    for name in ("temperature", "top_p", "top_k", "min_p", "seed", "n", "include_stop_str_in_output"):
+    for name in ("temperature", "top_p", "min_p"):
         if body.get(name) is not None:
             kwargs[name] = body[name]
-    if body.get("ignore_eos") is not None:
-        kwargs["ignore_eos"] = bool(body["ignore_eos"])
+    for name, low, high in (("top_k", -MAX_TOKEN_ID, MAX_TOKEN_ID), ("seed", -MAX_INT64 - 1, MAX_INT64),
+                            ("n", -MAX_TOKEN_ID, MAX_TOKEN_ID)):
+        if body.get(name) is not None:
+            kwargs[name] = _integer(body[name], name, low, high)
+    for name in ("ignore_eos", "include_stop_str_in_output"):
+        if body.get(name) is not None:
+            kwargs[name] = _boolean(body[name], name)
     stop = body.get("stop")
     if stop is not None:
-        if isinstance(stop, str):
-            stop = [stop]
-        if not isinstance(stop, list):
+        if not isinstance(stop, (str, list)):
             raise RequestError("invalid_sampling", "stop must be a string or a list of strings")
-        kwargs["stop"] = tuple(stop)
+        kwargs["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)
     if body.get("stop_token_ids") is not None:
         ids = body["stop_token_ids"]
         if not isinstance(ids, list):
             raise RequestError("invalid_sampling", "stop_token_ids must be a list of integers")
-        kwargs["stop_token_ids"] = tuple(ids)
-    logprobs = body.get("logprobs")
-    if endpoint == "chat":
-        if logprobs:
-            kwargs["logprobs"] = body.get("top_logprobs") or 0
-    elif logprobs is not None and logprobs is not False:
+        kwargs["stop_token_ids"] = tuple(_integer(t, "each stop_token_ids entry", 0, MAX_TOKEN_ID) for t in ids)
+    logprobs = _parse_logprobs(body, endpoint)
+    if logprobs is not None:
         kwargs["logprobs"] = logprobs
     try:
         return SamplingParams(**kwargs)
-    except SamplingParamsError as error:
+    except (SamplingParamsError, TypeError) as error:
         raise RequestError("invalid_sampling", str(error)) from None
-    except TypeError as error:
-        raise RequestError("invalid_sampling", str(error)) from None
+
+
+def _parse_logprobs(body: dict, endpoint: str) -> int | None:
+    """Number of top logprobs per token, or None. Chat: logprobs true/false + top_logprobs
+    0..20; completions: logprobs 0..20 (OpenAI's legacy integer form)."""
+    logprobs, top_logprobs = body.get("logprobs"), body.get("top_logprobs")
+    if endpoint == "chat":
+        wanted = logprobs is not None and _boolean(logprobs, "logprobs")
+        if top_logprobs is None:
+            return 0 if wanted else None
+        top_logprobs = _integer(top_logprobs, "top_logprobs", 0, 20)
+        if not wanted:
+            raise RequestError("invalid_sampling", "top_logprobs needs logprobs: true")
+        return top_logprobs
+    if logprobs is None or logprobs is False:
+        return None
+    return _integer(logprobs, "logprobs (on /v1/completions: the number of top tokens)", 0, 20)
 
 
 def parse_lines(lines: Iterable[bytes | str], start_line: int = 1) -> Iterator[BatchRequest | BatchError]:
     """Parse JSONL lines; blank lines are skipped; duplicate custom_ids are errors."""
-    seen: set[str] = set()
+    seen = Int64Set()
     for line_number, raw in enumerate(lines, start=start_line):
-        if isinstance(raw, bytes):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                yield BatchError(line_number, "invalid_utf8", f"line is not valid UTF-8 ({error.reason} at byte {error.start})")
-                continue
-        else:
-            text = raw
-        if not text.strip(" \t\r\n"):  # JSON whitespace only: a line of other control bytes is an error
-            continue
+        item = parse_line(raw, line_number, seen)
+        if item is not None:
+            yield item
+
+
+def parse_line(raw: bytes | str, line_number: int, seen: Int64Set, digest: int = 0) -> BatchRequest | BatchError | None:
+    """One line -> a request, an error, or None (blank). seen: digest64 of the custom_ids so far."""
+    try:
+        return _parse_line(raw, line_number, seen, digest)
+    except Exception as error:  # a parser bug must cost one line, not the job
+        return BatchError(line_number, "internal_error", f"{type(error).__name__}: {error}", None, digest)
+
+
+def _parse_line(raw: bytes | str, line_number: int, seen: Int64Set, digest: int) -> BatchRequest | BatchError | None:
+    if isinstance(raw, bytes):
+        if line_number == 1 and raw.startswith(UTF8_BOM):
+            raw = raw[len(UTF8_BOM):]
         try:
-            obj = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as error:
-            yield BatchError(line_number, "invalid_json", f"invalid JSON: {error}")
-            continue
-        custom_id = obj.get("custom_id") if isinstance(obj, dict) else None
-        custom_id = str(custom_id) if isinstance(custom_id, (str, int)) and not isinstance(custom_id, bool) else None
-        if "\\u" in text and _has_lone_surrogate(obj):
-            # JSON escapes such as "\ud800" decode to text that cannot be written as UTF-8.
-            yield BatchError(line_number, "invalid_unicode", "line holds a lone UTF-16 surrogate escape "
-                             "(e.g. \\ud800): not valid Unicode", None if _has_lone_surrogate(custom_id) else custom_id)
-            continue
-        try:
-            request = parse_request_object(obj, line_number)
-        except RequestError as error:
-            yield BatchError(line_number, error.code, str(error), custom_id)
-            continue
-        if request.custom_id in seen:
-            yield BatchError(line_number, "duplicate_custom_id",
-                             f"custom_id {request.custom_id!r} already used on an earlier line", request.custom_id)
-            continue
-        seen.add(request.custom_id)
-        yield request
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            return BatchError(line_number, "invalid_utf8",
+                              f"line is not valid UTF-8 ({error.reason} at byte {error.start})", None, digest)
+    else:
+        text = raw.removeprefix("\ufeff") if line_number == 1 else raw
+    if not text.strip(" \t\r\n"):  # JSON whitespace only: a line of other control bytes is an error
+        return None
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as error:
+        return BatchError(line_number, "invalid_json", f"invalid JSON: {error}", None, digest)
+    custom_id = obj.get("custom_id") if isinstance(obj, dict) else None
+    custom_id = str(custom_id) if isinstance(custom_id, (str, int)) and not isinstance(custom_id, bool) else None
+    if "\\u" in text and _has_lone_surrogate(obj):
+        # JSON escapes such as "\ud800" decode to text that cannot be written as UTF-8.
+        return BatchError(line_number, "invalid_unicode", "line holds a lone UTF-16 surrogate escape "
+                          "(e.g. \\ud800): not valid Unicode", None if _has_lone_surrogate(custom_id) else custom_id,
+                          digest)
+    try:
+        request = parse_request_object(obj, line_number)
+    except RequestError as error:
+        return BatchError(line_number, error.code, str(error), custom_id, digest)
+    if not seen.add(digest64(request.custom_id.encode("utf-8"))):
+        return BatchError(line_number, "duplicate_custom_id",
+                          f"custom_id {request.custom_id!r} already used on an earlier line", request.custom_id, digest)
+    return request if not digest else dataclasses.replace(request, digest=digest)
 
 
 def _has_lone_surrogate(value: object) -> bool:
@@ -252,7 +316,42 @@ def _has_lone_surrogate(value: object) -> bool:
     return False
 
 
-def read_batch_file(path: str) -> Iterator[BatchRequest | BatchError]:
-    """Stream a JSONL file (bytes, so invalid UTF-8 on one line stays that line's error)."""
+@dataclass(frozen=True)
+class RawLine:
+    line_number: int  # 1-based
+    data: bytes | None  # without the line end; None when longer than max_line_bytes
+    digest: int  # digest64 of the line as stored (line end included)
+    num_bytes: int
+
+
+def read_lines(path: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[RawLine]:
+    """Stream a file's lines, never holding more than max_line_bytes + 1 MiB of one line: a
+    longer line is hashed chunk by chunk, skipped to its newline and given as data=None."""
     with open(path, "rb") as handle:
-        yield from parse_lines(line.rstrip(b"\r\n") for line in handle)
+        line_number = 0
+        while raw := handle.readline(max_line_bytes + 2):  # + 2: the line end "\r\n"
+            line_number += 1
+            if raw.endswith(b"\n") or len(raw) <= max_line_bytes:
+                data = raw.rstrip(b"\r\n")
+                yield RawLine(line_number, data if len(data) <= max_line_bytes else None, digest64(raw), len(raw))
+                continue
+            hasher, num_bytes = hashlib.blake2b(raw, digest_size=8), len(raw)
+            while not raw.endswith(b"\n") and (raw := handle.readline(_READ_CHUNK_BYTES)):
+                hasher.update(raw)
+                num_bytes += len(raw)
+            yield RawLine(line_number, None, int.from_bytes(hasher.digest(), "little", signed=True), num_bytes)
+
+
+def read_batch_file(path: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[BatchRequest | BatchError]:
+    """Stream a JSONL file (bytes, so invalid UTF-8 on one line stays that line's error); each
+    item carries its line's digest. A line over max_line_bytes is a line_too_long error, unparsed."""
+    seen = Int64Set()
+    for line in read_lines(path, max_line_bytes):
+        if line.data is None:
+            yield BatchError(line.line_number, "line_too_long",
+                             f"line has {line.num_bytes} bytes, over the limit of {max_line_bytes} "
+                             "(shorten the prompt, or raise --max-line-bytes)", None, line.digest)
+            continue
+        item = parse_line(line.data, line.line_number, seen, line.digest)
+        if item is not None:
+            yield item

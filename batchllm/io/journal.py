@@ -1,23 +1,26 @@
 """Crash-safe journal of a batch job's output records, and the final output file built from it.
 
-The journal is `OUTPUT.partial`, beside the output file. Its format (version 1):
+The journal is `OUTPUT.partial`, beside the output file. Its format (version 2):
 
-    #batchllm-journal v1<TAB>{"input_size_bytes": N, "model": "..."}
-    <input line number><TAB><output record JSON>
-    <input line number><TAB><output record JSON>
+    #batchllm-journal v2<TAB>{"job": {"model": ..., "dtype": ..., "seed": ..., ...}}
+    <input line number><TAB><line digest, 16 hex digits><TAB><output record JSON>
     ...
 
-One line per answered request or per-line error, in the order they finished. Lines are
-flushed to the OS and fsynced in small batches (every `sync_every_records` records or
-`sync_every_seconds`, and on close): a SIGKILL loses at most the unflushed records, a power
-loss at most the unsynced ones; both are simply recomputed on resume. `cut -f2- OUTPUT.partial`
-is a valid (finish-order) output file of everything done so far.
+The header names every option that changes outputs; each entry names the input line it
+answers and a 64-bit BLAKE2b digest of that line's bytes. Entries are flushed to the OS and
+fsynced in small batches (every `sync_every_records` records or `sync_every_seconds`, and on
+close): a SIGKILL loses at most the unflushed records, a power loss at most the unsynced ones;
+both are recomputed on resume. `cut -f3- OUTPUT.partial` is a valid (finish-order) output file.
 
-On resume the journal is read back: a torn last line (no newline, or not JSON) is cut off,
-a corrupt line elsewhere is dropped (the journal is rewritten without it), and every entry
-marks (line number, custom_id) as done. At the end the records are written, in input order
-(sorted by line number) or in finish order (journal order), to `OUTPUT.tmp`, fsynced and
-renamed over OUTPUT (atomic), then the journal is removed. Torch-free.
+On resume the header must match (else JournalMismatchError), a torn last line is cut off and a
+corrupt line elsewhere dropped (the journal is rewritten without it). Then every entry is
+checked against the input as it is streamed again (`keep`): its line must exist, be answered
+once (a repeated entry is dropped) and have the same digest; an entry whose line changed, moved
+or vanished is dropped and the line runs again. The final file holds exactly the entries
+confirmed or written in this run, in input order (by line number) or finish order (journal
+order), written to `OUTPUT.tmp`, fsynced and renamed over OUTPUT (atomic); then the journal is
+removed. Bookkeeping is a few numpy/array entries per line (no Python object per line).
+Torch-free.
 """
 
 from __future__ import annotations
@@ -31,78 +34,79 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MAGIC = b"#batchllm-journal v1\t"
-_NO_CUSTOM_ID = "\x00no custom_id"  # hashing key for records without a custom_id
+MAGIC = b"#batchllm-journal v2\t"
+_OLD_MAGIC = b"#batchllm-journal v"
+_NONE, _LOADED, _KEPT = 0, 1, 2  # per-line state: no entry / from an earlier run, unchecked / confirmed
 
 
 class JournalMismatchError(ValueError):
-    """The journal was written for a different input file or model."""
+    """The journal was written by a job with other options (or is no journal)."""
 
 
 @dataclass(frozen=True)
 class JournalHeader:
-    input_size_bytes: int
-    model: str
+    job: dict  # every option that changes outputs (JSON values)
 
     def to_bytes(self) -> bytes:
-        body = json.dumps({"input_size_bytes": self.input_size_bytes, "model": self.model}, ensure_ascii=True)
-        return MAGIC + body.encode("ascii") + b"\n"
+        return MAGIC + json.dumps({"job": self.job}, sort_keys=True, ensure_ascii=True).encode("ascii") + b"\n"
+
+    def differences(self, other: dict) -> list[str]:
+        """'name: old -> new' for each option that differs from `other` (a decoded header job)."""
+        mine = json.loads(json.dumps(self.job))
+        names = sorted(set(mine) | set(other))
+        return [f"{name} {other.get(name)!r} -> {mine.get(name)!r}"
+                for name in names if other.get(name) != mine.get(name)]
 
 
 @dataclass(frozen=True)
 class ResumeReport:
-    num_entries: int  # records kept from an earlier run
+    num_entries: int  # entries kept from an earlier run (one per line; checked against the input later)
     num_torn_bytes: int  # bytes cut off the end (a torn last line)
     num_corrupt_lines: int  # lines dropped from the middle
-
-
-class DoneSet:
-    """(input line number, custom_id) pairs already journaled, in two numpy arrays indexed
-    by line number (16 bytes per input line, not a Python object per pair)."""
-
-    def __init__(self) -> None:
-        self._done = np.zeros(1024, dtype=bool)
-        self._key = np.zeros(1024, dtype=np.int64)
-
-    def add(self, line_number: int, custom_id: str | None) -> None:
-        if line_number >= self._done.size:
-            size = max(line_number + 1, 2 * self._done.size)
-            self._done = np.concatenate((self._done, np.zeros(size - self._done.size, dtype=bool)))
-            self._key = np.concatenate((self._key, np.zeros(size - self._key.size, dtype=np.int64)))
-        self._done[line_number] = True
-        self._key[line_number] = _key(custom_id)
-
-    def __contains__(self, item: tuple[int, str | None]) -> bool:
-        line_number, custom_id = item
-        return (0 <= line_number < self._done.size and bool(self._done[line_number])
-                and int(self._key[line_number]) == _key(custom_id))
+    num_repeated: int = 0  # entries for a line that already had one (dropped)
+    num_out_of_range: int = 0  # entries for a line number the input does not have (dropped)
 
     @property
-    def num_done(self) -> int:
-        return int(self._done.sum())
+    def num_dropped(self) -> int:
+        return self.num_corrupt_lines + self.num_repeated + self.num_out_of_range
 
 
-def _key(custom_id: str | None) -> int:
-    # Python's str hash is salted per process; the set lives in one process only.
-    return hash(_NO_CUSTOM_ID if custom_id is None else custom_id)
+class _LineTable:
+    """Per input line: the journal entry that answers it, that entry's line digest, and its
+    state; numpy arrays grown by doubling (13 bytes a line)."""
+
+    def __init__(self) -> None:
+        self.entry = np.full(1024, -1, dtype=np.int32)
+        self.digest = np.zeros(1024, dtype=np.int64)
+        self.state = np.zeros(1024, dtype=np.uint8)
+
+    def ensure(self, line_number: int) -> None:
+        if line_number >= self.state.size:
+            size = max(line_number + 1, 2 * self.state.size)
+            self.entry = np.concatenate((self.entry, np.full(size - self.entry.size, -1, dtype=np.int32)))
+            self.digest = np.concatenate((self.digest, np.zeros(size - self.digest.size, dtype=np.int64)))
+            self.state = np.concatenate((self.state, np.zeros(size - self.state.size, dtype=np.uint8)))
+
+    def lines_in(self, *states: int) -> np.ndarray:
+        return np.flatnonzero(np.isin(self.state, states))
 
 
 class Journal:
-    """Append-only record log. Keeps, per entry, the line number, byte offset and length of
-    its record and whether it is an error (array('q'), ~25 bytes per entry)."""
+    """Append-only record log. Per entry it keeps the byte offset of its record and its length
+    (negative for an error record): array('q') + array('i'), 12 bytes."""
 
-    def __init__(self, path: str, header: JournalHeader, restart: bool = False,
+    def __init__(self, path: str, header: JournalHeader, restart: bool = False, num_input_lines: int | None = None,
                  sync_every_records: int = 64, sync_every_seconds: float = 1.0) -> None:
         self.path = path
-        self.done = DoneSet()
-        self._lines = array("q")
+        self._num_input_lines = num_input_lines
+        self._table = _LineTable()
         self._offsets = array("q")
-        self._lengths = array("q")
-        self._errors = array("b")
+        self._lengths = array("i")
         self._sync_every_records = sync_every_records
         self._sync_every_seconds = sync_every_seconds
         self._unsynced = 0
         self._last_sync = time.monotonic()
+        self.num_changed = 0  # entries dropped because their input line changed
         self.resume = ResumeReport(0, 0, 0)
         if restart or not os.path.exists(path):
             self._handle = open(path, "wb")
@@ -117,27 +121,18 @@ class Journal:
     def _load(self, header: JournalHeader) -> None:
         with open(self.path, "rb") as handle:
             first = handle.readline()
-            if not first.startswith(MAGIC) or not first.endswith(b"\n"):
-                raise JournalMismatchError(f"{self.path} is not a batchllm journal: remove it or run with --restart")
-            try:
-                old = json.loads(first[len(MAGIC):])
-            except ValueError:
-                old = {}
-            if old.get("input_size_bytes") != header.input_size_bytes or old.get("model") != header.model:
-                raise JournalMismatchError(
-                    f"{self.path} was written for another input or model (input {old.get('input_size_bytes')} "
-                    f"bytes, model {old.get('model')!r}; now {header.input_size_bytes} bytes, {header.model!r}): "
-                    "resume with the same input and --model, or add --restart to start over")
+            _check_header(self.path, first, header)
             offset = len(first)
             bad: list[tuple[int, int]] = []  # (offset, length) of torn or corrupt lines
+            num_repeated = num_out_of_range = 0
             for raw in handle:
                 entry = _parse_entry(raw)
                 if entry is None:
                     bad.append((offset, len(raw)))
-                else:
-                    line_number, custom_id, is_error, record_start = entry
-                    self._remember(line_number, custom_id, is_error, offset + record_start,
-                                   len(raw) - record_start - 1)
+                elif not self._in_range(entry[0]):
+                    num_out_of_range += 1
+                elif not self._remember_loaded(entry, offset):
+                    num_repeated += 1
                 offset += len(raw)
         torn, num_corrupt = 0, 0
         if len(bad) == 1 and sum(bad[0]) == offset:  # only the last line is torn: cut it off
@@ -149,47 +144,72 @@ class Journal:
         elif bad:
             num_corrupt = len(bad)
             self._rewrite(first)
-        self.resume = ResumeReport(len(self._lines), torn, num_corrupt)
+        self.resume = ResumeReport(len(self._table.lines_in(_LOADED)), torn, num_corrupt, num_repeated,
+                                   num_out_of_range)
+
+    def _in_range(self, line_number: int) -> bool:
+        return self._num_input_lines is None or line_number <= self._num_input_lines
+
+    def _remember_loaded(self, entry: tuple[int, int, bool, int, int], offset: int) -> bool:
+        line_number, digest, is_error, record_start, record_length = entry
+        self._table.ensure(line_number)
+        if self._table.state[line_number] != _NONE:
+            return False  # answered twice: the first entry stands
+        self._add_entry(line_number, offset + record_start, record_length, is_error)
+        self._table.state[line_number] = _LOADED
+        self._table.digest[line_number] = digest
+        return True
 
     def _rewrite(self, first: bytes) -> None:
         """Drop corrupt lines: reread the good entries and write them to a fresh file."""
-        entries = []
-        with open(self.path, "rb") as handle:
-            handle.readline()
-            for raw in handle:
-                if raw.endswith(b"\n") and _parse_entry(raw) is not None:
-                    entries.append(raw)
-        self._lines, self._offsets, self._lengths, self._errors = array("q"), array("q"), array("q"), array("b")
-        self.done = DoneSet()
         tmp_path = self.path + ".tmp"
-        with open(tmp_path, "wb") as out:
+        self._table, self._offsets, self._lengths = _LineTable(), array("q"), array("i")
+        with open(self.path, "rb") as handle, open(tmp_path, "wb") as out:
+            handle.readline()
             out.write(first)
             offset = len(first)
-            for raw in entries:
-                line_number, custom_id, is_error, record_start = _parse_entry(raw)
-                self._remember(line_number, custom_id, is_error, offset + record_start, len(raw) - record_start - 1)
-                out.write(raw)
-                offset += len(raw)
+            for raw in handle:
+                entry = _parse_entry(raw)
+                if entry is not None and self._in_range(entry[0]) and self._remember_loaded(entry, offset):
+                    out.write(raw)
+                    offset += len(raw)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp_path, self.path)
 
-    def _remember(self, line_number: int, custom_id: str | None, is_error: bool, offset: int, length: int) -> None:
-        self.done.add(line_number, custom_id)
-        self._lines.append(line_number)
+    def keep(self, line_number: int, digest: int) -> bool:
+        """The job reached input line `line_number` (with this digest): True if an earlier run's
+        entry answers it (the line is skipped); an entry for a changed line is dropped."""
+        table = self._table
+        if line_number >= table.state.size or table.state[line_number] == _NONE:
+            return False
+        if table.state[line_number] == _KEPT:
+            return True
+        if int(table.digest[line_number]) == digest:
+            table.state[line_number] = _KEPT
+            return True
+        table.state[line_number] = _NONE
+        self.num_changed += 1
+        return False
+
+    def _add_entry(self, line_number: int, offset: int, length: int, is_error: bool) -> None:
+        self._table.entry[line_number] = len(self._offsets)
         self._offsets.append(offset)
-        self._lengths.append(length)
-        self._errors.append(1 if is_error else 0)
+        self._lengths.append(-length - 1 if is_error else length)
 
     # -- writing ----------------------------------------------------------------------------
 
-    def append(self, line_number: int, record: dict, record_json: str) -> None:
-        """Journal one output record (record_json = its serialised form, one line)."""
-        prefix = b"%d\t" % line_number
+    def append(self, line_number: int, record: dict, record_json: str, digest: int = 0) -> None:
+        """Journal one output record (record_json = its serialised form, one line) answering
+        input line `line_number`, whose bytes have digest64 `digest`."""
+        prefix = b"%d\t%016x\t" % (line_number, digest & 0xFFFFFFFFFFFFFFFF)
         data = record_json.encode("utf-8")
         offset = self._handle.tell() + len(prefix)
         self._handle.write(prefix + data + b"\n")
-        self._remember(line_number, record.get("custom_id"), record.get("error") is not None, offset, len(data))
+        self._table.ensure(line_number)
+        self._add_entry(line_number, offset, len(data), record.get("error") is not None)
+        self._table.state[line_number] = _KEPT
+        self._table.digest[line_number] = digest
         self._unsynced += 1
         self.maybe_sync()
 
@@ -204,81 +224,112 @@ class Journal:
         self._unsynced = 0
         self._last_sync = time.monotonic()
 
+    def flush_for_exit(self) -> None:
+        """Best effort, from any thread, before the process exits at once (a second signal)."""
+        try:
+            self.sync()
+        except (OSError, ValueError):
+            pass
+
     def close(self) -> None:
         if not self._handle.closed:
             self.sync()
             self._handle.close()
 
-    # -- the final file ---------------------------------------------------------------------
+    # -- counts and the final file ----------------------------------------------------------
 
-    @property
-    def num_entries(self) -> int:
-        return len(self._lines)
+    def _answered_lines(self, confirmed_only: bool) -> np.ndarray:
+        return self._table.lines_in(_KEPT) if confirmed_only else self._table.lines_in(_KEPT, _LOADED)
 
-    @property
-    def num_errors(self) -> int:
-        return sum(self._errors)
+    def counts(self, confirmed_only: bool = True) -> tuple[int, int]:
+        """(answered, errors): one per input line, confirmed in this run (or, with
+        confirmed_only=False, also the earlier run's entries not checked yet)."""
+        lengths = np.frombuffer(self._lengths, dtype=np.int32) if self._lengths else np.zeros(0, np.int32)
+        is_error = lengths[self._table.entry[self._answered_lines(confirmed_only)]] < 0
+        return int(is_error.size - is_error.sum()), int(is_error.sum())
 
     def finalize(self, output_path: str, order: str = "input", errors_path: str | None = None) -> None:
         """Write the output file (order "input" or "finish") atomically, then remove the journal."""
         self.close()
         tmp_path = output_path + ".tmp"
         errors_tmp = errors_path + ".tmp" if errors_path else None
-        with open(tmp_path, "wb") as out, open(self.path, "rb") as journal:
-            errors_out = open(errors_tmp, "wb") if errors_tmp else None
-            try:
-                for record, is_error in self._records(journal, order):
-                    out.write(record + b"\n")
-                    if errors_out is not None and is_error:
-                        errors_out.write(record + b"\n")
-            finally:
-                if errors_out is not None:
-                    errors_out.flush()
-                    os.fsync(errors_out.fileno())
-                    errors_out.close()
-            out.flush()
-            os.fsync(out.fileno())
-        if errors_tmp:
-            os.replace(errors_tmp, errors_path)
-        os.replace(tmp_path, output_path)
+        try:
+            with open(tmp_path, "wb") as out, open(self.path, "rb") as journal:
+                errors_out = open(errors_tmp, "wb") if errors_tmp else None
+                try:
+                    for record, is_error in self._records(journal, order):
+                        out.write(record + b"\n")
+                        if errors_out is not None and is_error:
+                            errors_out.write(record + b"\n")
+                finally:
+                    if errors_out is not None:
+                        errors_out.flush()
+                        os.fsync(errors_out.fileno())
+                        errors_out.close()
+                out.flush()
+                os.fsync(out.fileno())
+            if errors_tmp:
+                os.replace(errors_tmp, errors_path)
+            os.replace(tmp_path, output_path)
+        except BaseException:
+            for path in (tmp_path, errors_tmp):
+                if path and os.path.exists(path):
+                    os.remove(path)
+            raise
         _fsync_directory(output_path)
         os.remove(self.path)
 
     def _records(self, journal, order: str) -> Iterator[tuple[bytes, bool]]:
-        """(record bytes, is_error) in the chosen order; one record per input line (the first
-        journaled one, should a line ever appear twice)."""
-        lines = np.array(self._lines, dtype=np.int64)
-        if order == "input":
-            positions = np.argsort(lines, kind="stable")
-            sorted_lines = lines[positions]
-            keep = np.ones(lines.size, dtype=bool)
-            keep[1:] = sorted_lines[1:] != sorted_lines[:-1]
-            positions = positions[keep]
-        elif order == "finish":
-            _, first = np.unique(lines, return_index=True)
-            positions = np.sort(first)
-        else:
+        """(record bytes, is_error) of each confirmed line, in the chosen order."""
+        entries = self._table.entry[self._answered_lines(confirmed_only=True)]
+        if order == "finish":
+            entries = np.sort(entries)
+        elif order != "input":
             raise ValueError(f"order must be 'input' or 'finish', got {order!r}")
-        for position in positions.tolist():
-            journal.seek(self._offsets[position])
-            yield journal.read(self._lengths[position]), bool(self._errors[position])
+        for entry in entries.tolist():
+            length = self._lengths[entry]
+            journal.seek(self._offsets[entry])
+            yield journal.read(length if length >= 0 else -length - 1), length < 0
 
 
-def _parse_entry(raw: bytes) -> tuple[int, str | None, bool, int] | None:
-    """(line number, custom_id, is_error, offset of the record in raw), or None if torn/corrupt."""
+def _check_header(path: str, first: bytes, header: JournalHeader) -> None:
+    if first.startswith(_OLD_MAGIC) and not first.startswith(MAGIC):
+        raise JournalMismatchError(f"{path} was written by an older batchllm (another journal format): "
+                                   "add --restart to start over")
+    if not first.startswith(MAGIC) or not first.endswith(b"\n"):
+        raise JournalMismatchError(f"{path} is not a batchllm journal: remove it or run with --restart")
+    try:
+        old = json.loads(first[len(MAGIC):])["job"]
+    except (ValueError, KeyError, TypeError):
+        raise JournalMismatchError(f"{path} has a damaged header: add --restart to start over") from None
+    differences = header.differences(old if isinstance(old, dict) else {})
+    if differences:
+        raise JournalMismatchError(
+            f"{path} was written by a job with other options ({'; '.join(differences)}): resume with the "
+            "earlier options, or add --restart to start over")
+
+
+def _parse_entry(raw: bytes) -> tuple[int, int, bool, int, int] | None:
+    """(line number, line digest, is_error, record offset in raw, record length), or None if
+    torn/corrupt."""
     if not raw.endswith(b"\n"):
         return None
-    tab = raw.find(b"\t")
-    if tab <= 0 or not raw[:tab].isdigit():
+    first = raw.find(b"\t")
+    second = raw.find(b"\t", first + 1)
+    if first <= 0 or second != first + 17 or not raw[:first].isdigit():
         return None
     try:
-        record = json.loads(raw[tab + 1:])
+        digest = int(raw[first + 1:second], 16)
+        record = json.loads(raw[second + 1:])
     except (ValueError, RecursionError):
         return None
     if not isinstance(record, dict) or "custom_id" not in record or "error" not in record:
         return None
-    custom_id = record["custom_id"]
-    return int(raw[:tab]), custom_id if isinstance(custom_id, str) else None, record["error"] is not None, tab + 1
+    line_number = int(raw[:first])
+    if line_number < 1:
+        return None
+    digest = digest - (1 << 64) if digest >= 1 << 63 else digest
+    return line_number, digest, record["error"] is not None, second + 1, len(raw) - second - 2
 
 
 def _fsync_directory(path: str) -> None:

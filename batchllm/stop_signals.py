@@ -1,0 +1,94 @@
+"""SIGINT / SIGTERM for a running batch job.
+
+The first signal asks the job to stop after the current step (it saves what is done and exits
+128 + the signal number). A second signal exits at once, with 128 + its own number, after the
+journal is flushed. Python runs signal handlers only between bytecodes of the main thread, and
+two signals that arrive while the main thread is inside one long native call (a model step)
+reach that handler once. So the signals are counted on a watcher thread that reads the wakeup
+pipe (`signal.set_wakeup_fd`), where the C-level handler writes one byte per signal: the second
+signal is seen however long the current step takes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_SHUTDOWN = b"\x00"  # no signal has number 0
+
+
+class StopSignals:
+    """Install with `install()` (main thread only), undo with `restore()`. `stop` is a
+    batch_job.StopRequest; `exit_now(code)` ends the process (os._exit; replaceable in tests)."""
+
+    def __init__(self, stop, exit_now: Callable[[int], None] = os._exit) -> None:
+        self.stop = stop
+        self._exit_now = exit_now
+        self._previous_handlers: dict = {}
+        self._previous_wakeup_fd = -1
+        self._pipe: tuple[int, int] | None = None
+        self._thread: threading.Thread | None = None
+        self.num_signals = 0
+
+    def install(self) -> StopSignals:
+        if threading.current_thread() is not threading.main_thread():
+            return self  # a library caller's thread: signals stay theirs
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        self._pipe = (read_fd, write_fd)
+        self._previous_wakeup_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        for signum in _SIGNALS:
+            self._previous_handlers[signum] = signal.signal(signum, _ignore_in_python)
+        self._thread = threading.Thread(target=self._watch, name="batchllm-signals", daemon=True)
+        self._thread.start()
+        return self
+
+    def restore(self) -> None:
+        if self._pipe is None:
+            return
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        signal.set_wakeup_fd(self._previous_wakeup_fd)
+        os.write(self._pipe[1], _SHUTDOWN)
+        self._thread.join()
+        for fd in self._pipe:
+            os.close(fd)
+        self._pipe = None
+
+    def __enter__(self) -> StopSignals:
+        return self.install()
+
+    def __exit__(self, *exc) -> None:
+        self.restore()
+
+    def _watch(self) -> None:
+        while True:
+            data = os.read(self._pipe[0], 64)
+            for signum in data:
+                if signum == 0:
+                    return
+                self.on_signal(signum)
+
+    def on_signal(self, signum: int) -> None:
+        self.num_signals += 1
+        name = signal.Signals(signum).name
+        if self.num_signals == 1:
+            self.stop.exit_code = 128 + signum
+            self.stop.signal_name = name
+            print(f"\n{name}: stopping after the current step, saving what is done "
+                  "(send it again to stop at once) ...", file=sys.stderr, flush=True)
+            return
+        print(f"\n{name} again: stopping now; the records already journaled are kept", file=sys.stderr, flush=True)
+        if self.stop.on_exit_now is not None:
+            self.stop.on_exit_now()
+        sys.stdout.flush()
+        self._exit_now(128 + signum)
+
+
+def _ignore_in_python(signum, frame) -> None:
+    """The watcher thread acts on the signal; the Python-level handler only has to exist so
+    that the C-level handler writes the wakeup byte instead of the default action."""

@@ -148,10 +148,9 @@ class TPEngine(LLMEngine):
         for process in self._workers:
             process.start()
         state = start_rank(config, tp, 0, port)
-        self.layout = state.layout
         runner = make_runner(state, config)
         # Workers receive host inputs; placeholder ids would need the sampled tokens on every rank.
-        super().__init__(config, EngineParts(state.device, state.dtype, state.shard.model, state.layout.full,
+        super().__init__(config, EngineParts(state.device, state.dtype, state.layout.full,
                                              state.shard.name, state.shard.tokenizer_source, state.max_model_len,
                                              state.kv_cache, runner, supports_async_scheduling=False))
         self._finalizer = weakref.finalize(self, _stop, runner.broadcaster, self._workers, 60.0)

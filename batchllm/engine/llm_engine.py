@@ -27,7 +27,7 @@ class LLMEngine:
         parts = parts if parts is not None else load_parts(config)
         self.config = config
         self.device, self.dtype = parts.device, parts.dtype
-        self.model, self.arch, self.model_name = parts.model, parts.arch, parts.model_name
+        self.arch, self.model_name = parts.arch, parts.model_name
         self.kv_cache, self.runner = parts.kv_cache, parts.runner
         self.max_model_len = parts.max_model_len
         self.supports_async_scheduling = parts.supports_async_scheduling

@@ -18,7 +18,6 @@ class EngineParts:
 
     device: torch.device
     dtype: torch.dtype
-    model: torch.nn.Module
     arch: object  # the full model's architecture (ModelConfig)
     model_name: str
     tokenizer_source: dict | None
@@ -83,5 +82,5 @@ def load_parts(config: EngineConfig) -> EngineParts:
                                 arch.num_kv_heads, arch.head_dim, dtype, device)
     runner = ModelRunner(loaded.model, arch, kv_cache, block_size, device, config.attention_backend,
                          cuda_graphs=not config.enforce_eager)
-    return EngineParts(device, dtype, loaded.model, arch, loaded.name, loaded.tokenizer_source, max_model_len,
+    return EngineParts(device, dtype, arch, loaded.name, loaded.tokenizer_source, max_model_len,
                        kv_cache, runner)

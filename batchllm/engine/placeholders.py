@@ -3,7 +3,8 @@
 With asynchronous scheduling the engine schedules step N+1 before step N's sampled tokens
 reach the host. The scheduler then holds a placeholder -(i + 1) for each token not yet known,
 where i is the token's row in step N's sampled output; the model runner swaps the placeholders
-for the real ids on the device, so nothing waits for the host.
+for the real ids on the device, so nothing waits for the host. The scheduler learns the real
+ids at its next update() (its resolved_token_ids argument).
 """
 
 from __future__ import annotations

@@ -28,10 +28,12 @@ class IncrementalText:
         """(the text of all of token_ids, how many leading characters of it are final)."""
         prefix_text = self.decode(token_ids[self.prefix_offset:self.read_offset])
         window_text = self.decode(token_ids[self.prefix_offset:])
-        new_text = window_text[len(prefix_text):] if window_text.startswith(prefix_text) else window_text
-        text = self.stable_text + new_text
-        if new_text.endswith(REPLACEMENT_CHAR):
-            return text, len(text) - len(new_text)  # wait for the character's last bytes
+        if window_text.startswith(prefix_text):
+            text = self.stable_text + window_text[len(prefix_text):]
+        else:  # the lookback decodes differently on its own (rare): decode the whole output
+            text = self.decode(token_ids)
+        if text.endswith(REPLACEMENT_CHAR):
+            return text, len(self.stable_text)  # wait for the character's last bytes
         self.stable_text = text
         self.prefix_offset, self.read_offset = self.read_offset, len(token_ids)
         return text, len(text)

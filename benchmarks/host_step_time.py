@@ -9,6 +9,7 @@ No model and no GPU: each policy runs a paper workload with the simulator's fake
             build_step_inputs (numpy arrays)
 
 and prints mean / p50 / p90 per step for every (workload, policy, max_num_batched_tokens).
+--clock cpu times the process's CPU time instead of wall time (steadier on a shared machine).
 
     PYTHONPATH=. python3 benchmarks/host_step_time.py
     PYTHONPATH=. python3 benchmarks/host_step_time.py --num-requests 1024 --policies batchllm,vllm \\
@@ -50,7 +51,8 @@ def make_requests(spec: str, num_requests: int) -> list[SchedRequest]:
     return [SchedRequest(i, p.tolist(), int(m)) for i, (p, m) in enumerate(zip(workload.prompts, workload.max_tokens))]
 
 
-def time_steps(requests: list[SchedRequest], config: SchedulerConfig) -> tuple[list[float], list[float]]:
+def time_steps(requests: list[SchedRequest], config: SchedulerConfig,
+               clock=time.perf_counter) -> tuple[list[float], list[float]]:
     """Run the batch; returns (schedule ms, inputs ms) per non-empty step."""
     scheduler = make_scheduler(config)
     scheduler.add_requests(requests)
@@ -58,11 +60,11 @@ def time_steps(requests: list[SchedRequest], config: SchedulerConfig) -> tuple[l
     max_tokens = {r.request_id: r.max_tokens for r in requests}
     schedule_ms, inputs_ms = [], []
     while scheduler.has_unfinished():
-        started = time.perf_counter()
+        started = clock()
         output = scheduler.schedule()
-        scheduled = time.perf_counter()
+        scheduled = clock()
         build_step_inputs(output, config.block_size, rows.step_tables(output))
-        built = time.perf_counter()
+        built = clock()
         if output.chunks:
             schedule_ms.append((scheduled - started) * 1e3)
             inputs_ms.append((built - scheduled) * 1e3)
@@ -89,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policies", default="batchllm,vllm", help="comma-separated")
     parser.add_argument("--kv-cache-tokens", type=int, default=500_000)
     parser.add_argument("--max-num-batched-tokens", default="2048,8192", help="comma-separated")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     args = parser.parse_args(argv)
     budgets = [int(x) for x in args.max_num_batched_tokens.split(",")]
@@ -100,8 +103,10 @@ def main(argv: list[str] | None = None) -> int:
             for budget in budgets:
                 config = SchedulerConfig(policy=policy, num_kv_blocks=args.kv_cache_tokens // BLOCK_SIZE,
                                          block_size=BLOCK_SIZE, max_num_batched_tokens=budget)
-                schedule_ms, inputs_ms = time_steps(make_requests(spec, args.num_requests), config)
-                row = {"workload": spec, "policy": policy, "max_num_batched_tokens": budget, "steps": len(schedule_ms),
+                clock = time.perf_counter if args.clock == "wall" else time.process_time
+                schedule_ms, inputs_ms = time_steps(make_requests(spec, args.num_requests), config, clock)
+                row = {"workload": spec, "policy": policy, "max_num_batched_tokens": budget, "clock": args.clock,
+                       "steps": len(schedule_ms),
                        "schedule_ms": summary(schedule_ms), "inputs_ms": summary(inputs_ms)}
                 rows.append(row)
                 cells = [" / ".join(f"{row[k][s]:.3f}" for s in ("mean", "p50", "p90")) for k in ("schedule_ms", "inputs_ms")]

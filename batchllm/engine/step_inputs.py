@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -46,7 +47,7 @@ def build_step_inputs(output: SchedulerOutput, block_size: int, block_tables: np
     query_start_loc = np.zeros(num_seqs + 1, dtype=np.int64)
     np.cumsum(q_lens, out=query_start_loc[1:])
     num_tokens = int(query_start_loc[-1])
-    input_ids = np.fromiter((t for c in chunks for t in c.token_ids), dtype=np.int64, count=num_tokens)
+    input_ids = np.fromiter(chain.from_iterable(c.token_ids for c in chunks), dtype=np.int64, count=num_tokens)
 
     # Row -> its seq, and its position inside the seq.
     seq_of_row = np.repeat(np.arange(num_seqs), q_lens)

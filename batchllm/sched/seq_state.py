@@ -23,10 +23,14 @@ class SeqState:
     block_ids: list[int] = field(default_factory=list)  # own KV blocks
     num_computed_tokens: int = 0  # own tokens whose KV is stored
     num_table_blocks_sent: int = 0  # leading entries of the runner's row that are up to date
+    num_own_prompt_tokens: int = field(init=False)  # the prompt after prompt_offset (fixed)
+
+    def __post_init__(self) -> None:
+        self.num_own_prompt_tokens = len(self.request.prompt_token_ids) - self.prompt_offset
 
     @property
     def num_own_tokens(self) -> int:
-        return len(self.request.prompt_token_ids) - self.prompt_offset + len(self.request.output_token_ids)
+        return self.num_own_prompt_tokens + len(self.request.output_token_ids)
 
     @property
     def num_pending_tokens(self) -> int:

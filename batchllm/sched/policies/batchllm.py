@@ -43,16 +43,12 @@ from batchllm.sched.seq_state import SeqState
 
 @dataclass(eq=False)
 class _Member(SeqState):
-    """Own tokens: the distinct prompt (prompt_offset = the group prefix length), then the
+    """Own tokens: the distinct prompt (>= 1 token; prompt_offset = the group prefix length), then the
     generated tokens, stored from position len(prefix) in the own blocks."""
 
     group: "_Group" = field(kw_only=True)
     waiting: bool = False  # preempted or deferred at admission: recompute when resumed
     finished: bool = False
-
-    @property
-    def num_distinct_tokens(self) -> int:
-        return len(self.request.prompt_token_ids) - self.prompt_offset  # >= 1
 
     @property
     def is_running(self) -> bool:
@@ -199,12 +195,12 @@ class BatchLLMScheduler:
     # -- admission and reservation ----------------------------------------------------
 
     def _r_group(self, group: _Group) -> float:
-        prefill = len(group.prefix_token_ids) + sum(m.num_distinct_tokens for m in group.members)
+        prefill = len(group.prefix_token_ids) + sum(m.num_own_prompt_tokens for m in group.members)
         return sum(m.request.max_tokens for m in group.members) / prefill  # Eq. 3 per group
 
     def _member_need_blocks(self, member: _Member) -> int:
         reserved_decode = int(self.config.decode_reserve_ratio * member.request.max_tokens + 0.999999)
-        num_tokens = max(member.num_own_tokens, member.num_distinct_tokens + reserved_decode)
+        num_tokens = max(member.num_own_tokens, member.num_own_prompt_tokens + reserved_decode)
         return self.pool.blocks_for_tokens(num_tokens)
 
     def _committed_blocks(self) -> int:
@@ -218,9 +214,9 @@ class BatchLLMScheduler:
         return committed
 
     def _check_fits(self, group: _Group, member: _Member) -> None:
-        num_tokens = len(group.prefix_token_ids) + member.num_distinct_tokens + member.request.max_tokens
+        num_tokens = len(group.prefix_token_ids) + member.num_own_prompt_tokens + member.request.max_tokens
         needed = self.pool.blocks_for_tokens(len(group.prefix_token_ids)) + self.pool.blocks_for_tokens(
-            member.num_distinct_tokens + member.request.max_tokens
+            member.num_own_prompt_tokens + member.request.max_tokens
         )
         if needed > self.threshold_blocks:
             raise ValueError(

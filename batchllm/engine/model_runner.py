@@ -34,11 +34,6 @@ class StepResult:
         self.host_ready.synchronize()
         return self.host_sampled
 
-    def token_ids_list(self) -> list[int]:
-        """The sampled ids on the host (waits for the device)."""
-        output = self.host_output()
-        return output.token_ids.tolist() if output is not None else []
-
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, arch, kv_cache: KVCache, block_size: int,

@@ -1,4 +1,4 @@
-"""The physical limit of a run: FLOPs of the work / measured bf16 matmul peak (DESIGN.md).
+"""The physical limit of a run: FLOPs of the work / measured bf16 matmul peak (docs/design.md).
 
 Thin wrapper: the code lives in batchllm/bench/flop_bound.py."""
 

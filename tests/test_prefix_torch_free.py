@@ -1,4 +1,4 @@
-"""prefix/ and workloads.py must never import torch (DESIGN.md: data-flow rules)."""
+"""prefix/ and workloads.py must never import torch (docs/design.md, "Architecture")."""
 
 import subprocess
 import sys

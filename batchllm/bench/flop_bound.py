@@ -1,4 +1,4 @@
-"""The physical limit of a run: FLOPs of the work / measured bf16 matmul peak (DESIGN.md).
+"""The physical limit of a run: FLOPs of the work / measured bf16 matmul peak (docs/design.md).
 
 Torch-free; `arch` is a ModelArchConfig (num_params, num_layers, num_heads, head_dim, ...)."""
 

@@ -1,4 +1,4 @@
-"""Issue 7: with a tiny KV budget (--kv-cache-tokens 512) long generations complete through
+"""With a tiny KV budget (--kv-cache-tokens 512) long generations complete through
 preemption/recompute (vllm, sglang) or memory-aware admission (batchllm), and the greedy
 outputs equal the unconstrained run token for token, under every policy."""
 

@@ -1,4 +1,4 @@
-"""Issue 7: a job killed with SIGKILL (plus a torn journal line) or stopped with SIGTERM is
+"""A job killed with SIGKILL (plus a torn journal line) or stopped with SIGTERM is
 finished by running the same command again; the final file equals an uninterrupted run
 (greedy, default model): no duplicates, none missing."""
 

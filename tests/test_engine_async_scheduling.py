@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from batchllm.config import EngineConfig
-from batchllm.engine.llm_engine import LLMEngine, PreparedRequest
+from batchllm.engine.llm_engine import LLMEngine, PreparedRequest, RunStats
 from batchllm.engine.placeholders import (
     has_placeholders,
     placeholder_for_row,
@@ -18,6 +18,8 @@ from batchllm.engine.placeholders import (
 )
 from batchllm.sampling_params import SamplingParams
 from batchllm.sched.config import SchedulerConfig
+
+pytest_plugins = ["model_fixtures"]
 
 POLICIES = ["batchllm", "vllm", "sglang", "simple"]
 
@@ -39,10 +41,10 @@ def _requests(num_requests: int, stop_ids: dict[int, list[int]]) -> list[Prepare
     return requests
 
 
-def _run(engine: LLMEngine, requests, async_scheduling: bool, **scheduler_changes):
+def _run(engine: LLMEngine, requests, async_scheduling: bool, stats=None, **scheduler_changes):
     engine.async_scheduling = async_scheduling
     engine.configure_scheduler(**scheduler_changes)
-    outputs = {out.request_id: out for out in engine.run(requests)}
+    outputs = {out.request_id: out for out in engine.run(requests, stats=stats)}
     assert sorted(outputs) == [r.request_id for r in requests]
     return outputs
 
@@ -88,11 +90,14 @@ def test_async_equals_sync_under_preemption(tiny_engine):
     small = dict(policy="vllm", max_num_batched_tokens=64, num_kv_blocks=24)
     engine = tiny_engine
     saved = engine.scheduler_config
+    stats = {False: RunStats(), True: RunStats()}
     try:
-        sync_stats_outputs = _run(engine, requests, False, **small)
-        asynchronous = _run(engine, requests, True, **small)
+        sync_stats_outputs = _run(engine, requests, False, stats[False], **small)
+        asynchronous = _run(engine, requests, True, stats[True], **small)
     finally:
         engine.scheduler_config = saved
+    for mode, run_stats in stats.items():
+        assert sum(r.num_preempted_requests for r in run_stats.step_records) > 0, f"async={mode}: no preemption"
     _same(sync_stats_outputs, asynchronous)
 
 
@@ -112,15 +117,13 @@ def test_async_counts_steps_and_tokens(tiny_engine):
     assert totals[True][1] == totals[True][2]
 
 
-def test_stop_strings_and_eos_async_equals_sync():
-    from batchllm import LLM
-
+def test_stop_strings_and_eos_async_equals_sync(default_llm):
     prompts = ["1, 2, 3, 4, 5,", "Say hello.", "The capital of France is", "a b c d e f"]
     params = [SamplingParams(temperature=0, max_tokens=20, stop=[" 8"]),
               SamplingParams(temperature=0, max_tokens=24),
               SamplingParams(temperature=0, max_tokens=16, stop=["."], include_stop_str_in_output=True),
               SamplingParams(temperature=0.7, max_tokens=12, seed=5, logprobs=1)]
-    llm = LLM(dtype="float32", device="cpu", kv_cache_tokens=2048)
+    llm = default_llm
     llm.engine.async_scheduling = False
     sync = llm.generate(prompts, params, use_tqdm=False)
     llm.engine.async_scheduling = True

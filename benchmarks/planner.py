@@ -1,4 +1,4 @@
-"""Prefix planner benchmark (issue 3): planning time, peak RSS, saving ratios.
+"""Prefix planner benchmark: planning time, peak RSS, saving ratios.
 
     python benchmarks/planner.py                  # every case, each in its own process
     python benchmarks/planner.py --case industrial-8000

@@ -1,4 +1,4 @@
-"""Planning for internet scale (issue 8): planner cost vs requests, windowed vs global planning,
+"""Planning for internet scale: planner cost vs requests, windowed vs global planning,
 and the data-parallel plan's balance and sharing.
 
     python benchmarks/scale_out.py replicas            # industrial-like 8000: 2, 8, 64 replicas

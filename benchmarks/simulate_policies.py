@@ -1,4 +1,4 @@
-"""Scheduler simulation table for the paper's workloads (issue 5): batchllm vs vllm vs sglang.
+"""Scheduler simulation table for the paper's workloads: batchllm vs vllm vs sglang.
 
     python benchmarks/simulate_policies.py [--num-requests 6400] [--kv-cache-tokens 430000]
         [--max-num-batched-tokens 2048] [--markdown OUT.md] [--plots benchmarks/results]

@@ -1,6 +1,6 @@
 """Run an OpenAI-Batch JSONL file through the engine and write one output line per request.
 
-Streaming and crash-safe (issue 7):
+Streaming and crash-safe:
   read a line -> parse -> tokenize (int32 array) -> window of `window_num_requests` requests
   -> engine.run -> each finished request is appended to the journal OUTPUT.partial at once
   -> at the end the output file is written from the journal (input or finish order), renamed

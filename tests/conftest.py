@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA device (run on the device tool)")
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)

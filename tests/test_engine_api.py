@@ -7,13 +7,16 @@ import sys
 import pytest
 import torch
 
-from batchllm import LLM, SamplingParams
+from batchllm import SamplingParams
 from batchllm.ops.reference import dense_causal_attention, paged_attention_reference, store_kv_reference
 
 
-@pytest.fixture(scope="module")
-def llm():
-    return LLM(dtype="float32", device="cpu", kv_cache_tokens=4096)
+pytest_plugins = ["model_fixtures"]
+
+
+@pytest.fixture
+def llm(default_llm):
+    return default_llm  # the default model, float32 on CPU, 4096 KV tokens
 
 
 def test_seeded_sampling_is_reproducible_and_batch_independent(llm):

@@ -20,6 +20,8 @@ from batchllm.engine.run_options import RunOptions
 from batchllm.sampling_params import SamplingParams
 from batchllm.sched.config import SchedulerConfig
 
+pytest_plugins = ["model_fixtures"]
+
 POLICIES = ["batchllm", "vllm", "sglang", "simple"]
 
 
@@ -112,15 +114,13 @@ def test_async_counts_steps_and_tokens(tiny_engine):
     assert totals[True][1] == totals[True][2]
 
 
-def test_stop_strings_and_eos_async_equals_sync():
-    from batchllm import LLM
-
+def test_stop_strings_and_eos_async_equals_sync(default_llm):
     prompts = ["1, 2, 3, 4, 5,", "Say hello.", "The capital of France is", "a b c d e f"]
     params = [SamplingParams(temperature=0, max_tokens=20, stop=[" 8"]),
               SamplingParams(temperature=0, max_tokens=24),
               SamplingParams(temperature=0, max_tokens=16, stop=["."], include_stop_str_in_output=True),
               SamplingParams(temperature=0.7, max_tokens=12, seed=5, logprobs=1)]
-    llm = LLM(dtype="float32", device="cpu", kv_cache_tokens=2048)
+    llm = default_llm
     sync = llm.generate(prompts, params, use_tqdm=False, options=RunOptions(async_scheduling=False))
     asynchronous = llm.generate(prompts, params, use_tqdm=False, options=RunOptions(async_scheduling=True))
     assert sync[0].outputs[0].finish_reason == "stop" and sync[0].outputs[0].text == " 6, 7,"

@@ -8,7 +8,7 @@ prefixes); HF runs each prompt alone without padding.
 import pytest
 import torch
 
-from batchllm import LLM, SamplingParams
+from batchllm import SamplingParams
 
 pytest_plugins = ["model_fixtures"]
 
@@ -34,17 +34,14 @@ CHATS = [
     [{"role": "system", "content": "Use the document.\n" + DOCUMENT}, {"role": "user", "content": "Who made it?"}],
     [{"role": "user", "content": "Name three colours."}],
 ]
-MAX_TOKENS = 24
+MAX_TOKENS = 16
 
 
 @pytest.fixture(scope="module")
-def prompt_token_ids(hf_default_model):
-    from transformers import AutoTokenizer
-
-    from model_helpers import default_gguf_path
-
-    path = default_gguf_path()
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+def prompt_token_ids(session_default_llm):
+    # transformers' AutoTokenizer of the GGUF, as loaded for the engine (loading it again costs
+    # seconds); the ids come from HF's own calls, not from the engine's encode_* methods.
+    tokenizer = session_default_llm.engine.tokenizer.hf
     ids = [tokenizer(text).input_ids for text in COMPLETIONS]
     for messages in CHATS:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -67,10 +64,11 @@ def hf_outputs(hf_default_model, prompt_token_ids):
     return outputs
 
 
-@pytest.fixture(scope="module")
-def llm():
+@pytest.fixture
+def llm(default_llm):
     # A small token budget forces chunked prefill across steps; a tight KV cache is not the point here.
-    return LLM(dtype="float32", device="cpu", max_num_batched_tokens=96, kv_cache_tokens=8192)
+    default_llm.engine.configure_scheduler(max_num_batched_tokens=96)
+    return default_llm
 
 
 def _engine_outputs(llm, prompt_token_ids, policy):

@@ -62,7 +62,7 @@ prompt_lists = st.lists(
 )
 
 
-@settings(max_examples=2500, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(prompt_lists)
 def test_matches_brute_force_on_small_random_batches(prompts):
     plan = plan_prefix_groups(prompts)

@@ -1,4 +1,4 @@
-"""Issue 7: a file with every kind of bad line; the valid lines are answered, each invalid line
+"""A file with every kind of bad line; the valid lines are answered, each invalid line
 gets exactly one error record (in the output and in --errors), and the exit code is 0.
 Failures where nothing can run exit 2 with a one-line message naming the cause and the fix."""
 

@@ -1,4 +1,4 @@
-"""With a tiny KV budget (--kv-cache-tokens 512) long generations complete through
+"""With a tiny KV budget (--kv-cache-tokens 256) long generations complete through
 preemption/recompute (vllm, sglang) or memory-aware admission (batchllm), and the greedy
 outputs equal the unconstrained run token for token, under every policy."""
 
@@ -10,17 +10,22 @@ from batchllm.engine.llm_engine import LLMEngine, PreparedRequest, RunStats
 from batchllm.sampling_params import SamplingParams
 from batchllm.sched.block_table import BlockTableTracker
 
-SMALL_KV_TOKENS = 512
-TOPICS = ["cats", "dogs", "oceans", "robots", "winter", "cities", "music", "trees"]  # 8 x (~12 + 64) > 512
+pytest_plugins = ["model_fixtures"]
+
+SMALL_KV_TOKENS = 256
+MAX_TOKENS = 32
+TOPICS = ["cats", "dogs", "oceans", "robots", "winter", "cities", "music", "trees"]  # 8 x (~12 + 32) > 256
 
 
-@pytest.fixture(scope="module")
-def engines():
-    return LLMEngine(EngineConfig(kv_cache_tokens=4096)), LLMEngine(EngineConfig(kv_cache_tokens=SMALL_KV_TOKENS))
+@pytest.fixture
+def engines(default_engine):
+    """The session's default engine (4096 KV tokens: nothing is ever preempted) and one whose KV
+    cache holds less than the requests need."""
+    return default_engine, LLMEngine(EngineConfig(dtype="float32", device="cpu", kv_cache_tokens=SMALL_KV_TOKENS))
 
 
 def _requests(engine):
-    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     return [PreparedRequest(i, engine.tokenizer.encode_prompt(f"{topic.capitalize()}: write a story about them. "
                                                               "Once upon a time"), params)
             for i, topic in enumerate(TOPICS)]
@@ -55,7 +60,7 @@ class _TableCheck:
 def test_tiny_kv_budget_gives_the_unconstrained_outputs_under_every_policy(engines):
     big, small = engines
     requests = _requests(big)
-    assert sum(len(r.prompt_token_ids) + 64 for r in requests) > SMALL_KV_TOKENS
+    assert sum(len(r.prompt_token_ids) + MAX_TOKENS for r in requests) > SMALL_KV_TOKENS
     reference, _ = _run(big, "batchllm", requests)
     assert len({tuple(v) for v in reference.values()}) == len(TOPICS)  # real, distinct generations
     assert small.num_kv_tokens == SMALL_KV_TOKENS

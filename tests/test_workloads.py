@@ -93,7 +93,7 @@ def test_module_cli_writes_a_file(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "batchllm.workloads", "micro", "--prefix", "8", "--distinct", "2",
          "--sd", "2", "-n", "6", "-o", str(path)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr
     assert len(path.read_text().splitlines()) == 6

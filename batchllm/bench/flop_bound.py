@@ -1,4 +1,6 @@
-"""The physical limit of a run: FLOPs of the work / the GPU's bf16 matmul peak.
+"""A lower bound on a run's time from arithmetic alone: FLOPs of the work / the GPU's measured bf16
+matmul peak. It ignores memory traffic (decode steps read the weights and the KV cache), so it is
+not the physical limit of a run.
 
 The FLOPs count every shared prefix once (optimal sharing), every distinct prompt token and every
 decode step: the dense layers (2 x parameters per token), attention (QK^T and PV of each row over

@@ -1,4 +1,4 @@
-"""Scale-out (issue 8): tensor parallelism on one host and prefix-aware data parallelism.
+"""Scale-out: tensor parallelism on one host and prefix-aware data parallelism.
 
 - tensor parallelism (torch.distributed: NCCL on GPU, gloo on CPU): `tp_engine.TPEngine`,
   `sharding.shard_model` / `sharding.load_shard`, `layers` (row-parallel linear, vocab-parallel

@@ -140,6 +140,6 @@ class PagedAttention:
         # query: [num_tokens, num_heads, head_dim]; key/value: [num_tokens, num_kv_heads, head_dim]
         k_cache, v_cache = self.kv_cache.k[layer_index], self.kv_cache.v[layer_index]
         # Every row's KV is stored before any row reads (a prefix chunk and its members'
-        # first chunks may share the step).
+        # first chunks may share the step: docs/design.md, "KV addressing").
         self.backend.store(key, value, k_cache, v_cache, self.metadata)
         return self.backend.attend(query, k_cache, v_cache, self.metadata, self.scale)

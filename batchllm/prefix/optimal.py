@@ -1,4 +1,4 @@
-"""Exact optimal single-level grouping on the compact prefix tree (BatchLLM 4.2, DESIGN.md).
+"""Exact optimal single-level grouping on the compact prefix tree (BatchLLM 4.2, docs/design.md).
 
 Choose a set U of tree nodes as group prefixes; each request joins the deepest node of U on
 its key's root path (none: a singleton). saved = sum_requests depth(group node) -

@@ -77,7 +77,7 @@ def plan_prefix_arrays(prompts: Sequence[Sequence[int]]) -> PlanArrays:
 
 
 def plan_prefix_groups(prompts: Sequence[Sequence[int]]) -> PrefixPlan:
-    """Exact maximum of saved = sum_g (|g| - 1) * len(prefix(g)); see DESIGN.md.
+    """Exact maximum of saved = sum_g (|g| - 1) * len(prefix(g)); see docs/design.md.
 
     prompts: token ids per request (lists, tuples or 1-D integer numpy arrays), each >= 1 token.
     Raises keys.PromptError (a ValueError) for empty prompts or non-integer / negative ids.

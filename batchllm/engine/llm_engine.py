@@ -13,6 +13,7 @@ from batchllm.config import EngineConfig
 from batchllm.engine.kv_cache import KVCache, choose_num_kv_tokens, kv_bytes_per_token
 from batchllm.engine.model_runner import ModelRunner, StepResult
 from batchllm.engine.placeholders import placeholder_for_row
+from batchllm.engine.sampler import sampling_row
 from batchllm.engine.stop_checker import StopState
 from batchllm.sampling_params import SamplingParams
 from batchllm.sched.factory import make_scheduler
@@ -355,9 +356,7 @@ class LLMEngine:
         return entry
 
     def _sampling_row(self, state: _Live) -> tuple:
-        p = state.params
-        return (p.temperature, p.top_p, p.top_k, p.min_p, state.seed,
-                len(state.sched_request.output_token_ids), p.logprobs)
+        return sampling_row(state.params, state.seed, len(state.sched_request.output_token_ids))
 
     def _check_stops(self, result, token_ids: list[int], live: dict[int, _Live]) -> tuple[dict[int, int], dict[int, str]]:
         sampled: dict[int, int] = {}

@@ -24,7 +24,7 @@ MAX_TOKEN_ID = (1 << 31) - 1  # token ids are held as int32
 # Body fields we read; anything else is ignored with a warning.
 _SAMPLING_FIELDS = {
     "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-    "stop_token_ids", "ignore_eos", "logprobs", "top_logprobs", "n", "include_stop_str_in_output",
+    "stop_token_ids", "ignore_eos", "logprobs", "top_logprobs", "n", "include_stop_str_in_output", "logit_bias",
 }
 _PROMPT_FIELDS = {"messages", "prompt", "prompt_token_ids"}
 _HARMLESS_FIELDS = {"model", "user", "stream", "metadata", "store"}
@@ -164,7 +164,7 @@ def _parse_sampling(body: dict, endpoint: str) -> SamplingParams:
         kwargs["max_tokens"] = max_tokens
     elif endpoint == "chat":
         kwargs["max_tokens"] = None  # OpenAI chat: up to the context length
-    for name in ("temperature", "top_p", "top_k", "min_p", "seed", "n", "include_stop_str_in_output"):
+    for name in ("temperature", "top_p", "top_k", "min_p", "seed", "n", "include_stop_str_in_output", "logit_bias"):
         if body.get(name) is not None:
             kwargs[name] = body[name]
     if body.get("ignore_eos") is not None:

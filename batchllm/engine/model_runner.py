@@ -48,7 +48,7 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.backend = make_backend(attention_backend, device, block_size, arch.num_heads, arch.num_kv_heads,
-                                    arch.head_dim)
+                                    arch.head_dim, arch.layer_windows)
         self.scale = arch.head_dim ** -0.5
         self._pin = device.type == "cuda"
         # Benchmarks set a list here: one (start, end) CUDA event pair per step (GPU busy time).

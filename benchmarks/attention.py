@@ -1,4 +1,4 @@
-"""Attention kernel benchmark (issue 4, BatchLLM section 6.3.3 settings), one process on one GPU.
+"""Attention kernel benchmark (BatchLLM section 6.3.3 settings), one process on one GPU.
 
 Scenarios: pure decode of 256 requests, and chunked prefill (7 prefill chunks + 256 decode
 requests), over prefix/distinct/group-size settings, with and without jittered distinct
@@ -6,11 +6,8 @@ lengths. Implementations, all validated against the float32 reference first:
   fused      ours, ONE launch of prefix + distinct tiles, then the LSE merge kernel; work list
              in "cost" order (largest first: in practice all BIG tiles, then all SMALL ones)
   fused_auto the engine's default order ("auto": interleave when the step has prefill chunks)
-  fused_auto_ikm  fused_auto with the merge in the same launch (TileConfig.fused_merge: the last
-             program to finish a part of a row merges it; no second launch)
   fused_interleave  the same kernel and items, work list in "interleave" order (BIG and SMALL
              tiles merged by cumulative cost, so tensor-core and KV-streaming tiles co-run)
-  separate   ours, cascade style: prefix launch, distinct launch, merge
   plain      ours without sharing knowledge (each request reads its whole KV)
   sdpa       PyTorch SDPA on KV gathered per request from the paged cache (gather included)
   sdpa_nogather  the same SDPA calls on pre-gathered dense KV (gather excluded)
@@ -37,17 +34,12 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import replace
 
 import numpy as np
 import torch
 
 from batchllm.ops.paged_attention import build_paged_plan
-from batchllm.ops.prefix_attention import (
-    merge_counters,
-    prefix_shared_attention,
-    prefix_shared_attention_separate,
-)
+from batchllm.ops.prefix_attention import prefix_shared_attention
 from batchllm.ops.reference import paged_attention_reference
 from batchllm.ops.synthetic_batch import SeqSpec, make_batch
 from batchllm.ops.tile_config import candidate_tile_configs, default_tile_config
@@ -313,7 +305,7 @@ def run(args):
     result["versions"] = {"torch": torch.__version__, "triton": _version("triton")}
     scenarios = [(setting, mode, jitter) for setting in (DRY_SETTINGS if args.dry_run else SETTINGS)
                  for mode, jitter in MODES]
-    main_timings = {}  # scenario -> timings of the main pass (separate / plain for the flex rows)
+    main_timings = {}  # scenario -> timings of the main pass (plain for the flex rows)
     t_start = time.time()
     # main pass: our kernels + SDPA (+ FlashInfer); then the flex pass (compiles) with the time left
     for flex_pass in (False, True):
@@ -352,23 +344,14 @@ def run(args):
                 for tag, cfg in zip(tags, configs):
                     kw = {"block_size": BLOCK_SIZE, "num_kv_heads": NUM_KV_HEADS, "num_heads": NUM_HEADS,
                           "head_dim": HEAD_DIM, "tile": cfg}
-                    shared_plan = build_prefix_shared_plan(**meta, order="cost", **kw).to(dev, separate_lists=True)
-                    inter_plan = build_prefix_shared_plan(**meta, order="interleave", **kw).to(dev)
-                    auto_plan = build_prefix_shared_plan(**meta, order="auto", **kw).to(dev)
-                    ikm_plan = build_prefix_shared_plan(**meta, order="auto",
-                                                        **{**kw, "tile": replace(cfg, fused_merge=True)}).to(dev)
-                    counters = merge_counters(ikm_plan, dev)  # one zeroed buffer, as in the engine
-                    plain_plan = build_paged_plan(meta["query_start_loc"], meta["seq_lens"], meta["shared_kv_lens"],
-                                                  meta["block_tables"], **kw).to(dev)
-                    for name, fn, p in (("fused", prefix_shared_attention, shared_plan),
-                                        ("fused_interleave", prefix_shared_attention, inter_plan),
-                                        ("fused_auto", prefix_shared_attention, auto_plan),
-                                        ("fused_auto_ikm", prefix_shared_attention, ikm_plan),
-                                        ("separate", prefix_shared_attention_separate, shared_plan),
-                                        ("plain", prefix_shared_attention, plain_plan)):
-                        extra_args = (counters,) if fn is prefix_shared_attention else ()
+                    plans = {name: build_prefix_shared_plan(**meta, order=order, **kw).to(dev)
+                             for name, order in (("fused", "cost"), ("fused_interleave", "interleave"),
+                                                 ("fused_auto", "auto"))}
+                    plans["plain"] = build_paged_plan(meta["query_start_loc"], meta["seq_lens"],
+                                                      meta["shared_kv_lens"], meta["block_tables"], **kw).to(dev)
+                    for name, p in plans.items():
                         impls.setdefault(name, []).append(
-                            (tag, lambda fn=fn, p=p, b=b, e=extra_args: fn(b.query, b.k_cache, b.v_cache, p, scale, *e)))
+                            (tag, lambda p=p, b=b: prefix_shared_attention(b.query, b.k_cache, b.v_cache, p, scale)))
                 sdpa = Sdpa(b, seqs, scale)
                 impls["sdpa"] = [("", lambda sdpa=sdpa: sdpa(False))]
                 if have_flashinfer and not mode.startswith("mixed"):
@@ -385,12 +368,10 @@ def run(args):
                     notes.append(f"sdpa_nogather failed: {exc!r}"[:300])
                 del sdpa
                 main_timings[key] = timings
-            t_sep = main_timings[key].get("separate", (float("nan"),))[0]
             t_plain = main_timings[key].get("plain", (float("nan"),))[0]
             for name, (us, err, tag) in timings.items():
                 row = {"scenario": mode, "prefix": prefix, "distinct": distinct, "group": group, "impl": name,
-                       "us": round(us, 2), "speedup_vs_separate": round(t_sep / us, 3),
-                       "speedup_vs_plain": round(t_plain / us, 3), "max_abs_err": err, "valid": err < 5e-2,
+                       "us": round(us, 2), "speedup_vs_plain": round(t_plain / us, 3), "max_abs_err": err, "valid": err < 5e-2,
                        "config": tag, "kv_tb_per_s": round(kv_bytes_unique(seqs) / us / 1e6, 3),
                        "prefix_tflop_per_s": round(prefix_flops(seqs) / us / 1e6, 2), **extra.get(name, {})}
                 rows.append(row)
@@ -414,24 +395,21 @@ def markdown_table(result) -> str:
     by_key = {}
     for r in result["rows"]:
         by_key.setdefault((r["prefix"], r["distinct"], r["group"], r["scenario"]), {})[r["impl"]] = r
-    impls = ["fused", "fused_interleave", "fused_auto", "fused_auto_ikm", "separate", "plain", "sdpa", "sdpa_nogather",
-             "flex", "flashinfer"]
+    impls = ["fused", "fused_interleave", "fused_auto", "plain", "sdpa", "sdpa_nogather", "flex", "flashinfer"]
     lines = ["| prefix/distinct/group | scenario | " + " | ".join(f"{i} us" for i in impls)
-             + " | fused vs separate | interleave vs separate | auto vs separate | fused vs plain | fused vs flashinfer"
+             + " | fused vs plain | interleave vs plain | auto vs plain | fused vs flashinfer"
              " | fused KV TB/s | fused prefix TFLOP/s |",
-             "|" + "---|" * (len(impls) + 9)]
+             "|" + "---|" * (len(impls) + 8)]
     for (p, d, g, sc), r in by_key.items():
         cell = lambda i, r=r: (f"{r[i]['us']:.1f}" + ("" if r[i]["valid"] else " (INVALID)")) if i in r else "-"
         f = r.get("fused")
         vs_fi = f"{r['flashinfer']['us'] / f['us']:.2f}x" if f and "flashinfer" in r else "-"
-        fi = r.get("fused_interleave")
-        vs_sep_i = f"{fi['speedup_vs_separate']:.2f}x" if fi else "-"
-        fa = r.get("fused_auto")
-        vs_sep_i += " | " + (f"{fa['speedup_vs_separate']:.2f}x" if fa else "-")
+        vs_plain = " | ".join(f"{r[i]['speedup_vs_plain']:.2f}x" if i in r else "-"
+                              for i in ("fused_interleave", "fused_auto"))
         lines.append(f"| {p}/{d}/{g} | {sc} | " + " | ".join(cell(i) for i in impls)
-                     + (f" | {f['speedup_vs_separate']:.2f}x | {vs_sep_i} | {f['speedup_vs_plain']:.2f}x | {vs_fi} | "
+                     + (f" | {f['speedup_vs_plain']:.2f}x | {vs_plain} | {vs_fi} | "
                         f"{f['kv_tb_per_s']:.2f} | {f['prefix_tflop_per_s']:.1f} |" if f
-                        else f" | - | {vs_sep_i} | - | - | - | - |"))
+                        else f" | - | {vs_plain} | - | - | - |"))
     return "\n".join(lines) + "\n"
 
 

@@ -9,10 +9,10 @@ each validated against the float32 reference first:
 
     PYTHONPATH=. python3 benchmarks/prefill_tiles.py --out $OUT/prefill_tiles.json
 
-Scenarios: the issue-4 mixed settings (7 prefill chunks + 256 decode rows) and one step shaped like
+Scenarios: the mixed settings of benchmarks/attention.py (7 prefill chunks + 256 decode rows) and one step shaped like
 the engine's on micro 2000/200 sd16 (a prefix chunk finishing a 2000-token prefix, 4 members' first
 200-token chunks, 256 decode rows of 16 running groups). Decode scenarios (kind "decode"): the
-issue-4 decode settings and a decode step shaped like the engine's on micro 2000/200 sd16 (35
+decode settings of benchmarks/attention.py and a decode step shaped like the engine's on micro 2000/200 sd16 (35
 running groups of 16 members). Prints the best config per scenario kind by geometric mean.
 """
 
@@ -33,7 +33,7 @@ import attention  # noqa: E402
 from attention import BLOCK_SIZE, HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, SETTINGS, bench_us, scenario_seqs  # noqa: E402
 
 from batchllm.ops.paged_attention import build_paged_plan  # noqa: E402
-from batchllm.ops.prefix_attention import merge_counters, prefix_shared_attention  # noqa: E402
+from batchllm.ops.prefix_attention import prefix_shared_attention  # noqa: E402
 from batchllm.ops.reference import paged_attention_reference  # noqa: E402
 from batchllm.ops.synthetic_batch import SeqSpec, make_batch  # noqa: E402
 from batchllm.ops.tile_config import prefill_tile_candidates  # noqa: E402
@@ -89,11 +89,8 @@ def main() -> int:
             plans = {"fused_auto": build_prefix_shared_plan(**meta, order="auto", **kw).to(dev),
                      "plain": build_paged_plan(meta["query_start_loc"], meta["seq_lens"], meta["shared_kv_lens"],
                                                meta["block_tables"], **kw).to(dev)}
-            # in-kernel merge configs get one zeroed counter buffer, as in the engine (no memset per call)
-            counters = merge_counters(plans["fused_auto"], dev) if tile.fused_merge else None
             for impl, plan in plans.items():
-                fn = lambda plan=plan: prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan, scale,  # noqa: E731
-                                                               counters)
+                fn = lambda plan=plan: prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan, scale)  # noqa: E731
                 try:
                     err = (fn().float() - ref).abs().max().item()
                     us = bench_us(fn)

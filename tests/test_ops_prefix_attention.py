@@ -1,10 +1,10 @@
-"""Fused prefix-shared attention (and its separate-launch variant) against the references."""
+"""Fused prefix-shared attention against the references."""
 
 import numpy as np
 import pytest
 import torch
 
-from batchllm.ops.prefix_attention import prefix_shared_attention, prefix_shared_attention_separate
+from batchllm.ops.prefix_attention import prefix_shared_attention
 from batchllm.ops.reference import paged_attention_reference, prefix_shared_attention_reference
 from batchllm.ops.synthetic_batch import SeqSpec, make_batch
 from batchllm.ops.work_list import build_prefix_shared_plan
@@ -32,8 +32,7 @@ SCENARIOS = {
 HEADS = {"gqa3_d64": (9, 3, 64), "gqa4_d32": (8, 2, 32)}
 
 
-def _run_case(seqs, heads, dtype, device, block_size=16, kv_split_tokens=16, separate=False, order="cost",
-              tile=None):
+def _run_case(seqs, heads, dtype, device, block_size=16, kv_split_tokens=16, order="cost", tile=None):
     num_heads, num_kv_heads, head_dim = heads
     b = make_batch(seqs, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                    block_size=block_size, dtype=dtype, device=device)
@@ -41,8 +40,7 @@ def _run_case(seqs, heads, dtype, device, block_size=16, kv_split_tokens=16, sep
                                     num_heads=num_heads, head_dim=head_dim, kv_split_tokens=kv_split_tokens,
                                     order=order, tile=tile)
     scale = head_dim ** -0.5
-    fn = prefix_shared_attention_separate if separate else prefix_shared_attention
-    out = fn(b.query, b.k_cache, b.v_cache, plan.to(device, separate_lists=separate), scale)
+    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan.to(device), scale)
     args = (b.query.float(), b.k_cache.float(), b.v_cache.float(), b.query_start_loc, b.seq_lens,
             b.shared_kv_lens, b.block_tables)
     ref = prefix_shared_attention_reference(*args, b.group_ids, b.is_prefix, scale)
@@ -61,13 +59,6 @@ def test_fused_matches_reference(device, scenario, dtype):
     torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
 
 
-@pytest.mark.parametrize("scenario", ["prefix_with_first_chunk", "mixed_ragged"])
-@pytest.mark.parametrize("order", ["cost", "interleave"])
-def test_separate_launches_match_reference(device, scenario, order):
-    out, ref = _run_case(SCENARIOS[scenario], HEADS["gqa4_d32"], torch.float32, device, separate=True, order=order)
-    torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)
-
-
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_fused_interleaved_order_matches_reference(device, scenario):
     out, ref = _run_case(SCENARIOS[scenario], HEADS["gqa3_d64"], torch.float16, device, order="interleave")
@@ -81,17 +72,16 @@ def test_fused_other_block_sizes_and_splits(device, block_size, kv_split_tokens)
     torch.testing.assert_close(out.float(), ref, atol=3e-3, rtol=3e-3)
 
 
-@pytest.mark.parametrize("split_mask", [True, False])
 @pytest.mark.parametrize("scenario", ["prefix_only", "prefix_with_first_chunk", "mixed_ragged"])
-def test_split_and_fully_masked_kv_loops_match(device, scenario, split_mask):
-    """The unmasked KV steps (split_mask, the default) and the every-step-masked kernel agree
-    with the reference on causal chunks, prefix-chunk row limits and ragged tails; BLOCK_N 32
+def test_unmasked_and_masked_kv_steps_match(device, scenario):
+    """The whole KV steps every row of a tile sees run unmasked, the rest masked: the result
+    equals the reference on causal chunks, prefix-chunk row limits and ragged tails; BLOCK_N 32
     so that some tiles hold whole unmasked steps and a masked remainder."""
     from dataclasses import replace
 
     from batchllm.ops.tile_config import default_tile_config
 
-    tile = replace(default_tile_config(64, 3), small_n=32, big_n=32, split_mask=split_mask)
+    tile = replace(default_tile_config(64, 3), small_n=32, big_n=32)
     out, ref = _run_case(SCENARIOS[scenario], HEADS["gqa3_d64"], torch.float32, device, tile=tile,
                          kv_split_tokens=None)
     torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)
@@ -130,9 +120,6 @@ def test_rejects_mismatched_plan(device):
         prefix_shared_attention(b.query[:-1], b.k_cache, b.v_cache, plan.to(device), 0.1)
     with pytest.raises(ValueError, match="dtypes"):
         prefix_shared_attention(b.query.half(), b.k_cache, b.v_cache, plan.to(device), 0.1)
-    with pytest.raises(ValueError, match="separate_lists"):  # the engine's plans skip those lists
-        prefix_shared_attention_separate(b.query, b.k_cache, b.v_cache, plan.to(device), 0.1)
-    assert plan.to(device).work_prefix.shape[0] == 0
 
 
 def _llama_seqs(rng):
@@ -145,11 +132,11 @@ def _llama_seqs(rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("separate,order", [(False, "cost"), (False, "interleave"), (True, "cost")])
+@pytest.mark.parametrize("order", ["cost", "interleave"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_fused_llama_shapes_gpu(separate, order, dtype):
+def test_fused_llama_shapes_gpu(order, dtype):
     seqs = _llama_seqs(np.random.default_rng(0))
-    out, ref = _run_case(seqs, (32, 8, 128), dtype, "cuda", kv_split_tokens=None, separate=separate, order=order)
+    out, ref = _run_case(seqs, (32, 8, 128), dtype, "cuda", kv_split_tokens=None, order=order)
     torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
 
 
@@ -172,66 +159,18 @@ def _merge_case(seqs, heads, dtype, device, tile, kv_split_tokens):
     return b, plan, ref
 
 
-@pytest.mark.parametrize("fused_merge", [True, False])
 @pytest.mark.parametrize("scenario", ["decode_only", "prefix_with_first_chunk", "mixed_ragged"])
-def test_in_kernel_merge_and_merge_kernel_match(device, scenario, fused_merge):
-    """Rows with several parts (prefix + distinct, split-KV pieces) merged by the last program
-    to finish one of their parts, or by the separate merge kernel: both equal the reference."""
-    from dataclasses import replace
-
-    from batchllm.ops.tile_config import default_tile_config
-
-    tile = replace(default_tile_config(64, 3), fused_merge=fused_merge)
-    b, plan, ref = _merge_case(SCENARIOS[scenario], HEADS["gqa3_d64"], torch.float32, device, tile, 16)
+def test_merge_kernel_combines_partials(device, scenario):
+    """Rows with several parts (prefix + distinct, split-KV pieces) merged by the merge kernel
+    equal the reference."""
+    b, plan, ref = _merge_case(SCENARIOS[scenario], HEADS["gqa3_d64"], torch.float32, device, None, 16)
     assert plan.merge_tokens.shape[0] > 0  # the case has rows to merge
-    np.testing.assert_array_equal(plan.merge_index[plan.merge_tokens], np.arange(plan.merge_tokens.shape[0]))
-    assert int((plan.merge_index >= 0).sum()) == plan.merge_tokens.shape[0]
     out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan.to(device), 64 ** -0.5)
     torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)
 
 
-def _in_kernel_merge_tile(head_dim, group_size):
-    from dataclasses import replace
-
-    from batchllm.ops.tile_config import default_tile_config
-
-    return replace(default_tile_config(head_dim, group_size), fused_merge=True)
-
-
-def test_in_kernel_merge_leaves_counters_zeroed_for_reuse(device):
-    """One counter buffer serves consecutive launches of different plans (the engine and its CUDA
-    graphs keep one): each launch resets every counter it used."""
-    counters = None
-    tile = _in_kernel_merge_tile(32, 4)
-    for scenario in ("mixed_ragged", "decode_only", "mixed_ragged"):
-        b, plan, ref = _merge_case(SCENARIOS[scenario], HEADS["gqa4_d32"], torch.float32, device, tile, 16)
-        device_plan = plan.to(device)
-        if counters is None:  # room for every plan of the loop
-            counters = torch.zeros(4 * plan.num_tokens * plan.num_heads, dtype=torch.int32, device=device)
-        out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, device_plan, 32 ** -0.5, counters)
-        torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)
-        assert int(counters.abs().sum()) == 0
-    with pytest.raises(ValueError, match="merge counters"):
-        prefix_shared_attention(b.query, b.k_cache, b.v_cache, device_plan, 32 ** -0.5, counters[:3])
-
-
-@pytest.mark.gpu
-def test_in_kernel_merge_repeated_launches_gpu():
-    """Real concurrency: which program arrives last varies between launches; every launch must
-    still equal the reference and leave the counters zeroed (no lost or early merge)."""
-    seqs = _llama_seqs(np.random.default_rng(1))
-    b, plan, ref = _merge_case(seqs, (32, 8, 128), torch.bfloat16, "cuda", _in_kernel_merge_tile(128, 4), 64)
-    device_plan = plan.to("cuda")
-    counters = torch.zeros(plan.num_tokens * 32, dtype=torch.int32, device="cuda")
-    for _ in range(50):
-        out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, device_plan, 128 ** -0.5, counters)
-        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
-    assert int(counters.abs().sum()) == 0
-
-
-@pytest.mark.parametrize("fused_merge", [False, True])
 @pytest.mark.parametrize("scenario", ["decode_only", "mixed_ragged"])
-def test_persistent_launch_runs_only_the_counted_items(device, scenario, fused_merge):
+def test_persistent_launch_runs_only_the_counted_items(device, scenario):
     """CUDA-graph launches are persistent: a fixed grid of programs strides over the first
     num_items items of a padded work list. Padding past the count must never run: here it is
     items that would write wrong results into the same rows and partial slots."""
@@ -239,36 +178,30 @@ def test_persistent_launch_runs_only_the_counted_items(device, scenario, fused_m
 
     from batchllm.ops.work_list import F_KV_END, F_KV_START
 
-    tile = _in_kernel_merge_tile(64, 3) if fused_merge else None
-    b, plan, ref = _merge_case(SCENARIOS[scenario], HEADS["gqa3_d64"], torch.float32, device, tile, 16)
+    b, plan, ref = _merge_case(SCENARIOS[scenario], HEADS["gqa3_d64"], torch.float32, device, None, 16)
     num_items = plan.work.shape[0]
     poison = plan.work.copy()
     poison[:, F_KV_END] = poison[:, F_KV_START] + 1  # one KV position instead of the item's range
     padded = torch.from_numpy(np.concatenate([plan.work, poison])).to(device)
     device_plan = plan.to(device)
-    counters = torch.zeros(plan.num_tokens * plan.num_heads, dtype=torch.int32, device=device)
     results = []
     for count in (num_items, 2 * num_items):
         persistent = dataclasses.replace(device_plan, work=padded, persistent_programs=3,
                                          num_items=torch.tensor([count], dtype=torch.int32, device=device))
-        results.append(prefix_shared_attention(b.query, b.k_cache, b.v_cache, persistent, 64 ** -0.5,
-                                               counters).float())
-        assert int(counters.abs().sum()) == 0
+        results.append(prefix_shared_attention(b.query, b.k_cache, b.v_cache, persistent, 64 ** -0.5).float())
     torch.testing.assert_close(results[0], ref, atol=2e-5, rtol=2e-5)
     assert not torch.allclose(results[1], ref, atol=1e-3)  # counting the padding would show
 
 
-@pytest.mark.parametrize("fused_merge", [False, True])
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-def test_class_split_launches_match_reference(device, scenario, fused_merge):
+def test_class_split_launches_match_reference(device, scenario):
     """tile.split_classes: BIG items, then SMALL items, each launch a class-specialised kernel
     variant with its own warps / stages; the same results as the single fused launch."""
     from dataclasses import replace
 
     from batchllm.ops.tile_config import default_tile_config
 
-    tile = replace(default_tile_config(64, 3), split_classes=True, small_num_warps=2, small_num_stages=1,
-                   fused_merge=fused_merge)
+    tile = replace(default_tile_config(64, 3), split_classes=True, small_num_warps=2, small_num_stages=1)
     b, plan, ref = _merge_case(SCENARIOS[scenario], HEADS["gqa3_d64"], torch.float32, device, tile, 16)
     device_plan = plan.to(device)
     assert device_plan.work_big.shape[0] + device_plan.work_small.shape[0] == plan.work.shape[0]

@@ -70,9 +70,6 @@ class TritonPagedBackend(ReferenceBackend):
         from batchllm.ops.tile_config import decode_tile_config
 
         self.decode_tile = decode_tile_config(head_dim, num_heads // num_kv_heads)
-        # Zeroed counters of the in-kernel merge (TileConfig.fused_merge), grown on demand. Every buffer ever handed out
-        # stays alive: captured CUDA graphs keep pointing at the one of their capture.
-        self._counters: list[torch.Tensor] = []
 
     def _tile_for(self, inputs: StepInputs):
         if inputs.num_tokens == inputs.query_start_loc.shape[0] - 1:
@@ -97,20 +94,11 @@ class TritonPagedBackend(ReferenceBackend):
     def store(self, key, value, k_cache, v_cache, metadata: AttentionMetadata) -> None:
         self._store_kv(key, value, k_cache, v_cache, metadata.slot_mapping)
 
-    def merge_counters(self, plan) -> torch.Tensor:
-        needed = plan.num_tokens * plan.num_heads
-        if not self._counters or self._counters[-1].numel() < needed:
-            self._counters.append(torch.zeros(max(needed, 8192 * plan.num_heads), dtype=torch.int32,
-                                              device=self.device))
-        return self._counters[-1]
-
     def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata, scale: float,
                window: int | None = None) -> torch.Tensor:
         if window is not None:
             raise NotImplementedError(f"the {self.name} attention kernels have no sliding window yet")
-        plan = metadata.plan
-        counters = self.merge_counters(plan) if plan.tile.fused_merge else None
-        return self._attention(query, k_cache, v_cache, plan, scale, counters)
+        return self._attention(query, k_cache, v_cache, metadata.plan, scale)
 
 
 class FusedPrefixBackend(TritonPagedBackend):

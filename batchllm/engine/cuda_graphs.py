@@ -55,12 +55,12 @@ class _Graph:
         self.slots_cap = 8 * rows + 1024  # partial results to merge
         # int64 part: input_ids, positions, slot_mapping
         self.dev64 = torch.zeros(3 * rows, dtype=torch.int64, device=device)
-        # int32 part: work, block_tables, prefix_limit, merge_tokens, merge_offsets, merge_slots, merge_index,
+        # int32 part: work, block_tables, prefix_limit, merge_tokens, merge_offsets, merge_slots,
         # num_items, work_small. The attention launches are persistent: each runs the first num_items[i]
         # items of its padded list. A tile with split_classes keeps the BIG items in `work` and the
         # SMALL ones in `work_small` (num_items: [BIG, SMALL]); otherwise `work` holds them all.
         self.shapes32 = [(self.items_cap, work_fields), (rows, key.num_blocks), (rows,), (rows,), (rows + 1,),
-                         (self.slots_cap,), (rows,), (2,), (self.items_cap, work_fields)]
+                         (self.slots_cap,), (2,), (self.items_cap, work_fields)]
         self.starts32 = aligned_offsets(int(np.prod(shape)) for shape in self.shapes32)
         size32 = self.starts32[-1]
         self.dev32 = torch.zeros(size32, dtype=torch.int32, device=device)
@@ -101,7 +101,7 @@ class _Graph:
         ids[:num_tokens] = inputs.input_ids
         ids[rows:rows + num_tokens] = inputs.positions
         ids[2 * rows:2 * rows + num_tokens] = inputs.slot_mapping
-        work, tables, limit, merge_tokens, merge_offsets, merge_slots, merge_index, num_items, work_small = \
+        work, tables, limit, merge_tokens, merge_offsets, merge_slots, num_items, work_small = \
             self._host32_views[turn]
         for padded, items, index in zip((work, work_small), lists, range(2)):
             num_items[index] = items.shape[0]
@@ -117,8 +117,6 @@ class _Graph:
         merge_offsets[:num_merge + 1] = plan.merge_offsets
         merge_slots[:] = 0
         merge_slots[:plan.num_partial_slots] = plan.merge_slots
-        merge_index[:] = -1  # padding rows: no parts (in-kernel merge)
-        merge_index[:num_tokens] = plan.merge_index
         self.dev64.copy_(self._host64[turn], non_blocking=True)
         self.dev32.copy_(self._host32[turn], non_blocking=True)
         event = torch.cuda.Event()
@@ -130,13 +128,13 @@ class _Graph:
         launch is persistent (the grid is frozen at capture, the step's item count is not)."""
         from batchllm.ops.work_list import PrefixSharedPlanOnDevice
 
-        work, tables, limit, merge_tokens, merge_offsets, merge_slots, merge_index, num_items, work_small = \
+        work, tables, limit, merge_tokens, merge_offsets, merge_slots, num_items, work_small = \
             self.dev32_views
         split = template.tile.split_classes
         return PrefixSharedPlanOnDevice(
-            work=work, work_prefix=work[:0], work_distinct=work[:0], block_tables=tables, prefix_limit=limit,
+            work=work, block_tables=tables, prefix_limit=limit,
             work_big=work if split else None, work_small=work_small if split else None,
-            merge_tokens=merge_tokens, merge_offsets=merge_offsets, merge_slots=merge_slots, merge_index=merge_index,
+            merge_tokens=merge_tokens, merge_offsets=merge_offsets, merge_slots=merge_slots,
             num_partial_slots=self.slots_cap, num_tokens=self.key.num_rows, num_heads=template.num_heads,
             num_kv_heads=template.num_kv_heads, block_size=template.block_size, tile=template.tile,
             num_items=num_items, persistent_programs=num_sms * template.tile.graph_programs_per_sm)

@@ -5,7 +5,7 @@ TRITON_INTERPRET first):
   reference.py         PyTorch oracles (also the engine's CPU path)
   kv_store.py          store_kv(key, value, k_cache, v_cache, slot_mapping)
   work_list.py         build_prefix_shared_plan(...) -> PrefixSharedPlan (numpy); .to(device)
-  prefix_attention.py  prefix_shared_attention / prefix_shared_attention_separate (BatchLLM section 5)
+  prefix_attention.py  prefix_shared_attention (BatchLLM section 5)
   paged_attention.py   paged_attention / build_paged_plan (no sharing knowledge)
   attention_kernels.py the Triton kernels; tile_config.py per-part tile sizes
   synthetic_batch.py   paged batches for tests and benchmarks

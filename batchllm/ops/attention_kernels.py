@@ -59,13 +59,11 @@ def _kv_steps(
 @triton.jit
 def _attend_tile(
     q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, limit_ptr,
-    merge_index_ptr, merge_offsets_ptr, merge_slots_ptr, counters_ptr,
     q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode, q_pos0, partial_base,
     kv_head, qk_scale_log2,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table,
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT_MASK: tl.constexpr,
-    FUSED_MERGE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -92,12 +90,8 @@ def _attend_tile(
         hi = kv_end
     limit = tl.minimum(limit, kv_end)
     hi = tl.minimum(hi, kv_end)
-    if SPLIT_MASK:
-        # whole BLOCK_N steps below every row's limit run unmasked; the rest up to hi masked
-        full_end = kv_start + (tl.maximum(tl.minimum(lo, kv_end) - kv_start, 0) // BLOCK_N) * BLOCK_N
-    else:
-        full_end = kv_start
-        hi = kv_end
+    # whole BLOCK_N steps below every row's limit run unmasked; the rest up to hi masked
+    full_end = kv_start + (tl.maximum(tl.minimum(lo, kv_end) - kv_start, 0) // BLOCK_N) * BLOCK_N
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -121,10 +115,6 @@ def _attend_tile(
         tl.store(part_out_ptr + slot[:, None] * HEAD_DIM + offs_d[None, :], o, mask=m_valid[:, None])
         lse2 = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
         tl.store(part_lse_ptr + slot, lse2, mask=m_valid)
-        if FUSED_MERGE:
-            _merge_if_last(o, lse2, partial_base + row, token, head, m_valid, out_ptr, part_out_ptr, part_lse_ptr,
-                           merge_index_ptr, merge_offsets_ptr, merge_slots_ptr, counters_ptr, stride_ot, stride_oh,
-                           NUM_HEADS, HEAD_DIM)
 
 
 @triton.jit
@@ -139,53 +129,14 @@ def _lse_combine(m, l, acc, lse, part):
 
 
 @triton.jit
-def _merge_if_last(
-    o, lse2, own_slot, token, head, m_valid, out_ptr, part_out_ptr, part_lse_ptr,
-    merge_index_ptr, merge_offsets_ptr, merge_slots_ptr, counters_ptr, stride_ot, stride_oh,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-):
-    """In-kernel last-arriver merge (no spin-waits): after storing its partial, a program bumps a
-    counter per (row, head); the program that brings it to the row's number of parts merges all
-    of them by log-sum-exp, writes the output and resets the counter to 0 for the next launch.
-    Release/acquire: a CTA barrier orders every thread's partial stores before the gpu-scope
-    acq_rel atomic, and the reads after it bypass L1 (.cg), which is not coherent across SMs."""
-    offs_d = tl.arange(0, HEAD_DIM)
-    tl.debug_barrier()
-    merge_row = tl.load(merge_index_ptr + token, mask=m_valid, other=0)
-    counter = counters_ptr + merge_row.to(tl.int64) * NUM_HEADS + head
-    arrived = tl.atomic_add(counter, 1, mask=m_valid, sem="acq_rel", scope="gpu")
-    begin = tl.load(merge_offsets_ptr + merge_row, mask=m_valid, other=0)
-    num_parts = tl.load(merge_offsets_ptr + merge_row + 1, mask=m_valid, other=0) - begin
-    is_last = m_valid & (arrived == num_parts - 1)
-    tl.debug_barrier()
-    if tl.max(is_last.to(tl.int32), 0) > 0:
-        m = lse2
-        l = tl.where(lse2 == float("-inf"), 0.0, 1.0)
-        acc = o * l[:, None]
-        for j in range(tl.max(tl.where(is_last, num_parts, 0), 0)):
-            take = is_last & (j < num_parts)
-            slot = tl.load(merge_slots_ptr + begin + j, mask=take, other=0)
-            take = take & (slot != own_slot)
-            flat = slot.to(tl.int64) * NUM_HEADS + head
-            lse = tl.load(part_lse_ptr + flat, mask=take, other=float("-inf"), cache_modifier=".cg")
-            part = tl.load(part_out_ptr + flat[:, None] * HEAD_DIM + offs_d[None, :], mask=take[:, None], other=0.0,
-                           cache_modifier=".cg")
-            m, l, acc = _lse_combine(m, l, acc, lse, part)
-        merged = acc / tl.where(l == 0.0, 1.0, l)[:, None]
-        tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
-                 merged.to(out_ptr.dtype.element_ty), mask=is_last[:, None])
-        tl.store(counter, tl.zeros_like(arrived), mask=is_last)
-
-
-@triton.jit
 def _work_item(
     pid, work_ptr, q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, limit_ptr,
-    merge_index_ptr, merge_offsets_ptr, merge_slots_ptr, counters_ptr, qk_scale_log2,
+    qk_scale_log2,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table,
     NUM_KV_HEADS: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     WORK_FIELDS: tl.constexpr,
     SMALL_M: tl.constexpr, SMALL_N: tl.constexpr, BIG_M: tl.constexpr, BIG_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, SPLIT_MASK: tl.constexpr, FUSED_MERGE: tl.constexpr, CLASSES: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, CLASSES: tl.constexpr,
 ):
     """One (work item, KV head): pid = item * NUM_KV_HEADS + kv_head."""
     item = pid // NUM_KV_HEADS  # KV head fastest: the order of the work list is kept
@@ -207,20 +158,16 @@ def _work_item(
     # registers and shared memory, hence occupancy, are those of the one tile class)
     if CLASSES == 1 or (CLASSES == 0 and size_class == 0):
         _attend_tile(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr,
-                     limit_ptr, merge_index_ptr, merge_offsets_ptr, merge_slots_ptr, counters_ptr,
-                     q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode,
+                     limit_ptr, q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode,
                      q_pos0, partial_base, kv_head, qk_scale_log2,
                      stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
-                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, SMALL_M, SMALL_N, DOT_PRECISION, SPLIT_MASK,
-                     FUSED_MERGE)
+                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, SMALL_M, SMALL_N, DOT_PRECISION)
     else:
         _attend_tile(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr,
-                     limit_ptr, merge_index_ptr, merge_offsets_ptr, merge_slots_ptr, counters_ptr,
-                     q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode,
+                     limit_ptr, q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode,
                      q_pos0, partial_base, kv_head, qk_scale_log2,
                      stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
-                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, BIG_M, BIG_N, DOT_PRECISION, SPLIT_MASK,
-                     FUSED_MERGE)
+                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, BIG_M, BIG_N, DOT_PRECISION)
 
 
 # the block-table width changes from step to step: no recompiles on its divisibility by 16
@@ -235,15 +182,12 @@ def work_list_attention_kernel(
     k_cache_ptr, v_cache_ptr,  # [num_blocks, PAGE, num_kv_heads, head_dim]
     tables_ptr,  # [num_seqs, max_blocks] int32
     limit_ptr,  # [num_tokens] int32: prefix KV positions visible to each row
-    merge_index_ptr,  # [num_tokens] int32: row -> its merge row (-1: one part, written directly)
-    merge_offsets_ptr, merge_slots_ptr,  # CSR: merge row -> its partial slots
-    counters_ptr,  # [>= num_merge_rows * NUM_HEADS] int32, zero between launches (FUSED_MERGE)
     qk_scale_log2,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table,
     NUM_KV_HEADS: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     WORK_FIELDS: tl.constexpr,
     SMALL_M: tl.constexpr, SMALL_N: tl.constexpr, BIG_M: tl.constexpr, BIG_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, SPLIT_MASK: tl.constexpr, FUSED_MERGE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     CLASSES: tl.constexpr,  # 0: both tile classes (size_class per item); 1: SMALL only; 2: BIG only
     PERSISTENT: tl.constexpr,
 ):
@@ -257,16 +201,14 @@ def work_list_attention_kernel(
         num_programs = tl.load(num_items_ptr) * NUM_KV_HEADS
         for pid in tl.range(tl.program_id(0), num_programs, tl.num_programs(0), num_stages=1):
             _work_item(pid, work_ptr, q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr,
-                       tables_ptr, limit_ptr, merge_index_ptr, merge_offsets_ptr, merge_slots_ptr, counters_ptr,
-                       qk_scale_log2, stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
-                       stride_table, NUM_KV_HEADS, NUM_HEADS, HEAD_DIM, PAGE, WORK_FIELDS, SMALL_M, SMALL_N,
-                       BIG_M, BIG_N, DOT_PRECISION, SPLIT_MASK, FUSED_MERGE, CLASSES)
+                       tables_ptr, limit_ptr, qk_scale_log2, stride_qt, stride_qh, stride_ot, stride_oh, stride_cb,
+                       stride_cs, stride_ch, stride_table, NUM_KV_HEADS, NUM_HEADS, HEAD_DIM, PAGE, WORK_FIELDS,
+                       SMALL_M, SMALL_N, BIG_M, BIG_N, DOT_PRECISION, CLASSES)
     else:
         _work_item(tl.program_id(0), work_ptr, q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr,
-                   v_cache_ptr, tables_ptr, limit_ptr, merge_index_ptr, merge_offsets_ptr, merge_slots_ptr,
-                   counters_ptr, qk_scale_log2, stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs,
-                   stride_ch, stride_table, NUM_KV_HEADS, NUM_HEADS, HEAD_DIM, PAGE, WORK_FIELDS, SMALL_M,
-                   SMALL_N, BIG_M, BIG_N, DOT_PRECISION, SPLIT_MASK, FUSED_MERGE, CLASSES)
+                   v_cache_ptr, tables_ptr, limit_ptr, qk_scale_log2, stride_qt, stride_qh, stride_ot, stride_oh,
+                   stride_cb, stride_cs, stride_ch, stride_table, NUM_KV_HEADS, NUM_HEADS, HEAD_DIM, PAGE,
+                   WORK_FIELDS, SMALL_M, SMALL_N, BIG_M, BIG_N, DOT_PRECISION, CLASSES)
 
 
 @triton.jit

@@ -2,15 +2,10 @@
 
 `prefix_shared_attention` runs ONE launch of heterogeneous work (prefix MatMul tiles of every
 group + distinct tiles of every request, see work_list.py). Rows that get several partial
-results are merged by a tiny second merge kernel (the default), or in the same launch by the
-last program to finish one of their parts (TileConfig.fused_merge; measured slower, see there).
-`prefix_shared_attention_separate` is the cascade-style variant of the same math (prefix
-launch, distinct launch, merge kernel), kept for the benchmark.
+results are merged by a tiny second merge kernel.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -18,8 +13,7 @@ from batchllm.ops.attention_kernels import merge_partials_kernel, work_list_atte
 from batchllm.ops.validation import check, next_power_of_2
 from batchllm.ops.work_list import WORK_FIELDS, PrefixSharedPlan, PrefixSharedPlanOnDevice, build_prefix_shared_plan
 
-__all__ = ["build_prefix_shared_plan", "PrefixSharedPlan", "PrefixSharedPlanOnDevice", "merge_counters",
-           "prefix_shared_attention", "prefix_shared_attention_separate"]
+__all__ = ["build_prefix_shared_plan", "PrefixSharedPlan", "PrefixSharedPlanOnDevice", "prefix_shared_attention"]
 
 LOG2_E = 1.4426950408889634
 
@@ -44,7 +38,7 @@ def _validate(query, k_cache, v_cache, plan: PrefixSharedPlanOnDevice) -> None:
     check(query.device == k_cache.device == plan.work.device, "query, caches and plan must be on one device")
 
 
-def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale, counters,
+def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale,
                   classes: int = 0, num_items=None) -> None:
     """One launch over `work`. classes: 0 both tile classes, 1 SMALL items only, 2 BIG only.
     num_items: [1] int32 device count of the items of `work` to run, by a persistent launch of
@@ -63,16 +57,13 @@ def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, 
         # without a persistent launch the item-count pointer is never read
         work, num_items if persistent else work,
         query, out, part_out, part_lse, k_cache, v_cache, plan.block_tables, plan.prefix_limit,
-        # without the in-kernel merge the counters pointer is never read: any int32 tensor will do
-        plan.merge_index, plan.merge_offsets, plan.merge_slots, plan.merge_index if counters is None else counters,
         float(scale) * LOG2_E,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), plan.block_tables.stride(0),
         NUM_KV_HEADS=plan.num_kv_heads, NUM_HEADS=plan.num_heads, HEAD_DIM=head_dim,
         PAGE=plan.block_size, WORK_FIELDS=WORK_FIELDS,
         SMALL_M=tile.small_m, SMALL_N=tile.small_n, BIG_M=tile.big_m, BIG_N=tile.big_n,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", SPLIT_MASK=tile.split_mask,
-        FUSED_MERGE=counters is not None, CLASSES=classes, PERSISTENT=persistent,
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", CLASSES=classes, PERSISTENT=persistent,
         num_warps=num_warps, num_stages=num_stages,
     )
 
@@ -99,66 +90,23 @@ def _merge(plan, out, part_out, part_lse) -> None:
     )
 
 
-def merge_counters(plan: PrefixSharedPlanOnDevice, device) -> torch.Tensor:
-    """Zeroed counters for the in-kernel merge of `plan` (the kernel leaves them zeroed again, so
-    a caller may keep one buffer of at least num_tokens * num_heads for every launch)."""
-    return torch.zeros(max(plan.num_tokens, 1) * plan.num_heads, dtype=torch.int32, device=device)
-
-
-def _run(query, k_cache, v_cache, plan, scale, work_lists, counters) -> torch.Tensor:
-    _validate(query, k_cache, v_cache, plan)
-    if counters is not None:
-        check(counters.dtype == torch.int32 and counters.device == query.device
-              and counters.numel() >= plan.num_tokens * plan.num_heads,
-              f"merge counters must be int32 on {query.device} with >= {plan.num_tokens * plan.num_heads} entries")
-    out = torch.empty_like(query)  # out: [num_tokens, num_heads, head_dim]
-    slots = max(plan.num_partial_slots, 1)
-    part_out = torch.empty((slots, plan.num_heads, query.shape[2]), dtype=torch.float32, device=query.device)
-    part_lse = torch.empty((slots, plan.num_heads), dtype=torch.float32, device=query.device)
-    for work, classes, num_items in work_lists:
-        _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale, counters, classes,
-                      num_items)
-    if counters is None:
-        _merge(plan, out, part_out, part_lse)
-    return out
-
-
 def prefix_shared_attention(
     query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor,
     plan: PrefixSharedPlanOnDevice,
     scale: float,
-    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Fused prefix-shared attention: one launch for all prefix and distinct tiles; rows with
-    several parts merged by a merge kernel or, with plan.tile.fused_merge, in that launch.
-
-    counters: zeroed int32 buffer of >= num_tokens * num_heads for the in-kernel merge (see
-    `merge_counters`; pass a persistent one to skip a memset per call, e.g. in CUDA graphs).
+    """Fused prefix-shared attention: one launch for all prefix and distinct tiles (two with
+    plan.tile.split_classes), then the merge kernel for rows with several parts.
     Returns out [num_tokens, num_heads, head_dim] in the query dtype.
     """
-    if not plan.tile.fused_merge:
-        counters = None
-    elif counters is None:
-        counters = merge_counters(plan, query.device)
-    return _run(query, k_cache, v_cache, plan, scale, _work_lists(plan), counters)
-
-
-def prefix_shared_attention_separate(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    plan: PrefixSharedPlanOnDevice,
-    scale: float,
-) -> torch.Tensor:
-    """Cascade-style variant: prefix tiles, then distinct tiles (two launches), then merge.
-    The plan must be moved with `.to(device, separate_lists=True)`."""
-    check(plan.work_prefix.shape[0] + plan.work_distinct.shape[0] == plan.work.shape[0],
-          "the separate-launch variant needs plan.to(device, separate_lists=True)")
-    return _run(query, k_cache, v_cache, plan, scale, [(plan.work_prefix, 0, None), (plan.work_distinct, 0, None)],
-                None)
-
-
-def default_scale(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)
+    _validate(query, k_cache, v_cache, plan)
+    out = torch.empty_like(query)  # out: [num_tokens, num_heads, head_dim]
+    slots = max(plan.num_partial_slots, 1)
+    part_out = torch.empty((slots, plan.num_heads, query.shape[2]), dtype=torch.float32, device=query.device)
+    part_lse = torch.empty((slots, plan.num_heads), dtype=torch.float32, device=query.device)
+    for work, classes, num_items in _work_lists(plan):
+        _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale, classes, num_items)
+    _merge(plan, out, part_out, part_lse)
+    return out

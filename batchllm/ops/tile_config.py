@@ -23,17 +23,6 @@ class TileConfig:
     num_warps: int
     num_stages: int
     min_kv_split_tokens: int  # never split a KV range into pieces shorter than this
-    # run the whole BLOCK_N steps that every row of a tile sees fully without masks (bounds,
-    # causal / row limits), and skip steps past the tile's last visible position; False: every
-    # step masked (the kernel before this option, kept for benchmarks/prefill_tiles.py)
-    split_mask: bool = True
-    # merge a row's partial results in the attention launch itself (the last program to finish a
-    # part of the row merges; no spin-waits) instead of a second, merge-kernel launch. Off: on
-    # the H200 it was 5-13% slower than launch + merge kernel on 12 of the 16 settings of
-    # benchmarks/attention.py and within 2% on the rest (the epilogue's atomics, barriers and
-    # L1-bypassing loads cost more than the second launch saves). The cascade-style separate
-    # variant always uses the merge kernel.
-    fused_merge: bool = False
     # CUDA graphs freeze the launch grid at capture while a decode step's item count varies, so
     # graph launches are persistent: this many programs per SM stride over the step's items
     # (before: one program per item of the graph's padded capacity; on micro 2000/200 sd16 a
@@ -115,8 +104,6 @@ def prefill_tile_candidates(head_dim: int, group_size: int) -> dict[str, TileCon
     base = default_tile_config(head_dim, group_size, interpret=False)
     return {
         "default": base,
-        "masked": replace(base, split_mask=False),  # every KV step masked (before split_mask)
-        "in_kernel_merge": replace(base, fused_merge=True),  # last-arriver merge in the launch
         "s3": replace(base, num_stages=3),
         "sn64_s3": replace(base, small_n=64, num_stages=3),
         "sn64_s4": replace(base, small_n=64, num_stages=4),

@@ -96,11 +96,6 @@ def item_cost(kv_len, size_class, tile: TileConfig) -> np.ndarray:
     return np.asarray(kv_len, np.int64) * (1.0 + m_pad / 128.0)
 
 
-def work_cost(work: np.ndarray, tile: TileConfig) -> np.ndarray:
-    """item_cost of the rows of an int32 work list."""
-    return item_cost(work[:, F_KV_END].astype(np.int64) - work[:, F_KV_START], work[:, F_SIZE_CLASS], tile)
-
-
 def resolve_order(order: str, size_class: np.ndarray, kind: np.ndarray) -> str:
     """"auto" -> "interleave" if any BIG distinct tile (a prefill chunk) is in the step, else "cost"."""
     check(order in WORK_ORDERS, f"order must be one of {WORK_ORDERS}, got {order!r}")
@@ -131,14 +126,11 @@ class PrefixSharedPlanOnDevice:
     """Device tensors of a plan (views into one int32 buffer: a single host-to-device copy)."""
 
     work: torch.Tensor  # [num_items, WORK_FIELDS] int32, all items (fused launch)
-    work_prefix: torch.Tensor  # prefix items only (separate-launch variant; empty unless asked for)
-    work_distinct: torch.Tensor  # distinct items only
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
     prefix_limit: torch.Tensor  # [num_tokens] int32
     merge_tokens: torch.Tensor  # [num_merge_tokens] int32
     merge_offsets: torch.Tensor  # [num_merge_tokens + 1] int32
     merge_slots: torch.Tensor  # [num_partial_slots] int32
-    merge_index: torch.Tensor  # [num_tokens] int32
     num_partial_slots: int
     num_tokens: int
     num_heads: int
@@ -165,7 +157,6 @@ class PrefixSharedPlan:
     merge_tokens: np.ndarray  # [num_merge_tokens] int32: rows whose partials need merging
     merge_offsets: np.ndarray  # [num_merge_tokens + 1] int32 (CSR into merge_slots)
     merge_slots: np.ndarray  # [num_partial_slots] int32
-    merge_index: np.ndarray  # [num_tokens] int32: row -> its index in merge_tokens, -1 if none
     num_tokens: int
     num_heads: int
     num_kv_heads: int
@@ -176,20 +167,10 @@ class PrefixSharedPlan:
     def num_partial_slots(self) -> int:
         return int(self.merge_slots.shape[0])
 
-    def to(self, device, separate_lists: bool = False) -> PrefixSharedPlanOnDevice:
-        """One host-to-device copy. separate_lists: also the per-kind lists that
-        `prefix_shared_attention_separate` launches (benchmark and tests; the engine runs the
-        fused launch only, so its steps skip the sort and the second copy of the work list)."""
-        if separate_lists:
-            # cost-sorted within kind whatever the fused order (for "cost" this is the work
-            # list's own order; other orders may break ties of equal cost differently)
-            by_cost = self.work[np.argsort(-work_cost(self.work, self.tile), kind="stable")]
-            is_prefix = by_cost[:, F_KIND] == KIND_PREFIX
-            work_prefix, work_distinct = by_cost[is_prefix], by_cost[~is_prefix]
-        else:
-            work_prefix = work_distinct = self.work[:0]
-        parts = [self.work, work_prefix, work_distinct, self.block_tables,
-                 self.prefix_limit, self.merge_tokens, self.merge_offsets, self.merge_slots, self.merge_index]
+    def to(self, device) -> PrefixSharedPlanOnDevice:
+        """One host-to-device copy."""
+        parts = [self.work, self.block_tables, self.prefix_limit, self.merge_tokens, self.merge_offsets,
+                 self.merge_slots]
         if self.tile.split_classes:
             big = self.work[:, F_SIZE_CLASS] == SIZE_BIG
             parts += [self.work[big], self.work[~big]]
@@ -203,9 +184,9 @@ class PrefixSharedPlan:
         else:
             buffer = buffer.to(device)
         views = [buffer[start:start + p.size].view(p.shape) for p, start in zip(parts, starts)]
-        by_class = views[9:]
+        by_class = views[6:]
         return PrefixSharedPlanOnDevice(
-            *views[:9], work_big=by_class[0] if by_class else None, work_small=by_class[1] if by_class else None,
+            *views[:6], work_big=by_class[0] if by_class else None, work_small=by_class[1] if by_class else None,
             num_partial_slots=self.num_partial_slots, num_tokens=self.num_tokens,
             num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, block_size=self.block_size,
             tile=self.tile)
@@ -363,8 +344,6 @@ def build_prefix_shared_plan(
     slot_order = np.argsort(slot_tokens, kind="stable")
     merge_tokens, first = np.unique(slot_tokens[slot_order], return_index=True)
     merge_offsets = np.concatenate([first, [slot_order.shape[0]]])
-    merge_index = np.full(num_tokens, -1, np.int64)
-    merge_index[merge_tokens] = np.arange(merge_tokens.shape[0])
 
     # --- the work list in `order` (largest estimated cost first within each class, section 5)
     cost = item_cost(i_kv_end - i_kv_start, i_size, tile)
@@ -378,5 +357,5 @@ def build_prefix_shared_plan(
     return PrefixSharedPlan(
         work=work, block_tables=tables, prefix_limit=prefix_limit.astype(np.int32),
         merge_tokens=merge_tokens.astype(np.int32), merge_offsets=merge_offsets.astype(np.int32),
-        merge_slots=slot_order.astype(np.int32), merge_index=merge_index.astype(np.int32), num_tokens=num_tokens,
+        merge_slots=slot_order.astype(np.int32), num_tokens=num_tokens,
         num_heads=num_heads, num_kv_heads=num_kv_heads, block_size=block_size, tile=tile)

@@ -28,6 +28,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
     max_seq_len: int
     plan: Any = None  # backend-specific per-step plan (fused work list)
+    positions: torch.Tensor | None = None  # [num_tokens] int64 (the kernels read it with a sliding window)
 
 
 class ReferenceBackend:
@@ -96,9 +97,7 @@ class TritonPagedBackend(ReferenceBackend):
 
     def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata, scale: float,
                window: int | None = None) -> torch.Tensor:
-        if window is not None:
-            raise NotImplementedError(f"the {self.name} attention kernels have no sliding window yet")
-        return self._attention(query, k_cache, v_cache, metadata.plan, scale)
+        return self._attention(query, k_cache, v_cache, metadata.plan, scale, window, metadata.positions)
 
 
 class FusedPrefixBackend(TritonPagedBackend):

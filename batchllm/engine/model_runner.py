@@ -121,6 +121,7 @@ class ModelRunner:
             shared_kv_lens=self._to_device(inputs.shared_kv_lens),
             block_tables=self._to_device(inputs.block_tables),
             max_seq_len=inputs.max_seq_len,
+            positions=self._to_device(inputs.positions),
         )
         if host_plan is not None:
             metadata.plan = host_plan.to(self.device)
@@ -130,7 +131,7 @@ class ModelRunner:
         input_ids = self._to_device(inputs.input_ids)
         if placeholders is not None:
             resolve_placeholders_(input_ids, placeholders)
-        return self.model(input_ids, self._to_device(inputs.positions), attention)
+        return self.model(input_ids, metadata.positions, attention)
 
 
 def _copy_to_pinned(tensor: torch.Tensor | None) -> torch.Tensor | None:

@@ -223,13 +223,13 @@ def work_list_attention_kernel(
         for pid in tl.range(tl.program_id(0), num_programs, tl.num_programs(0), num_stages=1):
             _work_item(pid, work_ptr, q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr,
                        tables_ptr, limit_ptr, pos_ptr, qk_scale_log2, window, stride_qt, stride_qh, stride_ot,
-                       stride_oh, stride_cb, stride_cs, stride_ch, stride_table, NUM_KV_HEADS, NUM_HEADS, HEAD_DIM, PAGE, WORK_FIELDS,
-                       SMALL_M, SMALL_N, BIG_M, BIG_N, DOT_PRECISION, CLASSES)
+                       stride_oh, stride_cb, stride_cs, stride_ch, stride_table, NUM_KV_HEADS, NUM_HEADS, HEAD_DIM,
+                       PAGE, WORK_FIELDS, SMALL_M, SMALL_N, BIG_M, BIG_N, DOT_PRECISION, CLASSES)
     else:
         _work_item(tl.program_id(0), work_ptr, q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr,
                    v_cache_ptr, tables_ptr, limit_ptr, pos_ptr, qk_scale_log2, window, stride_qt, stride_qh,
-                   stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table, NUM_KV_HEADS, NUM_HEADS, HEAD_DIM, PAGE,
-                   WORK_FIELDS, SMALL_M, SMALL_N, BIG_M, BIG_N, DOT_PRECISION, CLASSES)
+                   stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table, NUM_KV_HEADS, NUM_HEADS,
+                   HEAD_DIM, PAGE, WORK_FIELDS, SMALL_M, SMALL_N, BIG_M, BIG_N, DOT_PRECISION, CLASSES)
 
 
 @triton.jit

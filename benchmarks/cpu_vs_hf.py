@@ -1,7 +1,7 @@
 """CPU side by side: batchllm vs HF transformers `generate` on the same batch (default model).
 
     python benchmarks/cpu_vs_hf.py [--input examples/batch.jsonl] [--chat-requests 40] [--repeat 3]
-                                   [--hf-one-at-a-time] [--out benchmarks/results/cpu_vs_hf.json]
+                                   [--threads 1] [--hf-one-at-a-time] [--out benchmarks/results/cpu_vs_hf.json]
 
 Every request generates exactly its max_tokens (EOS ignored on both sides) with greedy decoding,
 so both produce the same number of tokens. HF runs one left-padded static batch of all requests
@@ -53,6 +53,9 @@ def main() -> int:
     parser.add_argument("--chat-requests", type=int, default=0, help="build N chat requests (0: the input as is)")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--hf-one-at-a-time", action="store_true", help="also time HF on one request at a time")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads for both sides (default: torch's choice); on a machine shared "
+                             "with other work, 1 keeps OpenMP barriers from stalling on descheduled threads")
     parser.add_argument("--out", default="benchmarks/results/cpu_vs_hf.json")
     args = parser.parse_args()
 
@@ -63,6 +66,8 @@ def main() -> int:
     from batchllm.batch_job import tokenize_request
     from batchllm.default_model import default_model_path
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     llm = LLM(dtype="float32", device="cpu")
     requests = _requests(args.input, args.chat_requests)
     prompts = [tokenize_request(llm.engine, r) for r in requests]
@@ -109,7 +114,7 @@ def main() -> int:
         print(json.dumps(rows[-1]))
     ratios = [hf_s / ours for ours, hf_s in zip(seconds["batchllm"], seconds["hf_generate_static_batch"])]
     print(json.dumps({"speedup_vs_hf_static_batch": _spread(ratios)}))
-    result = {"device": "cpu (2 cores)", "date": datetime.date.today().isoformat(), "requests": len(prompts),
+    result = {"device": "cpu (2 cores)", "threads": torch.get_num_threads(), "date": datetime.date.today().isoformat(), "requests": len(prompts),
               "prompt_tokens": sum(len(p) for p in prompts), "output_tokens": num_output, "repeat": args.repeat,
               "rows": rows, "speedup_vs_hf_static_batch": _spread(ratios)}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

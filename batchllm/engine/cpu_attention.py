@@ -131,8 +131,9 @@ class BatchedTorchBackend:
             # [S, Q, Hkv, G, D] -> [S, Hkv, Q * G, D]: the G query heads of a KV head as extra rows.
             q = query[batch.rows].float().view(num_seqs, max_q, num_kv_heads, group, head_dim)
             q = q.transpose(1, 2).reshape(num_seqs, num_kv_heads, max_q * group, head_dim)
-            k = flat_k[batch.kv_slots].float().transpose(1, 2)  # [S, Hkv, L, D]
-            v = flat_v[batch.kv_slots].float().transpose(1, 2)
+            slots = batch.kv_slots.view(-1)
+            k = flat_k.index_select(0, slots).view(num_seqs, -1, num_kv_heads, head_dim).float().transpose(1, 2)
+            v = flat_v.index_select(0, slots).view(num_seqs, -1, num_kv_heads, head_dim).float().transpose(1, 2)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=batch.mask(window, group), scale=scale)
             o = o.view(num_seqs, num_kv_heads, max_q, group, head_dim).transpose(1, 2)  # [S, Q, Hkv, G, D]
             o = o.reshape(num_seqs, max_q, -1, head_dim)

@@ -21,7 +21,7 @@ import numpy as np
 
 from batchllm.engine.llm_engine import LLMEngine, PreparedRequest, RunStats
 from batchllm.io.batch_input import DEFAULT_MAX_LINE_BYTES, BatchError, BatchRequest, read_batch_file
-from batchllm.io.batch_output import dumps, error_line, success_line
+from batchllm.io.batch_output import dumps, error_line, openai_logprobs, success_line
 from batchllm.io.job_files import JobLock, check_existing_output, check_job_paths, journal_path_for
 from batchllm.io.journal import Journal, JournalHeader
 from batchllm.progress import Progress
@@ -336,7 +336,7 @@ class _JobRun:
                 record = success_line(
                     request.custom_id, request.endpoint, self.engine.model_name, done.text,
                     done.finish_reason, len(done.prompt_token_ids), len(done.output_token_ids),
-                    done.num_cached_prompt_tokens, _openai_logprobs(self.engine, done),
+                    done.num_cached_prompt_tokens, _openai_logprobs(self.engine, done, request),
                 )
         except Exception as error:
             record = self._internal_error(request, error)
@@ -386,13 +386,9 @@ def _strip_prompt(request: BatchRequest) -> BatchRequest:
     return replace(request, messages=None, prompt=None, prompt_token_ids=None, warnings=())
 
 
-def _openai_logprobs(engine: LLMEngine, done) -> dict | None:
+def _openai_logprobs(engine: LLMEngine, done, request: BatchRequest) -> dict | None:
     if done.logprobs is None or engine.tokenizer is None:
         return None
     decode = engine.tokenizer.decode
-    content = []
-    for token_id, entry in zip(done.output_token_ids, done.logprobs):
-        top = [{"token": decode([t], skip_special_tokens=False), "logprob": lp} for t, lp in entry.items() if t != token_id]
-        content.append({"token": decode([token_id], skip_special_tokens=False), "logprob": entry[token_id],
-                        "top_logprobs": top})
-    return {"content": content}
+    return openai_logprobs(request.endpoint, done.output_token_ids, done.logprobs, request.sampling.logprobs,
+                           lambda token_id: decode([token_id], skip_special_tokens=False))

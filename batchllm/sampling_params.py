@@ -30,15 +30,16 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # number of top logprobs to return per token (0: only the sampled one)
     n: int = 1
+    # OpenAI `logit_bias`: {token id: bias in [-100, 100]} added to the logits before sampling
+    # (greedy included). Given as a mapping (keys int or decimal strings, as in JSON); held as
+    # sorted (token_id, bias) pairs so the object stays hashable.
+    logit_bias: tuple[tuple[int, float], ...] | None = None
 
     def __post_init__(self) -> None:
         # Normalise list inputs so the object stays hashable and immutable.
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        elif not isinstance(self.stop, tuple):
-            object.__setattr__(self, "stop", tuple(self.stop or ()))
-        if not isinstance(self.stop_token_ids, tuple):
-            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else _as_tuple(self.stop, "stop"))
+        object.__setattr__(self, "stop_token_ids", _as_tuple(self.stop_token_ids, "stop_token_ids"))
+        object.__setattr__(self, "logit_bias", _normalise_logit_bias(self.logit_bias))
         self.validate()
 
     def validate(self) -> None:
@@ -62,12 +63,59 @@ class SamplingParams:
             raise SamplingParamsError("stop must be a non-empty string or a list of non-empty strings")
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
             raise SamplingParamsError("stop_token_ids must be a list of non-negative integers")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not (0 <= self.logprobs <= 20)):
+        if self.logprobs is not None and (
+            not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool) or not (0 <= self.logprobs <= 20)
+        ):
             raise SamplingParamsError(f"logprobs must be an integer in [0, 20], got {self.logprobs!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise SamplingParamsError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        if not isinstance(self.include_stop_str_in_output, bool):
+            raise SamplingParamsError(
+                f"include_stop_str_in_output must be true or false, got {self.include_stop_str_in_output!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+MAX_LOGIT_BIAS = 100.0
+
+
+def _as_tuple(value: object, name: str) -> tuple:
+    if value is None:
+        return ()
+    if not isinstance(value, (tuple, list)):
+        raise SamplingParamsError(f"{name} must be a list, got {value!r:.80}")
+    return tuple(value)
+
+
+def _normalise_logit_bias(value: object) -> tuple[tuple[int, float], ...] | None:
+    """A {token id: bias} mapping (or (id, bias) pairs) -> sorted pairs; None or empty -> None."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, (tuple, list)) and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in value):
+        items = [tuple(p) for p in value]
+    else:
+        raise SamplingParamsError(f"logit_bias must map token ids to numbers, got {value!r:.80}")
+    pairs: dict[int, float] = {}
+    for key, bias in items:
+        token_id = _token_id_key(key)
+        if not _is_number(bias) or not math.isfinite(bias) or abs(bias) > MAX_LOGIT_BIAS:
+            raise SamplingParamsError(f"logit_bias[{key!r}] must be a number in [-100, 100], got {bias!r:.80}")
+        if token_id in pairs:
+            raise SamplingParamsError(f"logit_bias names token id {token_id} twice")
+        pairs[token_id] = float(bias)
+    return tuple(sorted(pairs.items())) or None
+
+
+def _token_id_key(key: object) -> int:
+    if isinstance(key, str) and key.isascii() and key.isdigit():
+        return int(key)
+    if isinstance(key, int) and not isinstance(key, bool) and key >= 0:
+        return key
+    raise SamplingParamsError(f"logit_bias keys must be token ids (non-negative integers), got {key!r:.80}")
 
 
 def _is_number(value: object) -> bool:

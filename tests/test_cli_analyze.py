@@ -83,10 +83,27 @@ def test_bad_lines_are_reported_and_skipped(tmp_path, capsys):
     assert "duplicate_custom_id" in captured.err and "empty" in captured.err and "line 4" in captured.err
 
 
-def test_text_prompts_without_model_fail_clearly(tmp_path, capsys):
+def test_text_prompts_of_a_random_model_fail_clearly(tmp_path, capsys):
     path = _write(tmp_path / "in.jsonl", [{"custom_id": "a", "prompt": "hello world"}])
-    assert main(["analyze", path]) == 2
-    assert "text prompts need --model" in capsys.readouterr().err
+    assert main(["analyze", path, "--model", "random:tiny"]) == 2
+    assert "line 1: random:tiny has no tokenizer" in capsys.readouterr().err
+
+
+def test_chat_lines_use_the_default_model_of_run(capsys):
+    """No --model: the example's chat and text lines are tokenized with the model `batchllm run` loads."""
+    from batchllm.default_model import default_model_path
+    from batchllm.io.batch_input import read_batch_file
+    from batchllm.tokenizer import load_tokenizer
+
+    example = "examples/batch.jsonl"
+    assert main(["analyze", example, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    tokenizer = load_tokenizer({"kind": "gguf", "path": str(default_model_path())})
+    lengths = [len(tokenizer.encode_chat(item.messages) if item.messages else tokenizer.encode_prompt(item.prompt))
+               for item in read_batch_file(example)]
+    assert summary["requests"] == len(lengths) == 10
+    assert summary["logical_prefill_tokens"] == sum(lengths)
+    assert summary["saved_prefill_tokens"] > 0  # the example's requests share documents
 
 
 def test_missing_file(tmp_path, capsys):

@@ -5,8 +5,8 @@ import torch
 from batchllm.engine.sampler import SamplingBatch, sample, uniform_noise
 
 
-def _row(temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0, seed=0, index=0, logprobs=None):
-    return (temperature, top_p, top_k, min_p, seed, index, logprobs)
+def _row(temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0, seed=0, index=0, logprobs=None, logit_bias=None):
+    return (temperature, top_p, top_k, min_p, seed, index, logprobs, logit_bias)
 
 
 def test_greedy_is_argmax():

@@ -119,5 +119,21 @@ def test_simulate_reports_bad_input(tmp_path, capsys):
 
     source = tmp_path / "bad.jsonl"
     source.write_text('{"custom_id": "a", "prompt": "text needs a tokenizer", "max_tokens": 3}\n')
-    assert main(["simulate", str(source)]) == 2
-    assert "prompt_token_ids" in capsys.readouterr().err
+    assert main(["simulate", str(source), "--model", "random:tiny"]) == 2
+    assert "line 1: random:tiny has no tokenizer" in capsys.readouterr().err
+
+
+def test_simulate_tokenizes_text_and_chat_lines_with_the_default_model(capsys):
+    from batchllm.cli.main import main
+    from batchllm.default_model import default_model_path
+    from batchllm.io.batch_input import read_batch_file
+    from batchllm.tokenizer import load_tokenizer
+
+    example = "examples/batch.jsonl"
+    assert main(["simulate", example, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    tokenizer = load_tokenizer({"kind": "gguf", "path": str(default_model_path())})
+    items = list(read_batch_file(example))
+    assert report["finished_requests"] == len(items) == 10
+    assert report["logical_prefill_tokens"] == sum(
+        len(tokenizer.encode_chat(i.messages) if i.messages else tokenizer.encode_prompt(i.prompt)) for i in items)

@@ -1,14 +1,14 @@
 """`batchllm analyze`: how much prefill the global prefix plan saves on a batch (BatchLLM 4.2).
 
 Reads the same JSONL as `batchllm run`. Lines with prompt_token_ids need no model and no
-torch; text prompts and chat messages are tokenized with --model's tokenizer and chat template.
+torch; text prompts and chat messages are tokenized with the tokenizer and chat template of
+--model, by default the same model `batchllm run` uses.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 
@@ -19,13 +19,15 @@ def add_parser(subparsers) -> None:
         description=(
             "Plan the optimal prefix-sharing groups of a batch (no inference) and report logical vs\n"
             "processed prefill tokens and saving ratios: optimal single-level groups, multi-level\n"
-            "sharing, naive first-level grouping. Lines with prompt_token_ids need no model."
+            "sharing, naive first-level grouping. Lines with prompt_token_ids need no model; text\n"
+            "and chat lines are tokenized with --model (default: the model `batchllm run` uses)."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("input", metavar="INPUT.jsonl", help="OpenAI-Batch or short-form request lines")
     parser.add_argument("--model", default=None,
-                        help="a .gguf file or HF model directory whose tokenizer encodes text prompts")
+                        help="a .gguf file or HF model directory whose tokenizer encodes text prompts "
+                             "(default: SmolLM2-135M-Instruct, the default model of `batchllm run`)")
     parser.add_argument("--groups", metavar="GROUPS.jsonl", default=None,
                         help="also write the prefix-sharing groups, one group per line")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -36,51 +38,28 @@ class AnalyzeError(ValueError):
     pass
 
 
-def _tokenizer_source(model: str) -> dict:
-    if model.startswith("random:"):
-        raise AnalyzeError(f"{model} has no tokenizer: text prompts need a real model's tokenizer")
-    if model.endswith(".gguf") and os.path.isfile(model):
-        return {"kind": "gguf", "path": model}
-    if os.path.isdir(model):
-        return {"kind": "hf_dir", "path": model}
-    raise AnalyzeError(f"--model {model!r}: not a .gguf file or a model directory")
-
-
 def _read_token_ids(path: str, model: str | None):
     """(custom_ids, TokenStore of int32 prompts, error lines), streaming the file line by line.
     Text is tokenized only if some line needs it."""
+    from batchllm.cli.prompt_tokens import PromptTokenizer
     from batchllm.io.batch_input import BatchError, read_batch_file
     from batchllm.io.token_store import TokenStore
 
     custom_ids: list[str] = []
     prompts = TokenStore()
     errors: list[str] = []
-    tokenizer = None
+    tokenizer = PromptTokenizer(model)
     for item in read_batch_file(path):
         if isinstance(item, BatchError):
             errors.append(f"line {item.line_number}: {item.code}: {item.message}")
             continue
-        if item.prompt_token_ids is not None:
-            token_ids = item.prompt_token_ids
-        else:
-            if tokenizer is None:
-                if model is None:
-                    raise AnalyzeError(
-                        f"line {item.line_number}: text prompts need --model / tokenizer support "
-                        "(or give prompt_token_ids)"
-                    )
-                from batchllm.tokenizer import load_tokenizer
-
-                tokenizer = load_tokenizer(_tokenizer_source(model))
-                if tokenizer is None:
-                    raise AnalyzeError(f"--model {model!r} has no tokenizer")
-            if item.messages is not None:
-                token_ids = tokenizer.encode_chat(item.messages)
-            else:
-                token_ids = tokenizer.encode_prompt(item.prompt)
-            if not token_ids:
-                errors.append(f"line {item.line_number}: empty_prompt: the prompt encodes to 0 tokens")
-                continue
+        try:
+            token_ids = tokenizer.token_ids(item)
+        except (ValueError, OSError) as error:
+            raise AnalyzeError(f"line {item.line_number}: {error}") from None
+        if not token_ids:
+            errors.append(f"line {item.line_number}: empty_prompt: the prompt encodes to 0 tokens")
+            continue
         custom_ids.append(item.custom_id)
         prompts.append(token_ids)
     return custom_ids, prompts, errors

@@ -1,5 +1,7 @@
-"""`batchllm simulate`: run a scheduling policy over a batch with a cost model, no model, no GPU
-(torch-free). Lines need prompt_token_ids (short form or OpenAI-Batch envelope)."""
+"""`batchllm simulate`: run a scheduling policy over a batch with a cost model, no model, no GPU.
+
+Lines with prompt_token_ids run torch-free; text and chat lines are tokenized with --model's
+tokenizer (default: the model `batchllm run` uses)."""
 
 from __future__ import annotations
 
@@ -18,11 +20,15 @@ def add_parser(subparsers) -> None:
             "Drive the batchllm / vllm / sglang / simple scheduler over a batch with fake sampling\n"
             "(every request runs to its max_tokens) and a linear cost model. Reports steps, mean\n"
             "tokens per step, valleys (steps under half the token budget), achieved prefill saving\n"
-            "ratio, peak KV memory and preemptions. Lines need prompt_token_ids."
+            "ratio, peak KV memory and preemptions. Text and chat lines are tokenized with --model\n"
+            "(default: the model `batchllm run` uses); prompt_token_ids lines need no model."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("input", metavar="INPUT.jsonl", help="request lines with prompt_token_ids (+ max_tokens)")
+    parser.add_argument("input", metavar="INPUT.jsonl", help="request lines (+ max_tokens)")
+    parser.add_argument("--model", default=None,
+                        help="a .gguf file or HF model directory whose tokenizer encodes text prompts "
+                             "(default: SmolLM2-135M-Instruct, the default model of `batchllm run`)")
     parser.add_argument("--policy", default="batchllm", choices=("batchllm", "vllm", "sglang", "simple"))
     parser.add_argument("--kv-cache-tokens", type=int, default=DEFAULT_KV_CACHE_TOKENS,
                         help=f"KV cache size in tokens (default {DEFAULT_KV_CACHE_TOKENS})")
@@ -38,21 +44,28 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(func=simulate_command)
 
 
-def read_sim_requests(path: str) -> list:
-    """Requests with prompt_token_ids; raises ValueError naming the first bad line."""
+def read_sim_requests(path: str, model: str | None = None) -> list:
+    """Requests of every line (text tokenized with model's tokenizer; None: the default model);
+    raises ValueError naming the first bad line."""
+    from batchllm.cli.prompt_tokens import PromptTokenizer
     from batchllm.io.batch_input import BatchError, read_batch_file
     from batchllm.sched.simulator import SimRequest
 
     requests = []
+    tokenizer = PromptTokenizer(model)
     for item in read_batch_file(path):
         if isinstance(item, BatchError):
             raise ValueError(f"{path} line {item.line_number}: {item.code}: {item.message}")
-        if item.prompt_token_ids is None:
-            raise ValueError(f"{path} line {item.line_number}: simulate needs prompt_token_ids (no tokenizer here)")
+        try:
+            token_ids = tokenizer.token_ids(item)
+        except (ValueError, OSError) as error:
+            raise ValueError(f"{path} line {item.line_number}: {error}") from None
+        if not token_ids:
+            raise ValueError(f"{path} line {item.line_number}: the prompt encodes to 0 tokens")
         max_tokens = item.sampling.max_tokens
         if max_tokens is None:
             raise ValueError(f"{path} line {item.line_number}: simulate needs max_tokens")
-        requests.append(SimRequest(tuple(item.prompt_token_ids), int(max_tokens)))
+        requests.append(SimRequest(tuple(token_ids), int(max_tokens)))
     if not requests:
         raise ValueError(f"{path}: no requests")
     return requests
@@ -64,7 +77,7 @@ def simulate_command(args: argparse.Namespace) -> int:
     from batchllm.sched.trace import write_trace
 
     try:
-        requests = read_sim_requests(args.input)
+        requests = read_sim_requests(args.input, args.model)
         config = SchedulerConfig(
             policy=args.policy,
             num_kv_blocks=max(1, args.kv_cache_tokens // args.block_size),

@@ -28,11 +28,13 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
     max_seq_len: int
     plan: Any = None  # backend-specific per-step plan (fused work list)
+    positions: torch.Tensor | None = None  # [num_tokens] int64 (the kernels read it with a sliding window)
 
 
 class ReferenceBackend:
     name = "reference"
     supports_cuda_graphs = False
+    layer_windows: tuple[int | None, ...] = ()  # per layer sliding window (None: full); (): none
 
     def prepare(self, inputs: StepInputs, metadata: AttentionMetadata) -> None:
         pass
@@ -40,10 +42,11 @@ class ReferenceBackend:
     def store(self, key, value, k_cache, v_cache, metadata: AttentionMetadata) -> None:
         reference.store_kv_reference(key, value, k_cache, v_cache, metadata.slot_mapping)
 
-    def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
+    def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata, scale: float,
+               window: int | None = None) -> torch.Tensor:
         return reference.paged_attention_reference(
             query, k_cache, v_cache, metadata.query_start_loc, metadata.seq_lens,
-            metadata.shared_kv_lens, metadata.block_tables, scale,
+            metadata.shared_kv_lens, metadata.block_tables, scale, sliding_window=window,
         )
 
 
@@ -92,8 +95,9 @@ class TritonPagedBackend(ReferenceBackend):
     def store(self, key, value, k_cache, v_cache, metadata: AttentionMetadata) -> None:
         self._store_kv(key, value, k_cache, v_cache, metadata.slot_mapping)
 
-    def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
-        return self._attention(query, k_cache, v_cache, metadata.plan, scale)
+    def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata, scale: float,
+               window: int | None = None) -> torch.Tensor:
+        return self._attention(query, k_cache, v_cache, metadata.plan, scale, window, metadata.positions)
 
 
 class FusedPrefixBackend(TritonPagedBackend):
@@ -114,20 +118,24 @@ class FusedPrefixBackend(TritonPagedBackend):
 
 
 def make_backend(name: str, device: torch.device, block_size: int, num_heads: int, num_kv_heads: int,
-                 head_dim: int):
+                 head_dim: int, layer_windows: tuple[int | None, ...] = ()):
+    """layer_windows: the sliding window of every layer (ModelArchConfig.layer_windows)."""
     if name == "auto":
         name = "fused" if device.type == "cuda" else "torch"
     if name == "reference":
-        return ReferenceBackend()
-    if name == "torch":
+        backend = ReferenceBackend()
+    elif name == "torch":
         from batchllm.engine.cpu_attention import BatchedTorchBackend
 
-        return BatchedTorchBackend(block_size)
-    if name == "triton":
-        return TritonPagedBackend(block_size, num_heads, num_kv_heads, head_dim, device)
-    if name == "fused":
-        return FusedPrefixBackend(block_size, num_heads, num_kv_heads, head_dim, device)
-    raise ValueError(f"unknown attention backend {name!r}")
+        backend = BatchedTorchBackend(block_size)
+    elif name == "triton":
+        backend = TritonPagedBackend(block_size, num_heads, num_kv_heads, head_dim, device)
+    elif name == "fused":
+        backend = FusedPrefixBackend(block_size, num_heads, num_kv_heads, head_dim, device)
+    else:
+        raise ValueError(f"unknown attention backend {name!r}")
+    backend.layer_windows = tuple(layer_windows)
+    return backend
 
 
 class PagedAttention:
@@ -142,4 +150,6 @@ class PagedAttention:
         # Every row's KV is stored before any row reads (a prefix chunk and its members'
         # first chunks may share the step: docs/design.md, "KV addressing").
         self.backend.store(key, value, k_cache, v_cache, self.metadata)
-        return self.backend.attend(query, k_cache, v_cache, self.metadata, self.scale)
+        windows = self.backend.layer_windows
+        return self.backend.attend(query, k_cache, v_cache, self.metadata, self.scale,
+                                   windows[layer_index] if windows else None)

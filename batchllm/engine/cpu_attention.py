@@ -1,11 +1,19 @@
-"""PyTorch attention for the CPU path: the reference math, batched for speed.
+"""PyTorch attention for the CPU path: the reference math, batched through PyTorch's fused attention.
 
 `ops.reference.paged_attention_reference` stays the oracle (one seq at a time, float32). This
-backend computes the same thing faster: the KV slot indices are built once per step (not per
-layer), decode rows of all seqs run as one batched matmul, and prefill chunks use SDPA.
+backend computes the same thing faster: once per step (not per layer) the seqs are cut into a
+few padded batches of similar shape, each with its KV slot indices and its visibility mask
+(causal, valid, sliding window); every layer then runs one gather and one
+`scaled_dot_product_attention` per batch. The query heads of one KV head are folded into the
+query length, so grouped-query attention needs no repeated K/V.
+
+Measured on the default model (2-core CPU, a decode step of 40 seqs of ~180 positions), one
+padded SDPA call took about a third of the time of the former einsum over the same gathered KV.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -14,26 +22,70 @@ import torch.nn.functional as F
 from batchllm.engine.step_inputs import StepInputs
 from batchllm.ops import reference
 
-
-class _StepPlan:
-    def __init__(self, inputs: StepInputs, block_size: int, device: torch.device) -> None:
-        starts = inputs.query_start_loc
-        q_lens = np.diff(starts)
-        seq_lens = inputs.seq_lens.astype(np.int64)
-        shared = inputs.shared_kv_lens.astype(np.int64)
-        decode = np.flatnonzero(q_lens == 1)
-        self.decode_rows = torch.from_numpy(starts[:-1][decode].astype(np.int64)).to(device)
-        self.decode_kv_slots, self.decode_kv_valid = _padded_slots(
-            inputs.block_tables[decode], seq_lens[decode], shared[decode], block_size, device)
-        self.prefill = []  # (row_begin, row_end, kv_slots [kv_len])
-        for s in np.flatnonzero(q_lens > 1):
-            slots, _ = _padded_slots(inputs.block_tables[s:s + 1], seq_lens[s:s + 1], shared[s:s + 1],
-                                     block_size, device)
-            self.prefill.append((int(starts[s]), int(starts[s + 1]), slots[0]))
+# A padded batch may cost at most this many times the attention work of its seqs alone.
+_MAX_PADDING_FACTOR = 2.0
 
 
-def _padded_slots(block_tables: np.ndarray, seq_lens: np.ndarray, shared: np.ndarray, block_size: int,
-                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+@dataclass
+class _Batch:
+    """Seqs padded to [num_seqs, max_q_len] rows and [num_seqs, max_kv_len] KV positions."""
+
+    rows: torch.Tensor  # [S, Q] int64: the query row of each padded row (0 for padding)
+    row_valid: torch.Tensor  # [S, Q] bool
+    kv_slots: torch.Tensor  # [S, L] int64 cache slots (0 for padding)
+    visible: torch.Tensor  # [S, Q, L] bool: causal and valid (no window)
+    q_positions: torch.Tensor  # [S, Q] int64
+    kv_positions: torch.Tensor  # [L] int64
+    masks: dict  # sliding window (None: none) -> [S, 1, Q * G, L] bool, built on first use
+
+    def mask(self, window: int | None, group: int) -> torch.Tensor:
+        if window not in self.masks:
+            visible = self.visible
+            if window is not None:
+                visible = visible & (self.kv_positions[None, None, :] > self.q_positions[:, :, None] - window)
+            # Padded rows see position 0 so that no softmax is empty (their output is dropped).
+            visible = visible | (~self.row_valid[:, :, None] & (self.kv_positions == 0)[None, None, :])
+            self.masks[window] = visible.repeat_interleave(group, dim=1)[:, None]
+        return self.masks[window]
+
+
+def _batches_of(q_lens: np.ndarray, kv_lens: np.ndarray) -> list[np.ndarray]:
+    """Seq indices cut into batches sorted by (q_len, kv_len), each padded to at most
+    _MAX_PADDING_FACTOR times the q_len * kv_len work of its seqs."""
+    order = np.lexsort((kv_lens, q_lens))
+    batches: list[list[int]] = []
+    work = max_q = max_kv = 0
+    for s in order:
+        q, kv = int(q_lens[s]), int(kv_lens[s])
+        grown_q, grown_kv = max(max_q, q), max(max_kv, kv)
+        if batches and (len(batches[-1]) + 1) * grown_q * grown_kv <= _MAX_PADDING_FACTOR * (work + q * kv):
+            batches[-1].append(s)
+            work, max_q, max_kv = work + q * kv, grown_q, grown_kv
+        else:
+            batches.append([s])
+            work, max_q, max_kv = q * kv, q, kv
+    return [np.asarray(b, dtype=np.int64) for b in batches]
+
+
+def _build_batch(inputs: StepInputs, seqs: np.ndarray, block_size: int, device: torch.device) -> _Batch:
+    starts = inputs.query_start_loc.astype(np.int64)
+    q_lens = (starts[seqs + 1] - starts[seqs])
+    seq_lens = inputs.seq_lens[seqs].astype(np.int64)
+    max_q = int(q_lens.max())
+    offsets = np.arange(max_q)[None, :]
+    row_valid = offsets < q_lens[:, None]
+    rows = np.where(row_valid, starts[seqs][:, None] + offsets, 0)
+    q_positions = seq_lens[:, None] - q_lens[:, None] + offsets
+    slots, kv_valid = _padded_slots(inputs.block_tables[seqs], seq_lens, inputs.shared_kv_lens[seqs].astype(np.int64),
+                                    block_size)
+    kv_positions = np.arange(slots.shape[1])
+    visible = (kv_positions[None, None, :] <= q_positions[:, :, None]) & kv_valid[:, None, :] & row_valid[:, :, None]
+    return _Batch(*(torch.from_numpy(a).to(device) for a in (rows, row_valid, slots, visible, q_positions,
+                                                                kv_positions)), masks={})
+
+
+def _padded_slots(block_tables: np.ndarray, seq_lens: np.ndarray, shared: np.ndarray,
+                  block_size: int) -> tuple[np.ndarray, np.ndarray]:
     """KV cache slots of every position of every seq: [S, max_len] int64 and a validity mask."""
     max_len = int(seq_lens.max()) if seq_lens.size else 0
     positions = np.arange(max_len)[None, :]  # [1, L]
@@ -45,44 +97,45 @@ def _padded_slots(block_tables: np.ndarray, seq_lens: np.ndarray, shared: np.nda
     block_index = np.where(valid, block_index, 0)
     rows = np.arange(block_tables.shape[0])[:, None]
     slots = block_tables[rows, block_index].astype(np.int64) * block_size + offset
-    slots = np.where(valid, slots, 0)
-    return torch.from_numpy(slots).to(device), torch.from_numpy(valid).to(device)
+    return np.where(valid, slots, 0), valid
 
 
 class BatchedTorchBackend:
     name = "torch"
 
+    layer_windows: tuple[int | None, ...] = ()  # set by make_backend
+
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
 
     def prepare(self, inputs: StepInputs, metadata) -> None:
-        metadata.plan = _StepPlan(inputs, self.block_size, metadata.slot_mapping.device)
+        q_lens = np.diff(inputs.query_start_loc.astype(np.int64))
+        seq_lens = inputs.seq_lens.astype(np.int64)
+        active = np.flatnonzero(q_lens > 0)
+        device = metadata.slot_mapping.device
+        metadata.plan = [_build_batch(inputs, active[b], self.block_size, device)
+                         for b in _batches_of(q_lens[active], seq_lens[active])]
 
     def store(self, key, value, k_cache, v_cache, metadata) -> None:
         reference.store_kv_reference(key, value, k_cache, v_cache, metadata.slot_mapping)
 
-    def attend(self, query, k_cache, v_cache, metadata, scale: float) -> torch.Tensor:
+    def attend(self, query, k_cache, v_cache, metadata, scale: float, window: int | None = None) -> torch.Tensor:
         # query: [num_tokens, num_heads, head_dim]
-        plan: _StepPlan = metadata.plan
         num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
         group = query.shape[1] // num_kv_heads
         flat_k = k_cache.view(-1, num_kv_heads, head_dim)
         flat_v = v_cache.view(-1, num_kv_heads, head_dim)
         out = torch.empty_like(query)
-        if plan.decode_rows.numel():
-            q = query[plan.decode_rows].float().view(-1, num_kv_heads, group, head_dim)  # [S, Hkv, G, D]
-            k = flat_k[plan.decode_kv_slots].float()  # [S, L, Hkv, D]
-            v = flat_v[plan.decode_kv_slots].float()
-            scores = torch.einsum("shgd,slhd->shgl", q, k) * scale
-            scores = scores.masked_fill(~plan.decode_kv_valid[:, None, None, :], float("-inf"))
-            probs = scores.softmax(dim=-1)
-            out[plan.decode_rows] = torch.einsum("shgl,slhd->shgd", probs, v).reshape(-1, query.shape[1], head_dim).to(query.dtype)
-        for row_begin, row_end, slots in plan.prefill:
-            q = query[row_begin:row_end].float().transpose(0, 1)  # [H, q_len, D]
-            k = flat_k[slots].float().repeat_interleave(group, dim=1).transpose(0, 1)  # [H, kv_len, D]
-            v = flat_v[slots].float().repeat_interleave(group, dim=1).transpose(0, 1)
-            q_len, kv_len = q.shape[1], k.shape[1]
-            mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(diagonal=kv_len - q_len)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-            out[row_begin:row_end] = o.transpose(0, 1).to(query.dtype)
+        for batch in metadata.plan:
+            num_seqs, max_q = batch.rows.shape
+            # [S, Q, Hkv, G, D] -> [S, Hkv, Q * G, D]: the G query heads of a KV head as extra rows.
+            q = query[batch.rows].float().view(num_seqs, max_q, num_kv_heads, group, head_dim)
+            q = q.transpose(1, 2).reshape(num_seqs, num_kv_heads, max_q * group, head_dim)
+            slots = batch.kv_slots.view(-1)
+            k = flat_k.index_select(0, slots).view(num_seqs, -1, num_kv_heads, head_dim).float().transpose(1, 2)
+            v = flat_v.index_select(0, slots).view(num_seqs, -1, num_kv_heads, head_dim).float().transpose(1, 2)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=batch.mask(window, group), scale=scale)
+            o = o.view(num_seqs, num_kv_heads, max_q, group, head_dim).transpose(1, 2)  # [S, Q, Hkv, G, D]
+            o = o.reshape(num_seqs, max_q, -1, head_dim)
+            out[batch.rows[batch.row_valid]] = o[batch.row_valid].to(query.dtype)
         return out

@@ -174,7 +174,7 @@ class DecodeGraphRunner:
         input_ids, positions, slot_mapping = graph.dev64[:rows], graph.dev64[rows:2 * rows], graph.dev64[2 * rows:]
         metadata = AttentionMetadata(slot_mapping=slot_mapping, query_start_loc=None, seq_lens=None,
                                      shared_kv_lens=None, block_tables=None, max_seq_len=0,
-                                     plan=graph.device_plan(template_plan, self.backend.num_sms))
+                                     plan=graph.device_plan(template_plan, self.backend.num_sms), positions=positions)
         attention = PagedAttention(self.kv_cache, metadata, self.backend, self.scale)
         # Warm up on a side stream (Triton compiles, allocator settles), then capture. The
         # buffers hold the current step, so the warm-up writes the same KV the replay will.

@@ -44,7 +44,7 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.backend = make_backend(attention_backend, device, block_size, arch.num_heads, arch.num_kv_heads,
-                                    arch.head_dim)
+                                    arch.head_dim, arch.layer_windows)
         self.scale = arch.head_dim ** -0.5
         self._pin = device.type == "cuda"
         self.block_tables = BlockTableRows()  # host rows kept from step to step
@@ -106,6 +106,7 @@ class ModelRunner:
             shared_kv_lens=self._to_device(inputs.shared_kv_lens),
             block_tables=self._to_device(inputs.block_tables),
             max_seq_len=inputs.max_seq_len,
+            positions=self._to_device(inputs.positions),
         )
         if host_plan is not None:
             metadata.plan = host_plan.to(self.device)
@@ -115,7 +116,7 @@ class ModelRunner:
         input_ids = self._to_device(inputs.input_ids)
         if placeholders is not None:
             resolve_placeholders_(input_ids, placeholders)
-        return self.model(input_ids, self._to_device(inputs.positions), attention)
+        return self.model(input_ids, metadata.positions, attention)
 
 
 def _copy_to_pinned(tensor: torch.Tensor | None) -> torch.Tensor | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from batchllm.engine.sampler import sampling_row
 from batchllm.engine.stop_checker import StopChecker
 from batchllm.sampling_params import SamplingParams
 from batchllm.sched.interface import FinishedRequest
@@ -13,7 +14,7 @@ from batchllm.sched.trace import StepRecord
 _MASK32 = 0xFFFFFFFF
 # The sampling row of a request whose row could not be built: greedy, no logprobs (the row's
 # token is dropped, the request is finished with an error).
-_NEUTRAL_SAMPLING_ROW = (0.0, 1.0, -1, 0.0, 0, 0, None)
+_NEUTRAL_SAMPLING_ROW = (0.0, 1.0, -1, 0.0, 0, 0, None, None)
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,7 @@ class RequestState:
     def sampling_row(self) -> tuple:
         """This request's SamplingBatch.build row; a neutral row if building it fails."""
         try:
-            p = self.params
-            return (p.temperature, p.top_p, p.top_k, p.min_p, self.seed, self.num_scheduled_outputs, p.logprobs)
+            return sampling_row(self.params, self.seed, self.num_scheduled_outputs)
         except Exception as error:  # noqa: BLE001 - finish this request only
             self.fail(error)
             return _NEUTRAL_SAMPLING_ROW

@@ -1,4 +1,4 @@
-"""Token sampling: greedy, temperature, top-k, top-p, min-p, with batch-independent seeds.
+"""Token sampling: logit bias, greedy, temperature, top-k, top-p, min-p, with batch-independent seeds.
 
 Seeded sampling uses the exponential race (argmax of probs / E with E ~ Exp(1)), where the
 uniform behind E is a hash of (seed, output index, vocab id). A request's tokens therefore do
@@ -11,7 +11,43 @@ from dataclasses import dataclass
 
 import torch
 
+from batchllm.sampling_params import SamplingParams
+
 _MASK32 = 0xFFFFFFFF
+
+
+def sampling_row(params: SamplingParams, seed: int, output_index: int) -> tuple:
+    """One request's row for SamplingBatch.build (output_index: tokens it has generated so far)."""
+    return (params.temperature, params.top_p, params.top_k, params.min_p, seed, output_index, params.logprobs,
+            params.logit_bias)
+
+
+@dataclass(frozen=True)
+class LogitBias:
+    """Every (row, token id, bias) triple of a step, flattened: [num_entries] each."""
+
+    rows: torch.Tensor  # int64
+    token_ids: torch.Tensor  # int64
+    biases: torch.Tensor  # float32
+
+    @classmethod
+    def build(cls, per_row: tuple, device: torch.device) -> LogitBias | None:
+        """per_row: a (token_id, bias) pair tuple (or None) per row; None when no row has any."""
+        entries = [(row, token_id, bias) for row, pairs in enumerate(per_row) for token_id, bias in pairs or ()]
+        if not entries:
+            return None
+        rows, token_ids, biases = zip(*entries)
+        packed = torch.tensor([rows, token_ids, biases], dtype=torch.float64)  # ids < 2**53: exact
+        packed = packed.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else packed.to(device)
+        return cls(packed[0].to(torch.int64), packed[1].to(torch.int64), packed[2].to(torch.float32))
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits + bias (a new tensor). Token ids past the vocabulary add nothing."""
+        vocab_size = logits.shape[-1]
+        in_vocab = self.token_ids < vocab_size
+        biases = torch.where(in_vocab, self.biases, torch.zeros_like(self.biases))
+        token_ids = torch.where(in_vocab, self.token_ids, torch.zeros_like(self.token_ids))
+        return logits.index_put((self.rows, token_ids), biases, accumulate=True)
 
 
 @dataclass(frozen=True)
@@ -29,15 +65,17 @@ class SamplingBatch:
     needs_top_p: bool
     needs_min_p: bool
     max_logprobs: int | None  # None: no logprobs asked for
+    logit_bias: LogitBias | None = None
 
     @classmethod
     def build(cls, rows: list[tuple], device: torch.device) -> SamplingBatch:
-        """rows: (temperature, top_p, top_k, min_p, seed, output_index, logprobs) per row.
+        """rows: sampling_row(...) per row: (temperature, top_p, top_k, min_p, seed, output_index,
+        logprobs, logit_bias).
 
         On CUDA the settings travel in one pinned buffer with a non-blocking copy: a copy from
         pageable memory would wait for every step already queued on the stream, which defeats
         asynchronous scheduling."""
-        temperature, top_p, top_k, min_p, seeds, output_index, logprobs = zip(*rows)
+        temperature, top_p, top_k, min_p, seeds, output_index, logprobs, logit_bias = zip(*rows)
         asked = [n for n in logprobs if n is not None]
         num_rows = len(rows)
         # float64 holds every field exactly (seeds < 2**32, indices and top_k far below 2**53).
@@ -61,6 +99,7 @@ class SamplingBatch:
             needs_top_p=any(p < 1.0 for p in top_p),
             needs_min_p=any(p > 0.0 for p in min_p),
             max_logprobs=max(asked) if asked else None,
+            logit_bias=LogitBias.build(logit_bias, device),
         )
 
 
@@ -91,8 +130,14 @@ def uniform_noise(seeds: torch.Tensor, output_index: torch.Tensor, vocab_size: i
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
-    """logits: [num_rows, vocab] float32 -> sampled token ids."""
+    """logits: [num_rows, vocab] float32 -> sampled token ids.
+
+    Logprobs are those of the model's distribution (before logit bias, temperature and the
+    filters), as vLLM reports them by default. The top list holds the position's
+    max_logprobs most likely tokens, whether or not the sampled token is among them."""
     logprobs_full = torch.log_softmax(logits, dim=-1) if batch.max_logprobs is not None else None
+    if batch.logit_bias is not None:
+        logits = batch.logit_bias.apply(logits)
     greedy_ids = logits.argmax(dim=-1)
     if batch.all_greedy:
         token_ids = greedy_ids
@@ -103,7 +148,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
     chosen = logprobs_full.gather(1, token_ids[:, None])[:, 0]
     top_values, top_ids = (None, None)
     if batch.max_logprobs > 0:
-        top_values, top_ids = logprobs_full.topk(batch.max_logprobs, dim=-1)
+        top_values, top_ids = logprobs_full.topk(min(batch.max_logprobs, logits.shape[-1]), dim=-1)
     return SamplerOutput(token_ids, chosen, top_values, top_ids)
 
 

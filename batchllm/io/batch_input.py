@@ -31,7 +31,7 @@ _READ_CHUNK_BYTES = 1 << 20
 # Body fields we read; anything else is ignored with a warning.
 _SAMPLING_FIELDS = {
     "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-    "stop_token_ids", "ignore_eos", "logprobs", "top_logprobs", "n", "include_stop_str_in_output",
+    "stop_token_ids", "ignore_eos", "logprobs", "top_logprobs", "n", "include_stop_str_in_output", "logit_bias",
 }
 _PROMPT_FIELDS = {"messages", "prompt", "prompt_token_ids"}
 # Fields that would change what the answer means: refused (unsupported_feature), unless set to
@@ -201,7 +201,7 @@ def _parse_sampling(body: dict, endpoint: str) -> SamplingParams:
         kwargs["max_tokens"] = _integer(max_tokens, "max_tokens", -MAX_TOKEN_ID, MAX_TOKEN_ID)
     elif endpoint == "chat":
         kwargs["max_tokens"] = None  # OpenAI chat: up to the context length
-    for name in ("temperature", "top_p", "min_p"):
+    for name in ("temperature", "top_p", "min_p", "logit_bias"):
         if body.get(name) is not None:
             kwargs[name] = body[name]
     for name, low, high in (("top_k", -MAX_TOKEN_ID, MAX_TOKEN_ID), ("seed", -MAX_INT64 - 1, MAX_INT64),

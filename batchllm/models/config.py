@@ -33,6 +33,12 @@ class ModelArchConfig:
     qkv_bias: bool
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    # Sliding-window attention (Mistral, Qwen2 with use_sliding_window): a query at position p
+    # sees KV positions in (p - sliding_window, p], as HF transformers masks them. None: full
+    # attention. full_attention_layers: layers that attend fully anyway (Qwen2's layers below
+    # max_window_layers).
+    sliding_window: int | None = None
+    full_attention_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -44,6 +50,19 @@ class ModelArchConfig:
         if self.head_dim % 2 != 0:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
         object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
+        if self.sliding_window is not None and (
+            not isinstance(self.sliding_window, int) or isinstance(self.sliding_window, bool) or self.sliding_window < 1
+        ):
+            raise ValueError(f"sliding_window must be None or an integer >= 1, got {self.sliding_window!r}")
+        object.__setattr__(self, "full_attention_layers", tuple(int(i) for i in self.full_attention_layers))
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """The sliding window of every layer (None: full attention); () when no layer has one."""
+        if self.sliding_window is None:
+            return ()
+        full = set(self.full_attention_layers)
+        return tuple(None if i in full else self.sliding_window for i in range(self.num_layers))
 
     @property
     def q_size(self) -> int:

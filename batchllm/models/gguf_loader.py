@@ -70,6 +70,7 @@ def gguf_arch_config(gguf: GGUFFile) -> ModelArchConfig:
             eos_token_ids.append(int(token))
     bos = metadata.get("tokenizer.ggml.bos_token_id")
     head_dim = int(metadata.get(f"{gguf_arch}.attention.key_length") or hidden_size // num_heads)
+    window = metadata.get(f"{gguf_arch}.attention.sliding_window")  # llama.cpp's key, when the converter wrote it
     return ModelArchConfig(
         architecture=GGUF_ARCHITECTURES[gguf_arch],
         vocab_size=int(vocab_size),
@@ -87,6 +88,7 @@ def gguf_arch_config(gguf: GGUFFile) -> ModelArchConfig:
         qkv_bias="blk.0.attn_q.bias" in tensor_names,
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=tuple(eos_token_ids),
+        sliding_window=None if window is None else int(window),
     )
 
 

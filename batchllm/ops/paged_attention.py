@@ -34,8 +34,10 @@ def paged_attention(
     scale: float,
     *,
     plan: PrefixSharedPlanOnDevice | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Causal paged attention of every row over its seq's KV; out [num_tokens, num_heads, head_dim].
+    With a sliding window W, a row at position p sees KV positions in (p - W, p] only.
 
     Pass a prebuilt `plan` (build_paged_plan(...).to(device), once per step) to avoid the
     metadata copy to the host on every layer.
@@ -46,4 +48,10 @@ def paged_attention(
                                 block_size=k_cache.shape[1], num_kv_heads=k_cache.shape[2],
                                 num_heads=query.shape[1], head_dim=query.shape[2],
                                 num_sms=device_num_sms(query.device)).to(query.device)
-    return prefix_shared_attention(query, k_cache, v_cache, plan, scale)
+    positions = None
+    if sliding_window is not None:  # row i of seq s sits at seq_len - q_len + i
+        q_lens = query_start_loc[1:] - query_start_loc[:-1]
+        first = (seq_lens - q_lens).long().repeat_interleave(q_lens.long(), output_size=query.shape[0])
+        seq_start = query_start_loc[:-1].long().repeat_interleave(q_lens.long(), output_size=query.shape[0])
+        positions = first + torch.arange(query.shape[0], device=query.device) - seq_start
+    return prefix_shared_attention(query, k_cache, v_cache, plan, scale, sliding_window, positions)

@@ -39,7 +39,7 @@ def _validate(query, k_cache, v_cache, plan: PrefixSharedPlanOnDevice) -> None:
 
 
 def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale,
-                  classes: int = 0, num_items=None) -> None:
+                  classes: int = 0, num_items=None, window: int | None = None, positions=None) -> None:
     """One launch over `work`. classes: 0 both tile classes, 1 SMALL items only, 2 BIG only.
     num_items: [1] int32 device count of the items of `work` to run, by a persistent launch of
     plan.persistent_programs programs (CUDA graphs); None: one program per item of `work`."""
@@ -57,7 +57,8 @@ def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, 
         # without a persistent launch the item-count pointer is never read
         work, num_items if persistent else work,
         query, out, part_out, part_lse, k_cache, v_cache, plan.block_tables, plan.prefix_limit,
-        float(scale) * LOG2_E,
+        positions if window else plan.prefix_limit,  # without a window the positions are never read
+        float(scale) * LOG2_E, window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), plan.block_tables.stride(0),
         NUM_KV_HEADS=plan.num_kv_heads, NUM_HEADS=plan.num_heads, HEAD_DIM=head_dim,
@@ -96,17 +97,27 @@ def prefix_shared_attention(
     v_cache: torch.Tensor,
     plan: PrefixSharedPlanOnDevice,
     scale: float,
+    sliding_window: int | None = None,
+    positions: torch.Tensor | None = None,  # [num_tokens] int64: each row's position (with a window)
 ) -> torch.Tensor:
     """Fused prefix-shared attention: one launch for all prefix and distinct tiles (two with
     plan.tile.split_classes), then the merge kernel for rows with several parts.
+    With a sliding window W, a row at position p sees KV positions in (p - W, p] only: also in
+    prefix tiles, where rows far past the prefix see none of its beginning.
     Returns out [num_tokens, num_heads, head_dim] in the query dtype.
     """
     _validate(query, k_cache, v_cache, plan)
+    if sliding_window is not None:
+        check(isinstance(sliding_window, int) and sliding_window >= 1,
+              f"sliding_window must be an integer >= 1, got {sliding_window!r}")
+        check(positions is not None and positions.shape == (query.shape[0],) and positions.dtype == torch.int64,
+              "a sliding window needs positions: [num_tokens] int64")
     out = torch.empty_like(query)  # out: [num_tokens, num_heads, head_dim]
     slots = max(plan.num_partial_slots, 1)
     part_out = torch.empty((slots, plan.num_heads, query.shape[2]), dtype=torch.float32, device=query.device)
     part_lse = torch.empty((slots, plan.num_heads), dtype=torch.float32, device=query.device)
     for work, classes, num_items in _work_lists(plan):
-        _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale, classes, num_items)
+        _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale, classes, num_items,
+                      sliding_window, positions)
     _merge(plan, out, part_out, part_lse)
     return out

@@ -13,7 +13,8 @@ KV position p of seq s lives in block
   block_tables[s, p // B]                                  if p <  shared_kv_lens[s]
   block_tables[s, ceil(shared / B) + (p - shared) // B]     otherwise (offset (p - shared) % B)
 (see batchllm/sched/interface.py). Row i of a seq with q_len rows sits at position
-seq_len - q_len + i and attends KV positions <= its own (causal).
+seq_len - q_len + i and attends KV positions <= its own (causal); with a sliding window W, only
+positions > its own - W (HF transformers' sliding-window mask: the last W positions, itself included).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def paged_attention_reference(
     block_tables: torch.Tensor,  # [num_seqs, max_blocks]
     scale: float,
     return_lse: bool = False,
+    sliding_window: int | None = None,
 ):
     """Causal attention of every row over its seq's paged KV, one seq at a time, in float32.
 
@@ -89,7 +91,7 @@ def paged_attention_reference(
         q = query[q_begin:q_end].float()  # [q_len, num_heads, d]
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale  # [num_heads, q_len, kv_len]
         q_pos = torch.arange(kv_len - q_len, kv_len, device=query.device)
-        mask = torch.arange(kv_len, device=query.device)[None, :] <= q_pos[:, None]
+        mask = visible_kv(torch.arange(kv_len, device=query.device), q_pos, sliding_window)
         scores = scores.masked_fill(~mask, float("-inf"))
         seq_lse = torch.logsumexp(scores, dim=-1)  # [num_heads, q_len]
         probs = torch.exp(scores - seq_lse[..., None])
@@ -100,11 +102,20 @@ def paged_attention_reference(
     return out
 
 
+def visible_kv(kv_positions: torch.Tensor, q_positions: torch.Tensor, sliding_window: int | None) -> torch.Tensor:
+    """[q, kv] bool: which KV positions each query position attends (causal, and within the window)."""
+    visible = kv_positions[None, :] <= q_positions[:, None]
+    if sliding_window is not None:
+        visible &= kv_positions[None, :] > q_positions[:, None] - sliding_window
+    return visible
+
+
 def dense_causal_attention(
     query: torch.Tensor,  # [q_len, num_heads, d]
     key: torch.Tensor,  # [kv_len, num_kv_heads, d]
     value: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Contiguous causal attention (the last q_len of kv_len positions): an oracle for the paged one."""
     group_size = query.shape[1] // key.shape[1]
@@ -112,7 +123,7 @@ def dense_causal_attention(
     v = value.float().repeat_interleave(group_size, dim=1)
     q_len, kv_len = query.shape[0], key.shape[0]
     scores = torch.einsum("qhd,khd->hqk", query.float(), k) * scale
-    mask = torch.ones(q_len, kv_len, dtype=torch.bool).tril(diagonal=kv_len - q_len)
+    mask = visible_kv(torch.arange(kv_len), torch.arange(kv_len - q_len, kv_len), sliding_window)
     scores = scores.masked_fill(~mask.to(scores.device), float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(query.dtype)
 
@@ -143,6 +154,7 @@ def prefix_shared_attention_reference(
     group_ids: torch.Tensor,  # [num_seqs] int, -1 = no group (groups are contiguous)
     is_prefix: torch.Tensor,  # [num_seqs] bool: the seq is its group's common-prefix chunk
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Prefix-shared attention as two parts merged by log-sum-exp (BatchLLM section 5), float32 math.
 
@@ -172,7 +184,7 @@ def prefix_shared_attention_reference(
         k = flat_k[slots].float().repeat_interleave(group_size, dim=1)
         v = flat_v[slots].float().repeat_interleave(group_size, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale
-        mask = (positions[None, :] <= q_pos[:, None]) & (positions[None, :] < visible_end[:, None])
+        mask = visible_kv(positions, q_pos, sliding_window) & (positions[None, :] < visible_end[:, None])
         scores = scores.masked_fill(~mask, float("-inf"))
         lse = torch.logsumexp(scores, dim=-1)  # [H, q_len]
         probs = torch.exp(scores - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))[..., None])

@@ -1,0 +1,33 @@
+"""Prompt token ids of parsed request lines for the model-free commands (`analyze`, `simulate`).
+
+Lines with prompt_token_ids need no model and no torch. Text prompts and chat messages are
+encoded with the tokenizer (and chat template) of --model, the default model when none is given,
+loaded once, on the first line that needs it.
+"""
+
+from __future__ import annotations
+
+
+class PromptTokenizer:
+    def __init__(self, model: str | None) -> None:
+        self.model = model
+        self._tokenizer = None
+
+    def token_ids(self, item) -> list[int] | tuple[int, ...]:
+        """item: a BatchRequest. Raises ValueError when its text cannot be tokenized."""
+        if item.prompt_token_ids is not None:
+            return item.prompt_token_ids
+        tokenizer = self._load()
+        if item.messages is not None:
+            return tokenizer.encode_chat(item.messages)
+        return tokenizer.encode_prompt(item.prompt)
+
+    def _load(self):
+        if self._tokenizer is None:
+            from batchllm.default_model import tokenizer_source
+            from batchllm.tokenizer import load_tokenizer
+
+            self._tokenizer = load_tokenizer(tokenizer_source(self.model))
+            if self._tokenizer is None:
+                raise ValueError(f"--model {self.model!r} has no tokenizer")
+        return self._tokenizer

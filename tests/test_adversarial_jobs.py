@@ -174,13 +174,13 @@ def test_the_lock_of_a_killed_job_is_taken_over(tmp_path, capsys):
          str(output_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        code, _, err = _run_cli(capsys, input_path, "-o", output_path, "--model", MODEL)
+        code, _, err = _run_cli(capsys, input_path, "-o", output_path, "--model", MODEL, "--kv-cache-tokens", KV_TOKENS)
         assert code == 2 and f"pid {holder.pid}" in err
     finally:
         holder.kill()
         holder.wait(timeout=60)
     assert (tmp_path / "out.jsonl.lock").exists()  # left behind by the killed job
-    code, out, err = _run_cli(capsys, input_path, "-o", output_path, "--model", MODEL)
+    code, out, err = _run_cli(capsys, input_path, "-o", output_path, "--model", MODEL, "--kv-cache-tokens", KV_TOKENS)
     assert code == 0 and "1 requests answered" in out, err
     assert not (tmp_path / "out.jsonl.lock").exists()
 
@@ -233,7 +233,7 @@ def test_an_existing_output_or_symlink_needs_overwrite(tmp_path, capsys):
         code, _, err = _run_cli(capsys, input_path, "-o", tmp_path / output, "--model", MISSING_MODEL)
         assert code == 2 and f"already exists ({kind}) (fix: add --overwrite" in err, err
     assert (tmp_path / "out.jsonl").read_text() == "old results" and target.read_text() == "keep me"
-    code, out, err = _run_cli(capsys, input_path, "-o", tmp_path / "link.jsonl", "--model", MODEL, "--overwrite")
+    code, out, err = _run_cli(capsys, input_path, "-o", tmp_path / "link.jsonl", "--model", MODEL, "--overwrite", "--kv-cache-tokens", KV_TOKENS)
     assert code == 0 and target.read_text() == "keep me" and not os.path.islink(tmp_path / "link.jsonl"), err
     assert [r["custom_id"] for r in _normalized(tmp_path / "link.jsonl")] == ["r00"]
 
@@ -358,6 +358,7 @@ def test_every_sampling_field_with_every_json_type_gives_an_answer_or_a_proper_e
     assert "tools" in message
 
 
+@pytest.mark.default_model
 def test_logprobs_true_on_completions_and_top_logprobs_true_on_chat_do_not_crash_the_default_model(tmp_path, capsys):
     lines = [{"custom_id": "c", "method": "POST", "url": "/v1/completions",
               "body": {"prompt": "Hi", "max_tokens": 2, "logprobs": True}},
@@ -406,10 +407,11 @@ def test_a_request_that_fails_while_being_served_gets_internal_error_and_the_job
 # -- smaller faults -------------------------------------------------------------------------
 
 
+@pytest.mark.default_model
 def test_a_bom_does_not_make_line_1_invalid_and_the_body_names_the_model_that_ran(tmp_path, capsys):
     input_path = tmp_path / "in.jsonl"
     _write(input_path, [b"\xef\xbb\xbf" + json.dumps(_line(0, model="gpt-4o-mini")).encode(), _line(1)])
-    code, out, err = _run_cli(capsys, input_path, "-o", tmp_path / "out.jsonl", "--model", MODEL)
+    code, out, err = _run_cli(capsys, input_path, "-o", tmp_path / "out.jsonl", "--model", MODEL, "--kv-cache-tokens", KV_TOKENS)
     assert code == 0 and "2 requests answered, 0 errors" in out, err
     assert [r["response"]["body"]["model"] for r in _normalized(tmp_path / "out.jsonl")] == [MODEL, MODEL]
 

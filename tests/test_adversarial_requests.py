@@ -118,6 +118,7 @@ def test_logit_bias_is_held_hashable_and_sorted():
     assert SamplingParams(logit_bias={}).logit_bias is None
 
 
+@pytest.mark.default_model
 def test_batch_job_writes_each_endpoint_shape(tmp_path):
     """The default model end to end: completions shape for /v1/completions, chat shape with
     exactly top_logprobs entries for chat."""

@@ -89,6 +89,7 @@ def test_text_prompts_of_a_random_model_fail_clearly(tmp_path, capsys):
     assert "line 1: random:tiny has no tokenizer" in capsys.readouterr().err
 
 
+@pytest.mark.default_model
 def test_chat_lines_use_the_default_model_of_run(capsys):
     """No --model: the example's chat and text lines are tokenized with the model `batchllm run` loads."""
     from batchllm.default_model import default_model_path

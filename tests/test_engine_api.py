@@ -77,6 +77,7 @@ def test_paged_reference_equals_dense_attention():
     assert torch.allclose(out[3:], dense_causal_attention(query[3:], keys[1], values[1], 0.3), atol=1e-5)
 
 
+@pytest.mark.default_model
 def test_cli_round_trip(tmp_path):
     lines = [
         {"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",

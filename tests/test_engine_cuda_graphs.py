@@ -19,13 +19,13 @@ def _decode_step(block_size: int) -> SchedulerOutput:
             next_block += 2
             position = 37 + 3 + member  # own tokens so far: 3 + member
             chunks.append(ScheduledChunk(seq_id=len(chunks), token_ids=(11 + member,), start_position=position,
-                                         block_ids=prefix_blocks + own, shared_kv_len=37, sample=True,
+                                         new_block_ids=prefix_blocks + own, shared_kv_len=37, sample=True,
                                          group_id=group, is_decode=True))
     for single in range(7):
         own = tuple(range(next_block, next_block + 4))
         next_block += 4
         chunks.append(ScheduledChunk(seq_id=len(chunks), token_ids=(5,), start_position=40 + 3 * single,
-                                     block_ids=own, sample=True, is_decode=True))
+                                     new_block_ids=own, sample=True, is_decode=True))
     return SchedulerOutput(0, tuple(chunks))
 
 

@@ -117,6 +117,7 @@ def default_tokenizer():
     return load_tokenizer(describe_model(None).tokenizer_source)
 
 
+@pytest.mark.default_model
 def test_equals_the_full_decode_on_the_default_tokenizer(default_tokenizer):
     decode = default_tokenizer.decode
     texts = ["The café in Zürich serves crème brûlée, 3.14 € each! 日本語のテキスト 🙂 and more.\n\n"

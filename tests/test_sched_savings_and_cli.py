@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from batchllm.prefix.planner import plan_prefix_groups
 from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.simulator import SimRequest, simulate
@@ -123,6 +125,7 @@ def test_simulate_reports_bad_input(tmp_path, capsys):
     assert "line 1: random:tiny has no tokenizer" in capsys.readouterr().err
 
 
+@pytest.mark.default_model
 def test_simulate_tokenizes_text_and_chat_lines_with_the_default_model(capsys):
     from batchllm.cli.main import main
     from batchllm.default_model import default_model_path

@@ -181,21 +181,21 @@ KERNEL_SCENARIOS = {
 }
 
 
-def _kernel_case(name, dtype, window, tile=None, kv_split_tokens=16):
+def _kernel_case(name, dtype, window, device, tile=None, kv_split_tokens=16):
     from batchllm.ops.prefix_attention import prefix_shared_attention
     from batchllm.ops.synthetic_batch import SeqSpec, make_batch
-    from batchllm.ops.work_list import build_prefix_shared_plan
+    from batchllm.ops.work_list import build_prefix_shared_plan, device_num_sms
 
     seqs = []
     for spec in KERNEL_SCENARIOS[name]:
         q_len, seq_len, shared, group, *prefix = spec.split(",")
         seqs.append(SeqSpec(int(q_len), int(seq_len), int(shared), int(group), bool(prefix)))
-    b = make_batch(seqs, num_heads=9, num_kv_heads=3, head_dim=64, block_size=16, dtype=dtype, device="cpu")
+    b = make_batch(seqs, num_heads=9, num_kv_heads=3, head_dim=64, block_size=16, dtype=dtype, device=device)
     plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=3, num_heads=9, head_dim=64,
-                                    kv_split_tokens=kv_split_tokens, tile=tile)
+                                    kv_split_tokens=kv_split_tokens, tile=tile, num_sms=device_num_sms(device))
     q_lens = b.query_start_loc[1:] - b.query_start_loc[:-1]
-    positions = torch.cat([torch.arange(int(n) - int(q), int(n)) for q, n in zip(q_lens, b.seq_lens)])
-    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan.to("cpu"), 0.125, window, positions)
+    positions = torch.cat([torch.arange(int(n) - int(q), int(n)) for q, n in zip(q_lens, b.seq_lens)]).to(device)
+    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan.to(device), 0.125, window, positions)
     args = (b.query.float(), b.k_cache.float(), b.v_cache.float(), b.query_start_loc, b.seq_lens, b.shared_kv_lens,
             b.block_tables)
     ref = paged_attention_reference(*args, 0.125, sliding_window=window)
@@ -207,15 +207,15 @@ def _kernel_case(name, dtype, window, tile=None, kv_split_tokens=16):
 @pytest.mark.parametrize("name", sorted(KERNEL_SCENARIOS))
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.float16, 3e-3)])
 @pytest.mark.parametrize("window", [5, 20])
-def test_fused_kernel_window_matches_reference(name, dtype, tol, window):
-    out, ref, args = _kernel_case(name, dtype, window)
+def test_fused_kernel_window_matches_reference(name, dtype, tol, window, device):
+    out, ref, args = _kernel_case(name, dtype, window, device)
     torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
     full = paged_attention_reference(*args, 0.125)
     assert not torch.allclose(ref, full, atol=1e-3)  # the window changes some rows
 
 
 @pytest.mark.parametrize("name", ["prefix_with_chunks", "mixed_ragged"])
-def test_window_with_unmasked_kv_steps(name):
+def test_window_with_unmasked_kv_steps(name, device):
     """BLOCK_N 8 with no KV split: tiles hold steps below the window (skipped), steps some rows
     see (masked) and steps every row sees (unmasked)."""
     from dataclasses import replace
@@ -223,16 +223,16 @@ def test_window_with_unmasked_kv_steps(name):
     from batchllm.ops.tile_config import default_tile_config
 
     tile = replace(default_tile_config(64, 3), small_n=16, big_n=16)
-    out, ref, _ = _kernel_case(name, torch.float32, 17, tile=tile, kv_split_tokens=None)
+    out, ref, _ = _kernel_case(name, torch.float32, 17, device, tile=tile, kv_split_tokens=None)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
 
 
-def test_paged_kernel_window_matches_reference():
+def test_paged_kernel_window_matches_reference(device):
     from batchllm.ops.paged_attention import paged_attention
 
     generator = torch.Generator().manual_seed(4)
-    case = _paged_case(generator, [45, 30, 60, 9], [1, 30, 5, 9], [24, 24, 24, 0], block_size=16, num_kv_heads=2,
-                       group=2, head_dim=16)
+    case = tuple(t.to(device) for t in _paged_case(generator, [45, 30, 60, 9], [1, 30, 5, 9], [24, 24, 24, 0],
+                                                   block_size=16, num_kv_heads=2, group=2, head_dim=16))
     for window in (None, 3, WINDOW):
         out = paged_attention(*case, 0.25, sliding_window=window)
         torch.testing.assert_close(out, paged_attention_reference(*case, 0.25, sliding_window=window),

@@ -11,6 +11,8 @@ import argparse
 import json
 import sys
 
+from batchllm.cli.prompt_tokens import add_model_argument
+
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -25,9 +27,7 @@ def add_parser(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("input", metavar="INPUT.jsonl", help="OpenAI-Batch or short-form request lines")
-    parser.add_argument("--model", default=None,
-                        help="a .gguf file or HF model directory whose tokenizer encodes text prompts "
-                             "(default: SmolLM2-135M-Instruct, the default model of `batchllm run`)")
+    add_model_argument(parser)
     parser.add_argument("--groups", metavar="GROUPS.jsonl", default=None,
                         help="also write the prefix-sharing groups, one group per line")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")

@@ -9,6 +9,8 @@ import argparse
 import json
 import sys
 
+from batchllm.cli.prompt_tokens import add_model_argument
+
 DEFAULT_KV_CACHE_TOKENS = 1_000_000  # ~ Llama-3.1-8B on an H200 after weights (128 KiB/token)
 
 
@@ -26,9 +28,7 @@ def add_parser(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("input", metavar="INPUT.jsonl", help="request lines (+ max_tokens)")
-    parser.add_argument("--model", default=None,
-                        help="a .gguf file or HF model directory whose tokenizer encodes text prompts "
-                             "(default: SmolLM2-135M-Instruct, the default model of `batchllm run`)")
+    add_model_argument(parser)
     parser.add_argument("--policy", default="batchllm", choices=("batchllm", "vllm", "sglang", "simple"))
     parser.add_argument("--kv-cache-tokens", type=int, default=DEFAULT_KV_CACHE_TOKENS,
                         help=f"KV cache size in tokens (default {DEFAULT_KV_CACHE_TOKENS})")

@@ -11,7 +11,8 @@ forward with one launch. Shapes are fixed per graph, so each graph owns static b
           ops/attention_kernels.py), block tables padded to a power-of-two width, merge entries
           padded to point at the spare row with zero partials.
 
-Each step fills a pinned host copy of the buffers, copies it once to the device and replays.
+Each step fills one of two pinned host copies of the buffers (used in turn, so asynchronous
+scheduling never overwrites a copy still queued), copies it once to the device and replays.
 A step that does not fit a graph's capacities runs eagerly.
 """
 

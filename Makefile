@@ -19,7 +19,7 @@ $(BIN)/.installed: pyproject.toml
 install: $(BIN)/.installed
 
 run: $(BIN)/.installed
-	$(BIN)/batchllm run examples/batch.jsonl -o results/batch_output.jsonl
+	$(BIN)/batchllm run examples/batch.jsonl -o results/batch_output.jsonl --overwrite
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest -q -p no:cacheprovider

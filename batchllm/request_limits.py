@@ -54,17 +54,19 @@ class RequestLimits:
         usable_blocks = max(1, int(threshold * self.num_kv_blocks)) - 1
         return min(self.max_model_len, max(1, usable_blocks) * self.block_size)
 
-    def check(self, prompt_token_ids: list[int], params: SamplingParams) -> SamplingParams:
+    def check(self, prompt_token_ids: list[int], params: SamplingParams, cut: bool = False) -> SamplingParams:
         """Reject a prompt that cannot run; return params with max_tokens clamped to the room
-        left after the prompt (documented: a request never fails for a large max_tokens)."""
+        left after the prompt (documented: a request never fails for a large max_tokens).
+        cut: tokenizing stopped past the limit, so the prompt holds at least these tokens."""
         num_prompt_tokens = len(prompt_token_ids)
         if num_prompt_tokens == 0:
             raise EmptyPromptError("the prompt has no tokens")
         limit = self.token_limit
         room = limit - num_prompt_tokens
         if room < 1:
+            counted = f"at least {num_prompt_tokens}" if cut else str(num_prompt_tokens)
             raise PromptTooLongError(
-                f"prompt has {num_prompt_tokens} tokens; the limit is {limit - 1} (max model length "
+                f"prompt has {counted} tokens; the limit is {limit - 1} (max model length "
                 f"{self.max_model_len}, KV cache {self.num_kv_tokens} tokens): shorten the prompt"
             )
         largest, smallest = max(prompt_token_ids), min(prompt_token_ids)

@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from attention import bench_us as eager_us
 
 from batchllm.bench.workload import make_workload
-from batchllm.engine.block_tables import BlockTableRows
+from batchllm.engine.batch_rows import BatchRows
 from batchllm.engine.cuda_graphs import TOKEN_BUCKETS, graph_items_capacity, rows_bucket
 from batchllm.engine.step_inputs import build_step_inputs
 from batchllm.ops.prefix_attention import prefix_shared_attention
@@ -89,14 +89,14 @@ def pick_steps(summary: list[tuple[int, bool]], fractions=(0.2, 0.5, 0.8)) -> li
 def record_steps(requests: list[SimRequest], config: SchedulerConfig, wanted: list[int] | None):
     """Run the policy; returns (summary per step, {step index: StepInputs} for `wanted`)."""
     summary, inputs = [], {}
-    rows = BlockTableRows()  # every step's block-table changes are applied, as the runner does
+    rows = BatchRows()  # every step's block-table changes are applied, as the runner does
 
     def on_output(output):
         index = len(summary)
         summary.append((index, output.num_distinct_tokens + output.num_prefix_tokens > 0))
-        tables = rows.step_tables(output)
+        step_rows = rows.step_rows(output)
         if wanted is not None and index in wanted:
-            inputs[index] = build_step_inputs(output, BLOCK_SIZE, tables)
+            inputs[index] = build_step_inputs(output, BLOCK_SIZE, step_rows)
 
     simulate(requests, config, on_output=on_output)
     return summary, inputs

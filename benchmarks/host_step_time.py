@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from batchllm.engine.block_tables import BlockTableRows
+from batchllm.engine.batch_rows import BatchRows
 from batchllm.engine.step_inputs import build_step_inputs
 from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.factory import make_scheduler
@@ -56,14 +56,14 @@ def time_steps(requests: list[SchedRequest], config: SchedulerConfig,
     """Run the batch; returns (schedule ms, inputs ms) per non-empty step."""
     scheduler = make_scheduler(config)
     scheduler.add_requests(requests)
-    rows = BlockTableRows()
+    rows = BatchRows()
     max_tokens = {r.request_id: r.max_tokens for r in requests}
     schedule_ms, inputs_ms = [], []
     while scheduler.has_unfinished():
         started = clock()
         output = scheduler.schedule()
         scheduled = clock()
-        build_step_inputs(output, config.block_size, rows.step_tables(output))
+        build_step_inputs(output, config.block_size, rows.step_rows(output))
         built = clock()
         if output.chunks:
             schedule_ms.append((scheduled - started) * 1e3)

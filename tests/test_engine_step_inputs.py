@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from batchllm.engine.block_tables import BlockTableRows
+from batchllm.engine.batch_rows import BatchRows
 from batchllm.engine.step_inputs import build_step_inputs
 from batchllm.sched.block_table import BlockTableTracker
 from batchllm.sched.config import SchedulerConfig
@@ -46,22 +46,23 @@ def _whole_table_step(output: SchedulerOutput, tables) -> SchedulerOutput:
     return SchedulerOutput(output.step_index, chunks)
 
 
-@pytest.mark.parametrize("policy", ["batchllm", "vllm"])
+@pytest.mark.parametrize("policy", ["batchllm", "vllm", "sglang"])
 def test_persistent_rows_give_the_whole_tables(policy):
-    """Small starting arrays (rows and columns grow by doubling); a tight cache (preemptions)."""
+    """Small starting arrays (rows and columns grow by doubling); a tight cache (preemptions). The
+    rows also give every chunk's shared_kv_len, group_id and is_prefix."""
     spec = [(p.tolist(), int(m)) for p, m in zip(*_micro(seed=3))]
     requests = [SchedRequest(i, prompt, max_tokens) for i, (prompt, max_tokens) in enumerate(spec)]
     config = SchedulerConfig(policy=policy, num_kv_blocks=60, block_size=4, max_num_batched_tokens=48,
                              decode_reserve_ratio=0.0)
     scheduler = make_scheduler(config)
     scheduler.add_requests(requests)
-    rows, tracker = BlockTableRows(num_rows=2, num_cols=2), BlockTableTracker()
+    rows, tracker = BatchRows(num_rows=2, num_cols=2), BlockTableTracker()
     preempted = 0
     while scheduler.has_unfinished():
         output = scheduler.schedule()
         preempted += len(output.preempted_request_ids)
         tables = tracker.apply(output)
-        inputs = build_step_inputs(output, config.block_size, rows.step_tables(output))
+        inputs = build_step_inputs(output, config.block_size, rows.step_rows(output))
         expected = build_step_inputs(_whole_table_step(output, tables), config.block_size)
         for field in dataclasses.fields(expected):
             want, have = getattr(expected, field.name), getattr(inputs, field.name)

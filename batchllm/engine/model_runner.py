@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from batchllm.engine.attention import AttentionMetadata, PagedAttention, make_backend
-from batchllm.engine.block_tables import BlockTableRows
+from batchllm.engine.batch_rows import BatchRows
 from batchllm.engine.kv_cache import KVCache
 from batchllm.engine.placeholders import placeholder_source, resolve_placeholders_
 from batchllm.engine.sampler import SamplerOutput, SamplingBatch, sample
@@ -47,7 +47,7 @@ class ModelRunner:
                                     arch.head_dim, arch.layer_windows)
         self.scale = arch.head_dim ** -0.5
         self._pin = device.type == "cuda"
-        self.block_tables = BlockTableRows()  # host rows kept from step to step
+        self.rows = BatchRows()  # the persistent batch: host rows kept from step to step
         self.graphs = None
         if cuda_graphs and device.type == "cuda" and getattr(self.backend, "supports_cuda_graphs", False):
             from batchllm.engine.cuda_graphs import DecodeGraphRunner
@@ -86,8 +86,8 @@ class ModelRunner:
         return StepResult(inputs.sample_seq_ids, sampled, host, ready)
 
     def step_inputs(self, output: SchedulerOutput) -> StepInputs:
-        """The step's host arrays; the block tables come from the persistent rows."""
-        return build_step_inputs(output, self.block_size, self.block_tables.step_tables(output))
+        """The step's host arrays, from the persistent rows."""
+        return build_step_inputs(output, self.block_size, self.rows.step_rows(output))
 
     def forward(self, inputs: StepInputs, allow_graph: bool = True,
                 previous_token_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -98,25 +98,48 @@ class ModelRunner:
                   if host_plan is not None and allow_graph else None)
         return hidden if hidden is not None else self._forward_eager(inputs, host_plan, placeholders)
 
+    def _upload(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """The step's host arrays on the device. CUDA: one host-to-device copy of one pinned byte
+        buffer holding every array at a 16-byte aligned offset (one copy per array cost a pinned
+        allocation and a launch each)."""
+        if not self._pin:
+            return {name: torch.from_numpy(np.ascontiguousarray(array)) for name, array in arrays.items()}
+        offsets, num_bytes = [], 0
+        for array in arrays.values():
+            offsets.append(num_bytes)
+            num_bytes += -(-array.nbytes // 16) * 16
+        flat = np.empty(num_bytes, dtype=np.uint8)
+        for array, offset in zip(arrays.values(), offsets):
+            flat[offset:offset + array.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        buffer = torch.from_numpy(flat).pin_memory().to(self.device, non_blocking=True)
+        return {name: buffer[offset:offset + array.nbytes].view(_TORCH_DTYPES[array.dtype]).view(array.shape)
+                for (name, array), offset in zip(arrays.items(), offsets)}
+
     def _forward_eager(self, inputs: StepInputs, host_plan, placeholders: torch.Tensor | None = None) -> torch.Tensor:
+        device = self._upload({name: getattr(inputs, name) for name in _UPLOADED})
         metadata = AttentionMetadata(
-            slot_mapping=self._to_device(inputs.slot_mapping),
-            query_start_loc=self._to_device(inputs.query_start_loc),
-            seq_lens=self._to_device(inputs.seq_lens),
-            shared_kv_lens=self._to_device(inputs.shared_kv_lens),
-            block_tables=self._to_device(inputs.block_tables),
+            slot_mapping=device["slot_mapping"],
+            query_start_loc=device["query_start_loc"],
+            seq_lens=device["seq_lens"],
+            shared_kv_lens=device["shared_kv_lens"],
+            block_tables=device["block_tables"],
             max_seq_len=inputs.max_seq_len,
-            positions=self._to_device(inputs.positions),
+            positions=device["positions"],
         )
         if host_plan is not None:
             metadata.plan = host_plan.to(self.device)
         else:
             self.backend.prepare(inputs, metadata)
         attention = PagedAttention(self.kv_cache, metadata, self.backend, self.scale)
-        input_ids = self._to_device(inputs.input_ids)
+        input_ids = device["input_ids"]
         if placeholders is not None:
             resolve_placeholders_(input_ids, placeholders)
         return self.model(input_ids, metadata.positions, attention)
+
+
+_UPLOADED = ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens", "shared_kv_lens",
+             "block_tables")
+_TORCH_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32}
 
 
 def _copy_to_pinned(tensor: torch.Tensor | None) -> torch.Tensor | None:

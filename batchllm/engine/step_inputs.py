@@ -7,7 +7,7 @@ from itertools import chain
 
 import numpy as np
 
-from batchllm.engine.block_tables import BlockTableRows
+from batchllm.engine.batch_rows import BatchRows, StepRows
 from batchllm.sched.interface import SchedulerOutput
 
 
@@ -34,16 +34,16 @@ class StepInputs:
         return int(self.seq_lens.max()) if self.seq_lens.size else 0
 
 
-def build_step_inputs(output: SchedulerOutput, block_size: int, block_tables: np.ndarray | None = None) -> StepInputs:
-    """block_tables: the step's rows [num_chunks, max_blocks] int32 from the runner's persistent
-    BlockTableRows. None: a standalone step whose chunks all carry whole tables (block_ids_start 0)."""
-    if block_tables is None:
-        block_tables = BlockTableRows(num_rows=max(1, len(output.chunks))).step_tables(output)
+def build_step_inputs(output: SchedulerOutput, block_size: int, rows: StepRows | None = None) -> StepInputs:
+    """rows: the step's rows from the runner's persistent BatchRows. None: a standalone step whose
+    chunks all carry whole tables (block_ids_start 0)."""
+    if rows is None:
+        rows = BatchRows(num_rows=max(1, len(output.chunks))).step_rows(output)
+    block_tables, shared = rows.block_tables, rows.shared_kv_lens
     chunks = output.chunks
     num_seqs = len(chunks)
     q_lens = np.fromiter((c.num_tokens for c in chunks), dtype=np.int64, count=num_seqs)
     starts = np.fromiter((c.start_position for c in chunks), dtype=np.int64, count=num_seqs)
-    shared = np.fromiter((c.shared_kv_len for c in chunks), dtype=np.int64, count=num_seqs)
     query_start_loc = np.zeros(num_seqs + 1, dtype=np.int64)
     np.cumsum(q_lens, out=query_start_loc[1:])
     num_tokens = int(query_start_loc[-1])
@@ -73,8 +73,8 @@ def build_step_inputs(output: SchedulerOutput, block_size: int, block_tables: np
         seq_lens=(starts + q_lens).astype(np.int32),
         shared_kv_lens=shared.astype(np.int32),
         block_tables=block_tables,
-        group_ids=np.fromiter((c.group_id for c in chunks), dtype=np.int32, count=num_seqs),
-        is_prefix=np.fromiter((c.is_prefix for c in chunks), dtype=bool, count=num_seqs),
+        group_ids=rows.group_ids,
+        is_prefix=rows.is_prefix,
         sample_rows=sample_rows.astype(np.int64),
         sample_seq_ids=tuple(c.seq_id for c in chunks if c.sample),
     )

@@ -13,6 +13,7 @@ from batchllm.engine.kv_cache import KVCache
 from batchllm.engine.placeholders import placeholder_source, resolve_placeholders_
 from batchllm.engine.sampler import SamplerOutput, SamplingBatch, sample
 from batchllm.engine.step_inputs import StepInputs, build_step_inputs
+from batchllm.engine.transfer import to_device, upload_arrays
 from batchllm.sched.interface import SchedulerOutput
 
 
@@ -55,10 +56,7 @@ class ModelRunner:
             self.graphs = DecodeGraphRunner(model, kv_cache, self.backend, self.scale, device)
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
-        tensor = torch.from_numpy(np.ascontiguousarray(array))
-        if self._pin:
-            return tensor.pin_memory().to(self.device, non_blocking=True)
-        return tensor
+        return to_device(array, self.device)
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput, sampling_rows: list[tuple],
@@ -98,25 +96,8 @@ class ModelRunner:
                   if host_plan is not None and allow_graph else None)
         return hidden if hidden is not None else self._forward_eager(inputs, host_plan, placeholders)
 
-    def _upload(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        """The step's host arrays on the device. CUDA: one host-to-device copy of one pinned byte
-        buffer holding every array at a 16-byte aligned offset (one copy per array cost a pinned
-        allocation and a launch each)."""
-        if not self._pin:
-            return {name: torch.from_numpy(np.ascontiguousarray(array)) for name, array in arrays.items()}
-        offsets, num_bytes = [], 0
-        for array in arrays.values():
-            offsets.append(num_bytes)
-            num_bytes += -(-array.nbytes // 16) * 16
-        flat = np.empty(num_bytes, dtype=np.uint8)
-        for array, offset in zip(arrays.values(), offsets):
-            flat[offset:offset + array.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-        buffer = torch.from_numpy(flat).pin_memory().to(self.device, non_blocking=True)
-        return {name: buffer[offset:offset + array.nbytes].view(_TORCH_DTYPES[array.dtype]).view(array.shape)
-                for (name, array), offset in zip(arrays.items(), offsets)}
-
     def _forward_eager(self, inputs: StepInputs, host_plan, placeholders: torch.Tensor | None = None) -> torch.Tensor:
-        device = self._upload({name: getattr(inputs, name) for name in _UPLOADED})
+        device = upload_arrays({name: getattr(inputs, name) for name in _UPLOADED}, self.device)
         metadata = AttentionMetadata(
             slot_mapping=device["slot_mapping"],
             query_start_loc=device["query_start_loc"],
@@ -139,7 +120,6 @@ class ModelRunner:
 
 _UPLOADED = ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens", "shared_kv_lens",
              "block_tables")
-_TORCH_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32}
 
 
 def _copy_to_pinned(tensor: torch.Tensor | None) -> torch.Tensor | None:

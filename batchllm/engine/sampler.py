@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from batchllm.engine.transfer import to_device
 from batchllm.sampling_params import SamplingParams
 
 _MASK32 = 0xFFFFFFFF
@@ -38,7 +39,7 @@ class LogitBias:
             return None
         rows, token_ids, biases = zip(*entries)
         packed = torch.tensor([rows, token_ids, biases], dtype=torch.float64)  # ids < 2**53: exact
-        packed = packed.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else packed.to(device)
+        packed = to_device(packed, device)
         return cls(packed[0].to(torch.int64), packed[1].to(torch.int64), packed[2].to(torch.float32))
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
@@ -70,21 +71,14 @@ class SamplingBatch:
     @classmethod
     def build(cls, rows: list[tuple], device: torch.device) -> SamplingBatch:
         """rows: sampling_row(...) per row: (temperature, top_p, top_k, min_p, seed, output_index,
-        logprobs, logit_bias).
-
-        On CUDA the settings travel in one pinned buffer with a non-blocking copy: a copy from
-        pageable memory would wait for every step already queued on the stream, which defeats
-        asynchronous scheduling."""
+        logprobs, logit_bias). The settings travel in one buffer (engine/transfer.py)."""
         temperature, top_p, top_k, min_p, seeds, output_index, logprobs, logit_bias = zip(*rows)
         asked = [n for n in logprobs if n is not None]
         num_rows = len(rows)
         # float64 holds every field exactly (seeds < 2**32, indices and top_k far below 2**53).
         packed = torch.tensor([temperature, top_p, min_p, top_k, [s & _MASK32 for s in seeds], output_index],
                               dtype=torch.float64).view(6, num_rows)
-        if device.type == "cuda":
-            packed = packed.pin_memory().to(device, non_blocking=True)
-        else:
-            packed = packed.to(device)
+        packed = to_device(packed, device)
         floats = packed[:3].to(torch.float32)
         ints = packed[3:].to(torch.int64)
         return cls(

@@ -26,19 +26,11 @@ Memory policy (BatchLLM 4.3.3 + our admission reservation):
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from batchllm.sched.block_pool import BlockPool
 from batchllm.sched.config import SchedulerConfig
-from batchllm.sched.interface import (
-    NO_GROUP,
-    FinishedRequest,
-    ScheduledChunk,
-    SchedRequest,
-    SchedulerOutput,
-)
-from batchllm.sched.seq_state import SeqState
+from batchllm.sched.interface import NO_GROUP, ScheduledChunk, SchedRequest, SchedulerOutput
+from batchllm.sched.seq_state import PolicyBase, SeqState
 
 
 @dataclass(eq=False)
@@ -79,25 +71,19 @@ class _Group:
         return self.group_id if self.prefix_token_ids else NO_GROUP
 
 
-class BatchLLMScheduler:
+class BatchLLMScheduler(PolicyBase):
     """config.max_num_seqs is ignored on purpose: BatchLLM 4.3.3 caps a step by tokens and KV
     memory, never by the number of requests."""
 
     def __init__(self, config: SchedulerConfig) -> None:
-        self.config = config
-        self.pool = BlockPool(config.num_kv_blocks, config.block_size)
+        super().__init__(config)
         threshold = config.kv_memory_threshold if config.kv_memory_threshold is not None else 1.0
         # M_threshold (BatchLLM 4.3.3), in blocks.
         self.threshold_blocks = max(1, int(threshold * config.num_kv_blocks))
         self.pending_groups: deque[_Group] = deque()  # not admitted, best R_group first
         self.active_groups: list[_Group] = []  # admitted, in admission order
-        self._members: dict[int, _Member] = {}
         self._groups_by_prefix_id: dict[int, _Group] = {}
         self._next_group_id = 0
-        self.step_index = 0
-        self.num_preemptions = 0
-        self.finished_seq_ids: list[int] = []  # since the last step: the runner drops their rows
-        self.planned_saved_tokens = 0  # planner's optimum, for reporting
 
     # -- Scheduler protocol -----------------------------------------------------------
 
@@ -108,10 +94,9 @@ class BatchLLMScheduler:
         from batchllm.prefix.planner import plan_prefix_groups
 
         for request in requests:
-            if request.request_id < 0 or request.request_id in self._members:
+            if request.request_id < 0 or request.request_id in self._seqs:
                 raise ValueError(f"request ids must be unique and >= 0, got {request.request_id}")
         plan = plan_prefix_groups([r.prompt_token_ids for r in requests])
-        self.planned_saved_tokens += plan.stats.saved_prefill_tokens
         groups = []
         for planned in plan.groups:
             group = _Group(self._next_group_id, tuple(planned.prefix_token_ids))
@@ -122,7 +107,7 @@ class BatchLLMScheduler:
                 member = _Member(request, num_prefix, group=group)
                 self._check_fits(group, member)
                 group.members.append(member)
-                self._members[request.request_id] = member
+                self._seqs[request.request_id] = member
             group.r_group = self._r_group(group)
             groups.append(group)
             if group.prefix_token_ids:
@@ -131,9 +116,6 @@ class BatchLLMScheduler:
         # prefills mix with their decodes). Stable: input order among equals.
         groups.sort(key=lambda g: -g.r_group)
         self.pending_groups.extend(groups)
-
-    def has_unfinished(self) -> bool:
-        return bool(self.pending_groups or self.active_groups)
 
     def schedule(self) -> SchedulerOutput:
         step = _Step(budget=self.config.max_num_batched_tokens)
@@ -167,30 +149,8 @@ class BatchLLMScheduler:
             self._schedule_prefix(group, step)
         return self._build_output(step)
 
-    def update(
-        self,
-        output: SchedulerOutput,
-        sampled_token_ids: dict[int, int],
-        finish_reasons: dict[int, str],
-        resolved_token_ids: Sequence[tuple[int, int, int]] = (),
-    ) -> list[FinishedRequest]:
-        for request_id, index, token_id in resolved_token_ids:
-            if request_id in self._members:
-                self._members[request_id].request.output_token_ids[index] = token_id
-        finished: list[FinishedRequest] = []
-        for chunk in output.chunks:
-            if chunk.is_prefix:
-                self._groups_by_prefix_id[chunk.seq_id].prefix_num_computed += chunk.num_tokens
-                continue
-            member = self._members[chunk.seq_id]
-            member.num_computed_tokens += chunk.num_tokens
-            if chunk.sample:
-                member.request.output_token_ids.append(sampled_token_ids[chunk.seq_id])
-            reason = finish_reasons.get(chunk.seq_id)
-            if reason is not None:
-                finished.append(self._finish(member, reason))
-        self.step_index += 1
-        return finished
+    def _prefix_stored(self, chunk: ScheduledChunk) -> None:
+        self._groups_by_prefix_id[chunk.seq_id].prefix_num_computed += chunk.num_tokens
 
     # -- admission and reservation ----------------------------------------------------
 
@@ -291,9 +251,6 @@ class BatchLLMScheduler:
             if num_tokens < remaining:
                 return
         # Prefix stored by the end of this step's KV write: its distinct chunks may follow.
-        self._schedule_distinct_after_prefix(group, step)
-
-    def _schedule_distinct_after_prefix(self, group: _Group, step: "_Step") -> None:
         if step.budget > 0:
             self._schedule_distinct(group, step)
 
@@ -342,7 +299,7 @@ class BatchLLMScheduler:
         return None
 
     def _preempt_member(self, member: _Member, step: "_Step") -> None:
-        self._count_preempted(member, step)
+        step.preempted.append(member.request.request_id)
         self.pool.free(member.drop_blocks())
         member.waiting = True
 
@@ -352,7 +309,7 @@ class BatchLLMScheduler:
             if member.finished:
                 continue
             if member.block_ids or member.is_running:
-                self._count_preempted(member, step)
+                step.preempted.append(member.request.request_id)
             self.pool.free(member.drop_blocks())
             member.waiting = False
         self._free_prefix(group)
@@ -360,23 +317,17 @@ class BatchLLMScheduler:
         group.members = [m for m in group.members if not m.finished] or group.members
         self.pending_groups.appendleft(group)
 
-    def _finish(self, member: _Member, reason: str) -> FinishedRequest:
+    def _finish(self, member: _Member) -> int:
         group = member.group
         self.pool.free(member.drop_blocks())
         member.finished = True
-        self.finished_seq_ids.append(member.request.request_id)
-        del self._members[member.request.request_id]
         # Every member but the first reused the prefix KV instead of computing it.
         num_cached = len(group.prefix_token_ids) if member is not group.members[0] else 0
         if all(m.finished for m in group.members):
             # BatchLLM 4.3.1: the prefix's memory is released as soon as its group is done.
             self._free_prefix(group)
             self._groups_by_prefix_id.pop(group.prefix_id, None)
-        return FinishedRequest(member.request.request_id, tuple(member.request.output_token_ids), reason, num_cached)
-
-    def _count_preempted(self, member: _Member, step: "_Step") -> None:
-        step.preempted.append(member.request.request_id)
-        self.num_preemptions += 1
+        return num_cached
 
     def _free_prefix(self, group: _Group) -> None:
         """The group leaves the active list and its prefix blocks are freed (the runner drops the row)."""
@@ -392,7 +343,6 @@ class BatchLLMScheduler:
         # Rows group by group (BatchLLM 5): a group's prefix chunk, then its members' chunks.
         chunks: list[ScheduledChunk] = []
         for group in step.group_order:
-            num_prefix_tokens = len(group.prefix_token_ids)
             prefix_tokens = step.prefix_tokens.get(group.group_id, 0)
             if prefix_tokens:
                 start = group.prefix_num_computed
@@ -405,28 +355,12 @@ class BatchLLMScheduler:
                         start_position=start,
                         new_block_ids=tuple(group.prefix_block_ids[blocks_sent:]),
                         block_ids_start=blocks_sent,
-                        shared_kv_len=0,
                         is_prefix=True,
-                        sample=False,
                         group_id=group.group_id,
                     )
                 )
             for member, num_tokens in step.member_tokens.get(group.group_id, ()):
-                start = member.num_computed_tokens
-                block_ids_start, new_block_ids = member.table_change(group.prefix_block_ids)
-                chunks.append(
-                    ScheduledChunk(
-                        seq_id=member.request.request_id,
-                        token_ids=member.own_token_slice(start, start + num_tokens),
-                        start_position=num_prefix_tokens + start,
-                        new_block_ids=new_block_ids,
-                        block_ids_start=block_ids_start,
-                        shared_kv_len=num_prefix_tokens,
-                        sample=start + num_tokens == member.num_own_tokens,
-                        group_id=group.chunk_group_id,
-                        is_decode=member.is_decoding,
-                    )
-                )
+                chunks.append(member.chunk(num_tokens, group.prefix_block_ids, group.chunk_group_id))
         finished, self.finished_seq_ids = self.finished_seq_ids, []
         return SchedulerOutput.from_chunks(self.step_index, chunks, sum(1 for _ in self._running_members()),
                                            self.pool.num_used_blocks, step.preempted, finished)

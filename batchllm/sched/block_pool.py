@@ -43,9 +43,6 @@ class BlockPool:
                 f"{max_tokens} max_tokens), the cache has {self.num_blocks}"
             )
 
-    def can_allocate(self, num_blocks: int) -> bool:
-        return num_blocks <= len(self._free)
-
     def allocate(self, num_blocks: int) -> list[int]:
         if num_blocks > len(self._free):
             raise OutOfBlocksError(f"asked for {num_blocks} KV blocks, {len(self._free)} free")

@@ -19,9 +19,6 @@ class BlockTableTracker:
     def num_rows(self) -> int:
         return len(self._rows)
 
-    def table(self, seq_id: int) -> tuple[int, ...]:
-        return tuple(self._rows[seq_id])
-
     def apply(self, output: SchedulerOutput) -> list[tuple[int, ...]]:
         """Apply one step's changes; returns the full block table of each chunk, in chunk order."""
         if output.step_index == 0:

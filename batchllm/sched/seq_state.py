@@ -59,7 +59,7 @@ class SeqState:
     def chunk(self, num_tokens: int, prefix_block_ids: Sequence[int] = (), group_id: int = NO_GROUP
               ) -> ScheduledChunk:
         """The next num_tokens own tokens as a chunk, with the change that brings the runner's row
-        (prefix_block_ids, then the own blocks) up to date (interface.py)."""
+        (prefix_block_ids, then the own blocks) up to date (docs/design.md)."""
         start = self.num_computed_tokens
         first = self.prompt_offset + start
         block_ids_start = self.num_table_blocks_sent

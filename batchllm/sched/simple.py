@@ -15,9 +15,6 @@ from batchllm.sched.policies.cached_base import CachedPolicyBase
 
 
 class SimpleScheduler(CachedPolicyBase):
-    """The baselines' machinery (queues, block growth, recompute preemption, update) with the
-    prefix cache off."""
-
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(dataclasses.replace(config, enable_prefix_caching=False), leaf_only_eviction=False)
 

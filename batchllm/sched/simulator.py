@@ -87,7 +87,6 @@ def fake_token(request_id: int, output_index: int) -> int:
 def simulate(
     requests: Sequence[SimRequest],
     config: SchedulerConfig,
-    cost_model: CostModel | None = None,
     trace_label: str | None = None,
     check: bool = False,
     on_output: Callable[[SchedulerOutput], None] | None = None,
@@ -96,22 +95,21 @@ def simulate(
     on_output: called with every step's SchedulerOutput before its update (replays of real
     steps, e.g. benchmarks/engine_steps.py; block tables arrive as changes: rebuild them with
     sched/block_table.BlockTableTracker, fed every step)."""
-    cost_model = cost_model or CostModel()
+    cost_model = CostModel()
     sched_requests = [SchedRequest(i, list(r.prompt_token_ids), r.max_tokens) for i, r in enumerate(requests)]
     checker = ChunkStreamChecker(sched_requests, config.block_size) if check else None
     scheduler = make_scheduler(config)
     scheduler.add_requests(sched_requests)
-    trace = (
-        Trace(config.policy, config.max_num_batched_tokens, config.num_kv_blocks, config.block_size, trace_label)
-        if trace_label is not None
-        else None
-    )
     sampling = _FakeSampling({r.request_id: r.max_tokens for r in sched_requests})
-    totals = _Totals()
+    records: list[StepRecord] = []  # every step, empty ones included
+    num_empty_steps = 0
     outputs: dict[int, tuple[int, ...]] = {}
     while scheduler.has_unfinished():
         output = scheduler.schedule()
-        totals.check_progress(output, config.policy)
+        num_empty_steps = num_empty_steps + 1 if output.is_empty else 0
+        if num_empty_steps > MAX_EMPTY_STEPS:
+            raise RuntimeError(f"policy {config.policy!r} stalled: {MAX_EMPTY_STEPS} empty steps "
+                               "with work left")
         if on_output is not None:
             on_output(output)
         seen = checker.check_step(output) if checker is not None else None
@@ -123,11 +121,13 @@ def simulate(
             if item.request_id in outputs:
                 raise RuntimeError(f"request {item.request_id} finished twice")
             outputs[item.request_id] = item.output_token_ids
-        step_time = cost_model.step_time_s(output)
-        totals.add(output, step_time, config.max_num_batched_tokens / 2)
-        if trace is not None and output.num_tokens:
-            trace.steps.append(StepRecord.from_output(output, step_time))
-    return totals.result(requests, config, len(outputs)), trace, outputs
+        records.append(StepRecord.from_output(output, cost_model.step_time_s(output)))
+    steps = [record for record in records if record.num_tokens]
+    trace = None
+    if trace_label is not None:
+        trace = Trace(config.policy, config.max_num_batched_tokens, config.num_kv_blocks, config.block_size,
+                      trace_label, steps)
+    return _result(requests, config, len(outputs), records, steps), trace, outputs
 
 
 @dataclass
@@ -153,54 +153,30 @@ class _FakeSampling:
         return sampled, finish
 
 
-@dataclass
-class _Totals:
-    steps: int = 0
-    total_tokens: int = 0
-    valleys: int = 0
-    processed_prefill: int = 0
-    decode_tokens: int = 0
-    peak_blocks: int = 0
-    preemptions: int = 0
-    empty_steps: int = 0
-    time_s: float = 0.0
-
-    def check_progress(self, output: SchedulerOutput, policy: str) -> None:
-        self.preemptions += len(output.preempted_request_ids)
-        self.empty_steps = self.empty_steps + 1 if output.is_empty else 0
-        if self.empty_steps > MAX_EMPTY_STEPS:
-            raise RuntimeError(f"policy {policy!r} stalled: {MAX_EMPTY_STEPS} empty steps with work left")
-
-    def add(self, output: SchedulerOutput, step_time_s: float, half_budget: float) -> None:
-        num_tokens = output.num_tokens
-        if num_tokens:
-            self.steps += 1
-            self.total_tokens += num_tokens
-            self.valleys += num_tokens < half_budget
-            self.time_s += step_time_s
-        self.processed_prefill += output.num_distinct_tokens + output.num_prefix_tokens
-        self.decode_tokens += output.num_decode_tokens
-        self.peak_blocks = max(self.peak_blocks, output.num_used_blocks)
-
-    def result(self, requests: Sequence[SimRequest], config: SchedulerConfig, num_finished: int) -> SimResult:
-        logical = sum(len(r.prompt_token_ids) for r in requests)
-        return SimResult(
-            policy=config.policy,
-            num_requests=len(requests),
-            finished_requests=num_finished,
-            steps=self.steps,
-            total_tokens=self.total_tokens,
-            mean_tokens_per_step=self.total_tokens / self.steps if self.steps else 0.0,
-            valley_steps=self.valleys,
-            logical_prefill_tokens=logical,
-            processed_prefill_tokens=self.processed_prefill,
-            saving_ratio=(logical - self.processed_prefill) / logical if logical else 0.0,
-            decode_tokens=self.decode_tokens,
-            peak_kv_blocks=self.peak_blocks,
-            peak_kv_tokens=self.peak_blocks * config.block_size,
-            preemptions=self.preemptions,
-            estimated_time_s=self.time_s,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            num_kv_blocks=config.num_kv_blocks,
-            block_size=config.block_size,
-        )
+def _result(requests: Sequence[SimRequest], config: SchedulerConfig, num_finished: int,
+            records: list[StepRecord], steps: list[StepRecord]) -> SimResult:
+    """records: every step; steps: those with tokens (the ones counted as steps)."""
+    logical = sum(len(r.prompt_token_ids) for r in requests)
+    processed = sum(r.num_distinct_tokens + r.num_prefix_tokens for r in records)
+    total_tokens = sum(step.num_tokens for step in steps)
+    peak_blocks = max((r.num_used_blocks for r in records), default=0)
+    return SimResult(
+        policy=config.policy,
+        num_requests=len(requests),
+        finished_requests=num_finished,
+        steps=len(steps),
+        total_tokens=total_tokens,
+        mean_tokens_per_step=total_tokens / len(steps) if steps else 0.0,
+        valley_steps=sum(step.num_tokens < config.max_num_batched_tokens / 2 for step in steps),
+        logical_prefill_tokens=logical,
+        processed_prefill_tokens=processed,
+        saving_ratio=(logical - processed) / logical if logical else 0.0,
+        decode_tokens=sum(r.num_decode_tokens for r in records),
+        peak_kv_blocks=peak_blocks,
+        peak_kv_tokens=peak_blocks * config.block_size,
+        preemptions=sum(r.num_preempted_requests for r in records),
+        estimated_time_s=sum(step.step_time_s for step in steps),
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        num_kv_blocks=config.num_kv_blocks,
+        block_size=config.block_size,
+    )

@@ -5,6 +5,7 @@ computes itself; shared_kv_len is always 0, start_position = tokens already in t
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from batchllm.sched.config import SchedulerConfig
@@ -45,16 +46,12 @@ class CachedPolicyBase(PolicyBase):
 
     # -- helpers for the policies -----------------------------------------------------
 
-    @property
-    def num_available_blocks(self) -> int:
-        evictable = self.cache.num_evictable_blocks if self.cache is not None else 0
+    def num_available_blocks(self, nodes: Sequence[CacheNode] = ()) -> int:
+        """Free blocks + cached blocks nobody holds, less those among `nodes` (about to be held)."""
+        if self.cache is None:
+            return self.pool.num_free_blocks
+        evictable = self.cache.num_evictable_blocks - self.cache.num_evictable_in(nodes)
         return self.pool.num_free_blocks + evictable
-
-    @property
-    def num_active_blocks(self) -> int:
-        """Blocks some request holds (cached-but-unreferenced blocks are free memory)."""
-        evictable = self.cache.num_evictable_blocks if self.cache is not None else 0
-        return self.pool.num_used_blocks - evictable
 
     def match_cached(self, seq: CachedSeq) -> list[CacheNode]:
         if self.cache is None:
@@ -78,7 +75,7 @@ class CachedPolicyBase(PolicyBase):
 
     def allocate(self, num_blocks: int) -> list[int] | None:
         """Free blocks first, then evict LRU cached blocks nobody holds."""
-        if num_blocks > self.num_available_blocks:
+        if num_blocks > self.num_available_blocks():
             return None
         while self.pool.num_free_blocks < num_blocks:
             if not self.cache.evict_one():
@@ -106,7 +103,9 @@ class CachedPolicyBase(PolicyBase):
     def build_output(self, scheduled: list[tuple[CachedSeq, int]], preempted: list[int]) -> SchedulerOutput:
         chunks = [seq.chunk(num_tokens) for seq, num_tokens in scheduled]
         finished, self.finished_seq_ids = self.finished_seq_ids, []
-        return SchedulerOutput.from_chunks(self.step_index, chunks, len(self.running), self.num_active_blocks,
+        # Blocks some request holds: cached blocks nobody holds are free memory.
+        num_active_blocks = self.pool.num_blocks - self.num_available_blocks()
+        return SchedulerOutput.from_chunks(self.step_index, chunks, len(self.running), num_active_blocks,
                                            preempted, finished)
 
     def _release(self, seq: CachedSeq) -> None:

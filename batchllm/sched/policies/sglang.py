@@ -80,7 +80,7 @@ class SglangScheduler(CachedPolicyBase):
             extend_tokens = seq.num_own_tokens - len(nodes) * size
             remaining_new = seq.request.max_tokens - len(seq.request.output_token_ids)
             need_tokens = extend_tokens + min(max(remaining_new, 0), CLIP_MAX_NEW_TOKENS)
-            available = self.num_available_blocks - (self.cache.num_evictable_in(nodes) if nodes else 0)
+            available = self.num_available_blocks(nodes)
             if need_tokens > available * size - reserved_tokens and (self.running or admitted):
                 break  # SGLang stops at the first request that does not fit
             num_tokens = min(extend_tokens, budget)
@@ -110,10 +110,10 @@ class SglangScheduler(CachedPolicyBase):
         needed = sum(
             self.pool.blocks_for_tokens(s.num_computed_tokens + s.num_pending_tokens) - len(s.block_ids) for s in batch
         )
-        if needed > self.num_available_blocks and len(batch) > 1:
+        if needed > self.num_available_blocks() and len(batch) > 1:
             # SGLang retract_decode: drop the requests with the fewest outputs first.
             batch.sort(key=lambda s: (len(s.request.output_token_ids), -s.request.num_prompt_tokens), reverse=True)
-            while needed > self.num_available_blocks and len(batch) > 1:
+            while needed > self.num_available_blocks() and len(batch) > 1:
                 victim = batch.pop()
                 needed -= self.pool.blocks_for_tokens(victim.num_own_tokens) - len(victim.block_ids)
                 self.preempt(victim, preempted)

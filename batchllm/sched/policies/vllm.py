@@ -57,7 +57,7 @@ class VllmScheduler(CachedPolicyBase):
             seq = self.waiting[0]
             nodes = self.match_cached(seq)
             needed = self.pool.blocks_for_tokens(seq.num_own_tokens) - len(nodes)
-            available = self.num_available_blocks - (self.cache.num_evictable_in(nodes) if nodes else 0)
+            available = self.num_available_blocks(nodes)
             if needed > available or (available - needed < self.watermark_blocks and self.running):
                 break  # (the watermark never blocks an idle engine: no deadlock on tiny caches)
             self.waiting.popleft()

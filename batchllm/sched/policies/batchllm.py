@@ -1,27 +1,8 @@
 """`batchllm` policy: prefix-group scheduling, R_group reordering and memory-centric token
-batching (BatchLLM section 4.3).
-
-KV layout (interface.py): a group's common prefix is stored once in prefix blocks
-(read-only, one allocation per group); each member's own tokens (distinct prompt, then
-generated tokens) continue at position len(prefix) in its own blocks.
-
-Memory policy (BatchLLM 4.3.3 + our admission reservation):
-  * M_threshold = kv_memory_threshold x num_kv_blocks (default 1.0: the engine already sized
-    num_kv_blocks from free memory). No step ever takes the used blocks above it: prefill
-    chunks shrink to what fits, decodes that cannot grow trigger preemption.
-  * The paper only checks the KV memory *after the step*. Admitting prefills on that rule
-    alone fills memory with prompts whose decodes then cannot grow: preemption, recompute,
-    thrashing. So admission reserves: a group (or a preempted member) is started only if
-    used blocks + every running request's outstanding growth (up to its distinct prompt +
-    decode_reserve_ratio x max_tokens) + the newcomer's full need stays <= M_threshold.
-    With ratio 1.0 and requests stopping by max_tokens, nothing is ever preempted; the cost
-    is memory held for decodes that end early (EOS), which the ratio trades off.
-  * Preemption when decode growth still outruns memory (ratio < 1, forced admission): the
-    most recently admitted running member loses its own blocks and recomputes later (its
-    prefix stays, the group is alive); if that is not enough, a whole group other than the
-    requester's (prefix included) goes back to the head of the group queue; last resort,
-    the requester itself waits. Nothing is dropped: outputs are kept and re-prefilled.
-"""
+batching (BatchLLM section 4.3); its admission reservation and preemption order are explained in
+docs/design.md ("Scheduling"). A group's common prefix is stored once in read-only prefix blocks;
+each member's own tokens (distinct prompt, then generated) continue at position len(prefix) in
+its own blocks."""
 
 from __future__ import annotations
 
@@ -140,7 +121,7 @@ class BatchLLMScheduler(PolicyBase):
         for group in list(self.active_groups):
             if step.budget <= 0:
                 break
-            if not group.prefix_done and group.group_id not in step.prefix_scheduled:
+            if not group.prefix_done and group.group_id not in step.prefix_tokens:
                 self._schedule_prefix(group, step)
         while step.budget > 0 and self.pending_groups and not self._any_waiting_member():
             if not self._admit(self.pending_groups[0], force=not self._anything_running()):
@@ -174,10 +155,10 @@ class BatchLLMScheduler(PolicyBase):
         return committed
 
     def _check_fits(self, group: _Group, member: _Member) -> None:
-        num_tokens = len(group.prefix_token_ids) + member.num_own_prompt_tokens + member.request.max_tokens
-        needed = self.pool.blocks_for_tokens(len(group.prefix_token_ids)) + self.pool.blocks_for_tokens(
-            member.num_own_prompt_tokens + member.request.max_tokens
-        )
+        own_num_tokens = member.num_own_prompt_tokens + member.request.max_tokens
+        num_tokens = len(group.prefix_token_ids) + own_num_tokens
+        num_prefix_blocks = self.pool.blocks_for_tokens(len(group.prefix_token_ids))
+        needed = num_prefix_blocks + self.pool.blocks_for_tokens(own_num_tokens)
         if needed > self.threshold_blocks:
             raise ValueError(
                 f"request {member.request.request_id} needs {needed} KV blocks at full length "
@@ -232,7 +213,8 @@ class BatchLLMScheduler(PolicyBase):
                 member.waiting = False  # resume: recompute distinct + generated tokens
             if member.num_pending_tokens <= 0 or member.is_decoding:
                 continue
-            num_tokens = min(member.num_pending_tokens, step.budget, self._own_room_tokens(member))
+            room = self._room_tokens(member.block_ids, member.num_computed_tokens)
+            num_tokens = min(member.num_pending_tokens, step.budget, room)
             if num_tokens <= 0:
                 return  # memory full for prefill this step (BatchLLM 4.3.3)
             self._grow(member.block_ids, member.num_computed_tokens + num_tokens)
@@ -241,8 +223,7 @@ class BatchLLMScheduler(PolicyBase):
     def _schedule_prefix(self, group: _Group, step: "_Step") -> None:
         remaining = len(group.prefix_token_ids) - group.prefix_num_computed
         if remaining > 0:
-            free_blocks = self.threshold_blocks - self.pool.num_used_blocks
-            room = (len(group.prefix_block_ids) + max(0, free_blocks)) * self.pool.block_size - group.prefix_num_computed
+            room = self._room_tokens(group.prefix_block_ids, group.prefix_num_computed)
             num_tokens = min(remaining, step.budget, room)
             if num_tokens <= 0:
                 return
@@ -254,9 +235,10 @@ class BatchLLMScheduler(PolicyBase):
         if step.budget > 0:
             self._schedule_distinct(group, step)
 
-    def _own_room_tokens(self, member: _Member) -> int:
+    def _room_tokens(self, block_ids: list[int], num_computed_tokens: int) -> int:
+        """Tokens that fit in block_ids and the blocks left under M_threshold."""
         free_blocks = max(0, self.threshold_blocks - self.pool.num_used_blocks)
-        return (len(member.block_ids) + free_blocks) * self.pool.block_size - member.num_computed_tokens
+        return (len(block_ids) + free_blocks) * self.pool.block_size - num_computed_tokens
 
     def _grow(self, block_ids: list[int], num_tokens: int) -> None:
         needed = self.pool.blocks_for_tokens(num_tokens) - len(block_ids)
@@ -375,7 +357,6 @@ class _Step:
     member_tokens: dict[int, list[tuple[_Member, int]]] = field(default_factory=dict)
     prefix_tokens: dict[int, int] = field(default_factory=dict)
     scheduled: set[int] = field(default_factory=set)  # id(member)
-    prefix_scheduled: set[int] = field(default_factory=set)
     preempted: list[int] = field(default_factory=list)
 
     def _touch(self, group: _Group) -> None:
@@ -392,5 +373,4 @@ class _Step:
     def add_prefix(self, group: _Group, num_tokens: int) -> None:
         self._touch(group)
         self.prefix_tokens[group.group_id] = num_tokens
-        self.prefix_scheduled.add(group.group_id)
         self.budget -= num_tokens

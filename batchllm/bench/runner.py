@@ -65,15 +65,6 @@ class _Case:
 SCHEDULER_SETTINGS = ("policy", "max_num_seqs", "max_num_batched_tokens")  # what a policy label sets
 
 
-def run_options(policy: PolicySpec) -> RunOptions:
-    """'+eager': no CUDA graphs; '+sync': no asynchronous scheduling."""
-    return RunOptions(cuda_graphs="eager" not in policy.flags, async_scheduling="sync" not in policy.flags)
-
-
-def generate(llm, prompts, params, options: RunOptions):
-    return llm.generate(prompts, params, use_tqdm=False, options=options)
-
-
 def slug(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text).strip("-")
 
@@ -174,12 +165,13 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
     engine = llm.engine
     prompts = case.prompts
     engine.configure_scheduler(**{**base_settings, **policy.changes})
-    options = run_options(policy)
-    generate(llm, prompts[:8], params[:8], options)  # warm-up: compile kernels
+    # '+eager': no CUDA graphs; '+sync': no asynchronous scheduling.
+    options = RunOptions(cuda_graphs="eager" not in policy.flags, async_scheduling="sync" not in policy.flags)
+    llm.generate(prompts[:8], params[:8], use_tqdm=False, options=options)  # warm-up: compile kernels
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
     started = time.perf_counter()
-    outputs = generate(llm, prompts, params, options)
+    outputs = llm.generate(prompts, params, use_tqdm=False, options=options)
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - started
@@ -213,8 +205,8 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
         "launch_ms_per_step": round(1000 * sum(s.launch_time_s for s in steps) / num_steps, 2),
         "wait_ms_per_step": round(1000 * sum(s.wait_time_s for s in steps) / num_steps, 2),
         "flop_bound_s": round(bound, 3), "time_over_bound": round(seconds / bound, 2),
+        "async_scheduling": options.async_scheduling,
     }
-    row["async_scheduling"] = options.async_scheduling
     if graphs is not None:
         row["graph_replays"] = graphs.num_replays
     if case.skipped_lines is not None:
@@ -265,7 +257,7 @@ def run_bench(options: BenchOptions, llm=None, log: Callable[[str], None] = prin
         if options.warm_pass and index == 0 and policies:
             started = time.perf_counter()
             engine.configure_scheduler(**{**base_settings, **policies[0].changes})
-            generate(llm, case.prompts, params, RunOptions())
+            llm.generate(case.prompts, params, use_tqdm=False, options=RunOptions())
             log(f"warm pass ({policies[0].name}, untimed): {time.perf_counter() - started:.1f} s")
         traces: list = []
         for policy in policies:

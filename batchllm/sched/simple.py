@@ -19,23 +19,9 @@ class SimpleScheduler(CachedPolicyBase):
         super().__init__(dataclasses.replace(config, enable_prefix_caching=False), leaf_only_eviction=False)
 
     def schedule(self) -> SchedulerOutput:
-        budget = self.config.max_num_batched_tokens
-        scheduled = []
-        preempted: list[int] = []
         # Running requests first, in admission order; preempt from the back when out of blocks.
-        index = 0
-        while index < len(self.running) and budget > 0:
-            state = self.running[index]
-            num_tokens = min(state.num_pending_tokens, budget)
-            if not self.grow(state, num_tokens):
-                victim = self.running[-1]
-                self.preempt(victim, preempted)  # recompute later: the KV goes, the generated tokens stay
-                if victim is state:
-                    break
-                continue
-            scheduled.append((state, num_tokens))
-            budget -= num_tokens
-            index += 1
+        budget = self.config.max_num_batched_tokens
+        scheduled, preempted, budget = self.schedule_running(list(self.running), budget)
         # Then admit waiting requests in FCFS order.
         max_seqs = self.config.max_num_seqs
         while self.waiting and budget > 0 and not preempted:

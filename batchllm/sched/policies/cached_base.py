@@ -100,6 +100,32 @@ class CachedPolicyBase(PolicyBase):
         self.waiting.appendleft(seq)
         preempted.append(seq.request.request_id)
 
+    def schedule_running(self, candidates: list[CachedSeq], budget: int
+                         ) -> tuple[list[tuple[CachedSeq, int]], list[int], int]:
+        """Chunks for running requests in the order of `candidates`, within the token budget; when
+        blocks run out, the last running request not scheduled yet is preempted (recompute).
+        Returns (scheduled, preempted ids, budget left)."""
+        scheduled: list[tuple[CachedSeq, int]] = []
+        scheduled_ids: set[int] = set()
+        preempted: list[int] = []
+        for seq in candidates:
+            if budget <= 0:
+                break
+            if seq.request.request_id in preempted:
+                continue
+            num_tokens = min(seq.num_pending_tokens, budget)
+            while not self.grow(seq, num_tokens):  # seq itself is a candidate victim: never stuck
+                victim = next(s for s in reversed(self.running) if s.request.request_id not in scheduled_ids)
+                self.preempt(victim, preempted)
+                if victim is seq:
+                    break
+            if seq.request.request_id in preempted:
+                continue
+            scheduled.append((seq, num_tokens))
+            scheduled_ids.add(seq.request.request_id)
+            budget -= num_tokens
+        return scheduled, preempted, budget
+
     def build_output(self, scheduled: list[tuple[CachedSeq, int]], preempted: list[int]) -> SchedulerOutput:
         chunks = [seq.chunk(num_tokens) for seq, num_tokens in scheduled]
         finished, self.finished_seq_ids = self.finished_seq_ids, []

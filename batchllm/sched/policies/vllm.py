@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.interface import SchedulerOutput
-from batchllm.sched.policies.cached_base import CachedPolicyBase, CachedSeq
+from batchllm.sched.policies.cached_base import CachedPolicyBase
 
 VLLM_DEFAULT_MAX_NUM_SEQS = 256
 VLLM_WATERMARK_FRACTION = 0.01  # vLLM BlockSpaceManager watermark
@@ -30,28 +30,9 @@ class VllmScheduler(CachedPolicyBase):
         self.watermark_blocks = int(VLLM_WATERMARK_FRACTION * config.num_kv_blocks)
 
     def schedule(self) -> SchedulerOutput:
-        budget = self.config.max_num_batched_tokens
-        scheduled: list[tuple[CachedSeq, int]] = []
-        scheduled_ids: set[int] = set()
-        preempted: list[int] = []
         # Decodes first, then chunked prefills of running requests (vLLM v0.6 chunked prefill).
         candidates = [s for s in self.running if s.is_decoding] + [s for s in self.running if not s.is_decoding]
-        for seq in candidates:
-            if budget <= 0:
-                break
-            if seq.request.request_id in preempted:
-                continue
-            num_tokens = min(seq.num_pending_tokens, budget)
-            while not self.grow(seq, num_tokens):
-                victim = self._last_unscheduled(scheduled_ids)
-                self.preempt(victim, preempted)
-                if victim is seq:
-                    break
-            if seq.request.request_id in preempted:
-                continue
-            scheduled.append((seq, num_tokens))
-            scheduled_ids.add(seq.request.request_id)
-            budget -= num_tokens
+        scheduled, preempted, budget = self.schedule_running(candidates, self.config.max_num_batched_tokens)
         # New prefills, FCFS, only when no preemption happened this step.
         while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
@@ -66,12 +47,5 @@ class VllmScheduler(CachedPolicyBase):
             num_tokens = min(seq.num_pending_tokens, budget)
             self.running.append(seq)
             scheduled.append((seq, num_tokens))
-            scheduled_ids.add(seq.request.request_id)
             budget -= num_tokens
         return self.build_output(scheduled, preempted)
-
-    def _last_unscheduled(self, scheduled_ids: set[int]) -> CachedSeq:
-        for seq in reversed(self.running):
-            if seq.request.request_id not in scheduled_ids:
-                return seq
-        raise AssertionError("no preemptible request")  # the requester itself is unscheduled

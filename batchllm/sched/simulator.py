@@ -19,7 +19,7 @@ group per step (BatchLLM's fused prefix tile), not once per member.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from batchllm.sched.checker import ChunkStreamChecker
 from batchllm.sched.config import SchedulerConfig
@@ -100,7 +100,6 @@ def simulate(
     checker = ChunkStreamChecker(sched_requests, config.block_size) if check else None
     scheduler = make_scheduler(config)
     scheduler.add_requests(sched_requests)
-    sampling = _FakeSampling({r.request_id: r.max_tokens for r in sched_requests})
     records: list[StepRecord] = []  # every step, empty ones included
     num_empty_steps = 0
     outputs: dict[int, tuple[int, ...]] = {}
@@ -113,7 +112,7 @@ def simulate(
         if on_output is not None:
             on_output(output)
         seen = checker.check_step(output) if checker is not None else None
-        sampled, finish = sampling.sample(output, seen)
+        sampled, finish = _fake_sample(output, seen, sched_requests)
         finished = scheduler.update(output, sampled, finish)
         if checker is not None:
             checker.record(sampled, [f.request_id for f in finished])
@@ -130,27 +129,21 @@ def simulate(
     return _result(requests, config, len(outputs), records, steps), trace, outputs
 
 
-@dataclass
-class _FakeSampling:
+def _fake_sample(output: SchedulerOutput, seen: dict | None, requests: list[SchedRequest]
+                 ) -> tuple[dict[int, int], dict[int, str]]:
     """Request r's i-th token is fake_token(r, i), or with the checker a hash of the KV it read;
     a request finishes at its max_tokens."""
-
-    max_tokens: dict[int, int]
-    num_outputs: dict[int, int] = field(default_factory=dict)
-
-    def sample(self, output: SchedulerOutput, seen: dict | None) -> tuple[dict[int, int], dict[int, str]]:
-        sampled: dict[int, int] = {}
-        finish: dict[int, str] = {}
-        for chunk in output.chunks:
-            if not chunk.sample:
-                continue
-            rid = chunk.seq_id
-            index = self.num_outputs.get(rid, 0)
-            sampled[rid] = hash(seen[rid]) % FAKE_VOCAB_SIZE if seen is not None else fake_token(rid, index)
-            self.num_outputs[rid] = index + 1
-            if index + 1 >= self.max_tokens[rid]:
-                finish[rid] = "length"
-        return sampled, finish
+    sampled: dict[int, int] = {}
+    finish: dict[int, str] = {}
+    for chunk in output.chunks:
+        if not chunk.sample:
+            continue
+        rid = chunk.seq_id
+        index = len(requests[rid].output_token_ids)  # the scheduler appends each sampled token
+        sampled[rid] = hash(seen[rid]) % FAKE_VOCAB_SIZE if seen is not None else fake_token(rid, index)
+        if index + 1 >= requests[rid].max_tokens:
+            finish[rid] = "length"
+    return sampled, finish
 
 
 def _result(requests: Sequence[SimRequest], config: SchedulerConfig, num_finished: int,

@@ -266,17 +266,15 @@ class BatchLLMScheduler(PolicyBase):
     def _pick_victim_member(self, requester: _Member, step: "_Step") -> _Member | None:
         for group in reversed(self.active_groups):
             for member in reversed(group.members):
-                if member is requester or not member.is_running or not member.block_ids:
-                    continue
-                if id(member) not in step.scheduled:
+                if (member is not requester and member.is_running and member.block_ids
+                        and id(member) not in step.scheduled):
                     return member
         return None
 
     def _pick_victim_group(self, requester: _Member, step: "_Step") -> _Group | None:
         for group in reversed(self.active_groups):
-            if group is requester.group or not group.prefix_block_ids:
-                continue
-            if not any(id(m) in step.scheduled for m in group.members):
+            if (group is not requester.group and group.prefix_block_ids
+                    and not any(id(m) in step.scheduled for m in group.members)):
                 return group
         return None
 

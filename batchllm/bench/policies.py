@@ -15,9 +15,6 @@ class PolicySpec:
     changes: dict  # engine.configure_scheduler(**changes)
     flags: frozenset  # "eager": no CUDA graphs; "sync": no asynchronous scheduling
 
-    def __iter__(self):  # label, name, changes, flags = parse_policy(...)
-        return iter((self.label, self.name, self.changes, self.flags))
-
 
 def parse_policy(text: str) -> PolicySpec:
     """'vllm@1024/16384' -> vllm with max_num_seqs 1024, max_num_batched_tokens 16384;

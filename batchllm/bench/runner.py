@@ -1,11 +1,5 @@
-"""Run several policies in ONE process on the same model and measure each (`batchllm bench`).
-
-Per workload: the optimal prefix plan and the FLOP bound are computed once; then for each policy
-the scheduler is reconfigured, a warm-up batch of 8 requests runs (kernel compilation excluded),
-and the whole workload runs with outputs forced to their max_tokens (ignore_eos). One row per
-(workload, policy); a policy that fails gets a row with "error" and the others still run. A
-policy's '+eager' / '+sync' suffixes reach the engine as the RunOptions of its runs.
-"""
+"""Run several policies in ONE process on the same model and measure each (`batchllm bench`): one
+row per (workload, policy), as docs/design.md ("Benchmark harness") describes."""
 
 from __future__ import annotations
 
@@ -13,6 +7,7 @@ import datetime
 import os
 import subprocess
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -145,15 +140,14 @@ def _generated_case(spec_text: str, options: BenchOptions, vocab_size: int) -> _
 
 
 def _input_case(path: str, engine, options: BenchOptions, log: Callable[[str], None]) -> _Case:
-    loaded = read_input_workload(path, engine, default_max_tokens=options.output_tokens)
-    for line in loaded.skipped[:20]:
+    workload, skipped = read_input_workload(path, engine, default_max_tokens=options.output_tokens)
+    for line in skipped[:20]:
         log(f"{path} line {line.line_number}: skipped ({line.code}: {line.message})")
-    if len(loaded.skipped) > 20:
-        log(f"... and {len(loaded.skipped) - 20} more skipped lines")
-    workload = loaded.workload
-    log(f"{path}: {workload.num_requests} requests, {len(loaded.skipped)} lines skipped")
+    if len(skipped) > 20:
+        log(f"... and {len(skipped) - 20} more skipped lines")
+    log(f"{path}: {workload.num_requests} requests, {len(skipped)} lines skipped")
     return _Case(workload.name, [p.tolist() for p in workload.prompts], list(workload.max_tokens),
-                 skipped_lines=len(loaded.skipped))
+                 skipped_lines=len(skipped))
 
 
 def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float, model: str,
@@ -265,8 +259,6 @@ def run_bench(options: BenchOptions, llm=None, log: Callable[[str], None] = prin
                 row = run_policy(llm, case, policy, params, plan, bound, options.model, base_settings,
                                  options.trace_dir, traces)
             except Exception as error:  # noqa: BLE001 -- keep measuring the other policies; the row says what failed
-                import traceback
-
                 traceback.print_exc()
                 row = {"workload": case.label, "policy": policy.label, "error": repr(error)}
             rows.append(row)

@@ -1,14 +1,6 @@
 """Replays a SchedulerOutput stream into a fake paged KV store and checks the contract of
-interface.py (used by the tests and `simulate --check`; torch-free).
-
-For every step: chunks of one group are adjacent, a group's prefix chunk comes first; the
-prefix is fully stored before a member reads it; start positions continue what is stored
-(or, on a fresh start, sit on cached/shared KV); every row is written through the block
-table; then every chunk reads back [0, kv_len) through its block table and must see exactly
-its logical token sequence (so a wrong block id, a block freed and overwritten while still
-in use, a stale cached block, or a block-table change the runner would apply wrongly is
-caught: the tables are rebuilt from the changes, as the runner does).
-"""
+interface.py, as docs/design.md ("Simulating schedules") lists (used by the tests and
+`simulate --check`; torch-free)."""
 
 from __future__ import annotations
 

@@ -1,21 +1,6 @@
-"""Content-addressed cache of full KV blocks with LRU eviction (the vllm / sglang baselines).
-
-One node per cached full block, keyed by (parent node id, the block's token ids): the chain
-of keys from the root is the block-level radix tree of all cached prefixes, and it is exact
-(no hash collisions: the key holds the tokens themselves). The cache holds one reference
-(BlockPool refcount) on every cached block; a block whose only holder is the cache is
-*evictable*: it still serves prefix hits but is reclaimed when the free list runs dry.
-
-Two eviction rules:
-  - vLLM v0.6 (`leaf_only=False`): the evictable block with the oldest last access goes
-    first; ties go to the deepest block (vLLM's evictor breaks ties by num_hashed_tokens).
-    Evicting an inner block orphans its descendants (they stay until evicted themselves),
-    exactly as a hash-table cache behaves.
-  - SGLang radix cache (`leaf_only=True`): only leaves are evicted, oldest first; a parent
-    becomes a candidate when its last child goes. SGLang's tree is token-granular; here it
-    is block-granular over the same BlockPool (a partial last block is never shared), so a
-    hit is rounded down to whole blocks. That is the only simplification.
-"""
+"""Content-addressed cache of full KV blocks with LRU eviction for the vllm / sglang baselines: the
+block-level radix tree and its two eviction rules (`leaf_only`: SGLang's) are described in
+docs/design.md ("Scheduling")."""
 
 from __future__ import annotations
 

@@ -1,20 +1,5 @@
 """Drive a scheduling policy without a model: fake sampling + a linear cost model (torch-free).
-
-Fake model: request r's i-th output token is a fixed function of (r, i) and every request
-runs to its max_tokens ("length"), so all policies produce the same outputs and the same
-amount of decode work; only the schedule differs. With check=True the stream also goes
-through ChunkStreamChecker and the next token is a hash of the KV the request actually
-reads (any KV mistake changes the outputs).
-
-Cost model (rough, documented, for comparing schedules, not for absolute claims): one step
-of Llama-3.1-8B in bf16 on an H200 costs
-    max(weights_read_s, num_tokens * token_compute_s) + kv_tokens_read * kv_token_read_s
-  weights_read_s  = 16 GB of weights / 4.8 TB/s            ~ 3.4 ms (decode-bound floor)
-  token_compute_s = 2 * 8e9 FLOP / ~600 TFLOP/s             ~ 27 us per token
-  kv_token_read_s = 128 KiB of KV per token / 4.8 TB/s      ~ 27 ns per KV token a chunk reads
-KV read per step: each chunk reads its own KV once; a group's shared prefix is read once per
-group per step (BatchLLM's fused prefix tile), not once per member.
-"""
+docs/design.md ("Simulating schedules") explains both and derives the cost model's constants."""
 
 from __future__ import annotations
 

@@ -1,21 +1,6 @@
-"""`sglang` baseline: SGLang's scheduler (v0.3/v0.4 defaults) on this engine's BlockPool.
-
-  - Radix-tree prefix cache with LRU eviction of leaves (block-granular here, see
-    prefix_cache.py), waiting queue ordered by longest prefix match (`lpm`) each prefill.
-    (SGLang falls back to FCFS when more than 128 requests wait, to save matching time; we
-    always use lpm, which only helps the baseline's reuse.)
-  - Prefill has priority and steps are not mixed (SGLang's default enable_mixed_chunk=False):
-    a step is either a prefill batch (new requests, chunked at max_num_batched_tokens =
-    SGLang's chunked_prefill_size, at most one request partially prefilled) or a decode batch
-    of every running request.
-  - Admission reserves decode room like SGLang's PrefillAdder: a new request needs its
-    uncached input + min(max_new_tokens, 4096) tokens, and running requests hold
-    new_token_ratio x their remaining max_new_tokens. new_token_ratio starts at 0.7, decays
-    to 0.14 over 600 decode steps, and jumps back up after a retraction.
-  - Out of memory in a decode step: retract (recompute) the request with the fewest outputs
-    (ties: the longest input), as SGLang's retract_decode.
-  - max_running_requests = config.max_num_seqs (None: bounded by memory only).
-"""
+"""`sglang` baseline: SGLang's scheduler (v0.3/v0.4 defaults) on this engine's BlockPool; what it
+reproduces (lpm order, unmixed prefill/decode steps, PrefillAdder reservation, retract_decode) is
+listed in docs/design.md ("Scheduling")."""
 
 from __future__ import annotations
 

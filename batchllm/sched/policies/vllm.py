@@ -1,17 +1,5 @@
-"""`vllm` baseline: vLLM v0.6 scheduler with chunked prefill and automatic prefix caching.
-
-Faithful to vLLM v0.6 `Scheduler._schedule_chunked_prefill` + the prefix-caching block
-manager, on this engine's BlockPool:
-  - FCFS in input order; a request-count cap max_num_seqs (default 256) and a token budget
-    max_num_batched_tokens (default 2048; vLLM's H100/H200 defaults 1024 seqs / 16384 tokens
-    are `--max-num-seqs 1024 --max-num-batched-tokens 16384`).
-  - Each step: running decodes first, then running prefill chunks, then new requests from
-    the waiting queue (only when nothing was preempted this step, as vLLM does).
-  - Admission allocates blocks for the whole prompt at once (vLLM `can_allocate`), keeping a
-    1% watermark of free blocks; full blocks already in the cache are reused.
-  - Hash-based full-block prefix cache, LRU eviction of unreferenced blocks (ties: deepest).
-  - Recompute preemption of the last running request when a decode needs a block.
-"""
+"""`vllm` baseline: vLLM v0.6's scheduler with chunked prefill and automatic prefix caching, on this
+engine's BlockPool; what it reproduces is listed in docs/design.md ("Scheduling")."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""What a benchmark runs: a generated workload (micro:P:D:SD, industrial; batchllm.workloads) or
-the requests of a user's JSONL file (`--input FILE`). Torch-free.
-
-Every request's output is forced to its max_tokens (ignore_eos), so all policies do the same work.
-"""
+"""What a benchmark runs (outputs forced to max_tokens, docs/design.md): a generated workload
+(micro:P:D:SD, industrial; batchllm.workloads) or the requests of a JSONL file (`--input FILE`)."""
 
 from __future__ import annotations
 

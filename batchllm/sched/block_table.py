@@ -1,8 +1,5 @@
-"""Full block tables from the scheduler's block-table changes (pure Python, torch-free).
-
-The runner keeps its tables in numpy (engine/block_tables.py); this is the same rule for the
-contract checker, the simulator's consumers, tests and benchmarks that need whole tables.
-"""
+"""Full block tables from the scheduler's block-table changes, in pure Python: the runner's rule
+(engine/block_tables.py) for the contract checker, tests and benchmarks (docs/design.md)."""
 
 from __future__ import annotations
 

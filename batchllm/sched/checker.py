@@ -117,11 +117,8 @@ class ChunkStreamChecker:
             self.blocks.setdefault(block_id, [None] * self.block_size)[slot] = token
 
     def _read(self, chunk: ScheduledChunk, table: tuple[int, ...]) -> list[int | None]:
-        visible = []
-        for position in range(chunk.kv_len):
-            block_id, slot = self._address(chunk, table, position)
-            visible.append(self.blocks.get(block_id, [None] * self.block_size)[slot])
-        return visible
+        addresses = (self._address(chunk, table, position) for position in range(chunk.kv_len))
+        return [self.blocks.get(block_id, [None] * self.block_size)[slot] for block_id, slot in addresses]
 
     def _address(self, chunk: ScheduledChunk, table: tuple[int, ...], position: int) -> tuple[int, int]:
         size = self.block_size

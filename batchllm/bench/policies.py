@@ -21,16 +21,10 @@ def parse_policy(text: str) -> PolicySpec:
     'batchllm@8192' -> token budget 8192. Suffixes: '+eager' runs without CUDA graphs, '+sync'
     without asynchronous scheduling (one step at a time)."""
     text = text.strip()
-    flags = set()
-    base = text
-    stripped = True
-    while stripped:  # the suffixes in any order
-        stripped = False
-        for flag in FLAGS:
-            if base.endswith("+" + flag):
-                flags.add(flag)
-                base = base.removesuffix("+" + flag)
-                stripped = True
+    flags, base = set(), text
+    while flag := next((f for f in FLAGS if base.endswith("+" + f)), None):  # the suffixes in any order
+        flags.add(flag)
+        base = base.removesuffix("+" + flag)
     name, _, setting = base.partition("@")
     if name not in POLICY_NAMES:
         raise ValueError(f"unknown policy {name!r} in {text!r}: one of {', '.join(POLICY_NAMES)}, "

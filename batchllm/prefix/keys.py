@@ -10,7 +10,6 @@ import numpy as np
 
 # Prompts validated / encoded per chunk, so the temporary flat array stays small (1M x 300).
 _CHUNK_NUM_PROMPTS = 65536
-# Tokens compared per vectorised LCP chunk.
 _LCP_CHUNK_NUM_TOKENS = 1 << 22
 
 

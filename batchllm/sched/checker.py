@@ -61,8 +61,6 @@ class ChunkStreamChecker:
                 raise ContractError(f"request {request_id} finished twice")
             self.finished.add(request_id)
 
-    # -- helpers -------------------------------------------------------------------------
-
     def _check_layout(self, chunks: tuple[ScheduledChunk, ...]) -> None:
         closed: set[int] = set()
         current = None

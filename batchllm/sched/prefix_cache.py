@@ -129,8 +129,6 @@ class BlockPrefixCache:
         while self.evict_one():
             pass
 
-    # -- helpers -------------------------------------------------------------------------
-
     def _push(self, node: CacheNode) -> None:
         heapq.heappush(self._heap, (node.last_access, -node.depth_num_blocks, node.stamp, node.node_id, node))
 

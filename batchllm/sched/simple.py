@@ -1,9 +1,5 @@
-"""`simple` policy: FCFS continuous batching with chunked prefill, no prefix sharing.
-
-The plainest policy that satisfies the Scheduler contract, and a reference the other policies
-are tested against (greedy outputs must be identical under every policy). Its per-request state
-is the baselines' CachedSeq, without a prefix cache.
-"""
+"""`simple` policy: FCFS continuous batching with chunked prefill, no prefix sharing: the reference
+the other policies are tested against (docs/design.md); the baselines' machinery, cache off."""
 
 from __future__ import annotations
 
@@ -22,7 +18,6 @@ class SimpleScheduler(CachedPolicyBase):
         # Running requests first, in admission order; preempt from the back when out of blocks.
         budget = self.config.max_num_batched_tokens
         scheduled, preempted, budget = self.schedule_running(list(self.running), budget)
-        # Then admit waiting requests in FCFS order.
         max_seqs = self.config.max_num_seqs
         while self.waiting and budget > 0 and not preempted:
             if max_seqs is not None and len(self.running) >= max_seqs:

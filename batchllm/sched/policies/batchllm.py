@@ -66,8 +66,6 @@ class BatchLLMScheduler(PolicyBase):
         self._groups_by_prefix_id: dict[int, _Group] = {}
         self._next_group_id = 0
 
-    # -- Scheduler protocol -----------------------------------------------------------
-
     def add_requests(self, requests: list[SchedRequest]) -> None:
         """Plan prefix-sharing groups over this batch (BatchLLM 4.2) and queue them."""
         if not requests:

@@ -44,8 +44,6 @@ class CachedPolicyBase(PolicyBase):
             self.cache.clear()  # end of the batch: no block outlives it
         return seq.num_cached_prompt_tokens or 0
 
-    # -- helpers for the policies -----------------------------------------------------
-
     def num_available_blocks(self, nodes: Sequence[CacheNode] = ()) -> int:
         """Free blocks + cached blocks nobody holds, less those among `nodes` (about to be held)."""
         if self.cache is None:

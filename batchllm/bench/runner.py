@@ -15,6 +15,7 @@ from batchllm.bench.flop_bound import flop_bound_seconds
 from batchllm.bench.policies import PolicySpec, parse_policies
 from batchllm.bench.workload import DEFAULT_WORKLOAD, make_workload, read_input_workload, split_workload_spec
 from batchllm.engine.run_options import RunOptions
+from batchllm.sched.trace import Trace, write_trace
 from batchllm.workloads import DEFAULT_LOW_TOKEN_ID
 
 GIB = 1 << 30
@@ -65,8 +66,6 @@ def slug(text: str) -> str:
 
 
 def save_trace(directory: str, workload: str, label: str, engine, steps):
-    from batchllm.sched.trace import Trace, write_trace
-
     config = engine.scheduler_config
     trace = Trace(policy=label, max_num_batched_tokens=config.max_num_batched_tokens,
                   num_kv_blocks=config.num_kv_blocks, block_size=config.block_size, label=workload, steps=list(steps))
@@ -169,13 +168,11 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - started
-    graphs = engine.runner.graphs
-    stats = llm.last_run_stats
     num_prompt_tokens = sum(len(p) for p in prompts)
     num_output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     if num_output_tokens != sum(case.max_tokens):
         raise RuntimeError("a request did not produce its fixed length")
-    steps = stats.step_records
+    steps = llm.last_run_stats.step_records
     computed_prefill = sum(s.num_distinct_tokens + s.num_prefix_tokens for s in steps)
     budget = engine.scheduler_config.max_num_batched_tokens
     tokens_per_step = [s.num_tokens for s in steps]
@@ -201,8 +198,8 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
         "flop_bound_s": round(bound, 3), "time_over_bound": round(seconds / bound, 2),
         "async_scheduling": options.async_scheduling,
     }
-    if graphs is not None:
-        row["graph_replays"] = graphs.num_replays
+    if engine.runner.graphs is not None:
+        row["graph_replays"] = engine.runner.graphs.num_replays
     if case.skipped_lines is not None:
         row["skipped_lines"] = case.skipped_lines
     if trace_dir:

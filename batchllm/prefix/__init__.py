@@ -1,7 +1,5 @@
 """Global prefix planning (BatchLLM 4.2): compact prefix tree -> optimal single-level groups.
-
-Torch-free by contract (a test imports this package with torch blocked).
-"""
+Torch-free by contract (a test imports this package with torch blocked)."""
 
 from batchllm.prefix.groups import PrefixGroup, PrefixPlan, write_groups_jsonl
 from batchllm.prefix.keys import PromptError

@@ -121,7 +121,5 @@ def sort_keys(prompts: Sequence[Sequence[int]]) -> tuple[SortedKeys, list[np.nda
     sorted_keys = [keys[i] for i in order]
     del keys
     lcp, key_num_tokens = _neighbour_lcp(sorted_keys, dtype)
-    return (
-        SortedKeys(np.asarray(order, dtype=np.int64), key_num_tokens, lcp, prompt_num_tokens, max_token_id),
-        arrays,
-    )
+    order_array = np.asarray(order, dtype=np.int64)
+    return SortedKeys(order_array, key_num_tokens, lcp, prompt_num_tokens, max_token_id), arrays

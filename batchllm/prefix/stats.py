@@ -37,10 +37,8 @@ class Distribution:
 
 @dataclass(frozen=True)
 class PlanStats:
-    """Logical vs processed prefill tokens for four ways of sharing, plus group shapes.
-
-    saving ratio (Eq. 2) = (logical - processed) / logical prefill tokens.
-    """
+    """Logical vs processed prefill tokens for four ways of sharing, plus group shapes; saving ratio
+    (Eq. 2) = (logical - processed) / logical prefill tokens."""
 
     num_requests: int
     logical_prefill_tokens: int  # sum of prompt lengths; also processed with no sharing
@@ -59,9 +57,8 @@ class PlanStats:
         return self.logical_prefill_tokens - self.processed_prefill_tokens
 
     def _ratio(self, processed: int) -> float:
-        if self.logical_prefill_tokens == 0:
-            return 0.0
-        return (self.logical_prefill_tokens - processed) / self.logical_prefill_tokens
+        logical = self.logical_prefill_tokens
+        return (logical - processed) / logical if logical else 0.0
 
     @property
     def saving_ratio(self) -> float:

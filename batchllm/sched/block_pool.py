@@ -8,11 +8,8 @@ class OutOfBlocksError(RuntimeError):
 
 
 class BlockPool:
-    """Free list of KV block ids with reference counts.
-
-    Block 0 .. num_blocks-1. A block is free when its reference count is 0. Shared prefix
-    blocks carry one reference per holder (a group, a cache entry).
-    """
+    """Free list of KV block ids 0 .. num_blocks-1 with reference counts: a block is free at 0;
+    a shared block carries one reference per holder (a group, a cache entry)."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1 or block_size < 1:

@@ -29,8 +29,6 @@ class SglangScheduler(CachedPolicyBase):
                 return self.build_output(scheduled, [])
         return self._decode_batch()
 
-    # -- prefill -------------------------------------------------------------------------
-
     def _prefill_batch(self) -> list[tuple[CachedSeq, int]]:
         budget = self.config.max_num_batched_tokens
         size = self.pool.block_size
@@ -86,8 +84,6 @@ class SglangScheduler(CachedPolicyBase):
             admitted_ids = {id(s) for s in admitted}
             self.waiting = type(self.waiting)(s for s in self.waiting if id(s) not in admitted_ids)
         return scheduled
-
-    # -- decode --------------------------------------------------------------------------
 
     def _decode_batch(self) -> SchedulerOutput:
         preempted: list[int] = []

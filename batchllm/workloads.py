@@ -42,21 +42,15 @@ class Workload:
         return int(sum(p.size for p in self.prompts))
 
 
-def _random_tokens(rng: np.random.Generator, num_tokens: int, low: int, high: int) -> np.ndarray:
-    return rng.integers(low, high, num_tokens, dtype=np.int32)
-
-
 def _distinct_first_tokens(rng: np.random.Generator, count: int, low: int, high: int) -> np.ndarray:
     """count different token ids (with replacement only if the range is too small)."""
     replace = count > high - low
     return (low + rng.choice(high - low, size=count, replace=replace)).astype(np.int32)
 
 
-def _assemble(name, rng, prefixes, distincts, output_num_tokens, shuffle) -> Workload:
+def _assemble(name, rng, prefixes, distincts, output_num_tokens) -> Workload:
     prompts = [np.concatenate((p, d)) for p, d in zip(prefixes, distincts)]
-    if shuffle:
-        order = rng.permutation(len(prompts))
-        prompts = [prompts[i] for i in order]
+    prompts = [prompts[i] for i in rng.permutation(len(prompts))]
     return Workload(
         name=name,
         custom_ids=tuple(f"request-{i}" for i in range(len(prompts))),
@@ -74,7 +68,6 @@ def micro_workload(
     vocab_size: int = DEFAULT_VOCAB_SIZE,
     low_token_id: int = DEFAULT_LOW_TOKEN_ID,
     seed: int = 0,
-    shuffle: bool = True,
 ) -> Workload:
     """Micro set P/D/sd. Prefixes differ in their first token and the distinct parts of one
     group differ in their first token, so each group shares exactly P tokens: the saving
@@ -86,18 +79,18 @@ def micro_workload(
     prefixes, distincts = [], []
     group_first = _distinct_first_tokens(rng, num_groups, low_token_id, vocab_size)
     for group in range(num_groups):
-        prefix = _random_tokens(rng, prefix_num_tokens, low_token_id, vocab_size)
+        prefix = rng.integers(low_token_id, vocab_size, prefix_num_tokens, dtype=np.int32)
         if prefix_num_tokens:
             prefix[0] = group_first[group]
         size = min(sharing_degree, num_requests - group * sharing_degree)
         member_first = _distinct_first_tokens(rng, size, low_token_id, vocab_size)
         for member in range(size):
-            distinct = _random_tokens(rng, distinct_num_tokens, low_token_id, vocab_size)
+            distinct = rng.integers(low_token_id, vocab_size, distinct_num_tokens, dtype=np.int32)
             distinct[0] = member_first[member]
             prefixes.append(prefix)
             distincts.append(distinct)
     name = f"micro-{prefix_num_tokens}/{distinct_num_tokens}-sd{sharing_degree}"
-    return _assemble(name, rng, prefixes, distincts, output_num_tokens, shuffle)
+    return _assemble(name, rng, prefixes, distincts, output_num_tokens)
 
 
 def _lognormal_lengths(rng, mean: float, sigma: float, count: int, minimum: int) -> np.ndarray:
@@ -118,7 +111,6 @@ def industrial_workload(
     vocab_size: int = DEFAULT_VOCAB_SIZE,
     low_token_id: int = DEFAULT_LOW_TOKEN_ID,
     seed: int = 0,
-    shuffle: bool = True,
 ) -> Workload:
     """Industrial-like set (6.2.2): prefix = instruction template + document; a document is
     asked sd questions (geometric sd with the given mean); lengths lognormal (skewed)."""
@@ -126,7 +118,7 @@ def industrial_workload(
         raise ValueError("need requests >= 0 and mean sharing degree >= 1")
     rng = np.random.default_rng(seed)
     templates = [
-        _random_tokens(rng, instruction_num_tokens, low_token_id, vocab_size)
+        rng.integers(low_token_id, vocab_size, instruction_num_tokens, dtype=np.int32)
         for _ in range(max(1, num_instruction_templates))
     ]
     if instruction_num_tokens:
@@ -145,12 +137,13 @@ def industrial_workload(
     prefixes, distincts = [], []
     for group, size in enumerate(group_sizes.tolist()):
         template = templates[int(rng.integers(len(templates)))]
-        document = _random_tokens(rng, int(document_lengths[group]), low_token_id, vocab_size)
+        document = rng.integers(low_token_id, vocab_size, int(document_lengths[group]), dtype=np.int32)
         prefix = np.concatenate((template, document))
         for _ in range(size):
             prefixes.append(prefix)
-            distincts.append(_random_tokens(rng, int(distinct_lengths[len(distincts)]), low_token_id, vocab_size))
-    return _assemble("industrial-like", rng, prefixes, distincts, output_num_tokens, shuffle)
+            distinct_num_tokens = int(distinct_lengths[len(distincts)])
+            distincts.append(rng.integers(low_token_id, vocab_size, distinct_num_tokens, dtype=np.int32))
+    return _assemble("industrial-like", rng, prefixes, distincts, output_num_tokens)
 
 
 def token_ids_to_text(token_ids: np.ndarray) -> str:

@@ -87,7 +87,7 @@ def bench_million(num_requests: int, with_groups: bool) -> dict:
     started = time.perf_counter()
     workload = industrial_workload(num_requests=num_requests, mean_prefix_num_tokens=270,
                                    mean_distinct_num_tokens=30, instruction_num_tokens=16,
-                                   num_instruction_templates=8, seed=0, shuffle=True)
+                                   num_instruction_templates=8, seed=0)
     prompts = list(workload.prompts)
     generate_seconds = time.perf_counter() - started
     rss_after_generate = _peak_rss_mib()

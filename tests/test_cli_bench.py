@@ -124,8 +124,8 @@ def test_policy_labels():
     spec = parse_policy("vllm@1024/16384+eager+sync")
     assert spec.name == "vllm" and spec.flags == {"eager", "sync"}
     assert spec.changes == {"policy": "vllm", "max_num_seqs": 1024, "max_num_batched_tokens": 16384}
-    label, name, changes, flags = parse_policy("batchllm@8192")
-    assert (label, name, changes, flags) == ("batchllm@8192", "batchllm",
+    spec = parse_policy("batchllm@8192")
+    assert (spec.label, spec.name, spec.changes, spec.flags) == ("batchllm@8192", "batchllm",
                                              {"policy": "batchllm", "max_num_batched_tokens": 8192}, frozenset())
 
 

@@ -86,7 +86,7 @@ def _internal_tables(scheduler, output) -> list[tuple[int, ...]]:
             if chunk.is_prefix:
                 tables.append(tuple(scheduler._groups_by_prefix_id[chunk.seq_id].prefix_block_ids))
             else:
-                member = scheduler._members[chunk.seq_id]
+                member = scheduler._seqs[chunk.seq_id]
                 tables.append(tuple(member.group.prefix_block_ids) + tuple(member.block_ids))
         return tables
     running = {seq.request.request_id: seq for seq in scheduler.running}

@@ -1,10 +1,6 @@
-"""A lower bound on a run's time from arithmetic alone: FLOPs of the work / the GPU's measured bf16
-matmul peak. It ignores memory traffic (decode steps read the weights and the KV cache), so it is
-not the physical limit of a run.
-
-The FLOPs count every shared prefix once (optimal sharing), every distinct prompt token and every
-decode step: the dense layers (2 x parameters per token), attention (QK^T and PV of each row over
-the keys before it) and the LM head of the rows that sample. Torch-free; `arch` is a
+"""A lower bound on a run's time from arithmetic alone (docs/design.md, "Benchmark harness"): FLOPs
+of the work / the GPU's measured bf16 matmul peak. It ignores memory traffic (decode steps read the
+weights and the KV cache), so it is not the physical limit of a run. Torch-free; `arch` is a
 ModelArchConfig (num_params, num_layers, num_heads, head_dim, ...)."""
 
 from __future__ import annotations
@@ -16,16 +12,15 @@ H200_BF16_PEAK_FLOPS = 790e12  # a bf16 8192^3 matmul in PyTorch on an H200 ran 
 
 def attention_flops(arch, num_queries_at: Sequence[tuple[int, int]]) -> float:
     """(first_position, num_tokens) runs of query rows -> QK^T and PV FLOPs over all layers."""
-    total_positions = 0
-    for first, count in num_queries_at:
-        # a row at position p attends p + 1 keys
-        total_positions += count * first + count * (count + 1) // 2
+    # a row at position p attends p + 1 keys
+    total_positions = sum(count * first + count * (count + 1) // 2 for first, count in num_queries_at)
     return 4.0 * arch.num_layers * arch.num_heads * arch.head_dim * total_positions
 
 
-def workload_flops(arch, groups, output_num_tokens: Sequence[int]) -> float:
+def flop_bound_seconds(arch, groups, output_num_tokens: Sequence[int]) -> float:
     """groups: (prefix_num_tokens, [distinct_num_tokens per member], [member request indices]).
-    Counts every prefix once (optimal sharing), every distinct prompt and every decode step."""
+    Counts every prefix once (optimal sharing), every distinct prompt and every decode step: the
+    dense layers (2 x parameters per token), attention and the LM head of the rows that sample."""
     dense_per_token = 2.0 * arch.num_params(include_embeddings=False)
     lm_head_per_row = 2.0 * arch.vocab_size * arch.hidden_size
     processed_tokens = 0
@@ -39,8 +34,5 @@ def workload_flops(arch, groups, output_num_tokens: Sequence[int]) -> float:
             processed_tokens += distinct + max(out - 1, 0)
             runs.append((prefix_num_tokens, distinct + max(out - 1, 0)))
             num_sampled_rows += out
-    return dense_per_token * processed_tokens + attention_flops(arch, runs) + lm_head_per_row * num_sampled_rows
-
-
-def flop_bound_seconds(arch, groups, output_num_tokens: Sequence[int], peak_flops: float = H200_BF16_PEAK_FLOPS) -> float:
-    return workload_flops(arch, groups, output_num_tokens) / peak_flops
+    flops = dense_per_token * processed_tokens + attention_flops(arch, runs)
+    return (flops + lm_head_per_row * num_sampled_rows) / H200_BF16_PEAK_FLOPS

@@ -5,15 +5,12 @@ from __future__ import annotations
 import time
 
 
-def time_hf_generate(arch, prompts: list[list[int]], output_tokens: int, device=None, dtype=None) -> float:
+def time_hf_generate(arch, prompts: list[list[int]], output_tokens: int, device, dtype) -> float:
     """HF transformers `generate` on the same architecture (its own random weights: speed does
-    not depend on them), one left-padded static batch, greedy, exactly output_tokens new tokens.
-    device / dtype: default cuda, bfloat16."""
+    not depend on them), one left-padded static batch, greedy, exactly output_tokens new tokens."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    device = torch.device(device if device is not None else "cuda")
-    dtype = dtype if dtype is not None else torch.bfloat16
     config = LlamaConfig(vocab_size=arch.vocab_size, hidden_size=arch.hidden_size,
                          intermediate_size=arch.intermediate_size, num_hidden_layers=arch.num_layers,
                          num_attention_heads=arch.num_heads, num_key_value_heads=arch.num_kv_heads,

@@ -37,9 +37,8 @@ def render_markdown(result: dict) -> str:
     """Title line, a table of every row (failed policies show their error), notes."""
     title = (f"### {result.get('model', '?')} on {result.get('device', '?')} "
              f"({result.get('date', '?')}, commit {result.get('git_commit') or '?'})")
-    lines = [title, ""]
-    lines.append("| " + " | ".join(header for header, _, _ in COLUMNS) + " |")
-    lines.append("|" + "|".join("---" if i < 2 else "---:" for i in range(len(COLUMNS))) + "|")
+    lines = [title, "", "| " + " | ".join(header for header, _, _ in COLUMNS) + " |",
+             "|" + "|".join("---" if i < 2 else "---:" for i in range(len(COLUMNS))) + "|"]
     errors = []
     for row in result.get("rows", []):
         if "error" in row:

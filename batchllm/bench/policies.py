@@ -15,25 +15,16 @@ class PolicySpec:
     changes: dict  # engine.configure_scheduler(**changes)
     flags: frozenset  # "eager": no CUDA graphs; "sync": no asynchronous scheduling
 
-    def __iter__(self):  # label, name, changes, flags = parse_policy(...)
-        return iter((self.label, self.name, self.changes, self.flags))
-
 
 def parse_policy(text: str) -> PolicySpec:
     """'vllm@1024/16384' -> vllm with max_num_seqs 1024, max_num_batched_tokens 16384;
     'batchllm@8192' -> token budget 8192. Suffixes: '+eager' runs without CUDA graphs, '+sync'
     without asynchronous scheduling (one step at a time)."""
     text = text.strip()
-    flags = set()
-    base = text
-    stripped = True
-    while stripped:  # the suffixes in any order
-        stripped = False
-        for flag in FLAGS:
-            if base.endswith("+" + flag):
-                flags.add(flag)
-                base = base.removesuffix("+" + flag)
-                stripped = True
+    flags, base = set(), text
+    while flag := next((f for f in FLAGS if base.endswith("+" + f)), None):  # the suffixes in any order
+        flags.add(flag)
+        base = base.removesuffix("+" + flag)
     name, _, setting = base.partition("@")
     if name not in POLICY_NAMES:
         raise ValueError(f"unknown policy {name!r} in {text!r}: one of {', '.join(POLICY_NAMES)}, "

@@ -1,11 +1,5 @@
-"""Run several policies in ONE process on the same model and measure each (`batchllm bench`).
-
-Per workload: the optimal prefix plan and the FLOP bound are computed once; then for each policy
-the scheduler is reconfigured, a warm-up batch of 8 requests runs (kernel compilation excluded),
-and the whole workload runs with outputs forced to their max_tokens (ignore_eos). One row per
-(workload, policy); a policy that fails gets a row with "error" and the others still run. A
-policy's '+eager' / '+sync' suffixes reach the engine as the RunOptions of its runs.
-"""
+"""Run several policies in ONE process on the same model and measure each (`batchllm bench`): one
+row per (workload, policy), as docs/design.md ("Benchmark harness") describes."""
 
 from __future__ import annotations
 
@@ -13,6 +7,7 @@ import datetime
 import os
 import subprocess
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,6 +15,7 @@ from batchllm.bench.flop_bound import flop_bound_seconds
 from batchllm.bench.policies import PolicySpec, parse_policies
 from batchllm.bench.workload import DEFAULT_WORKLOAD, make_workload, read_input_workload, split_workload_spec
 from batchllm.engine.run_options import RunOptions
+from batchllm.sched.trace import Trace, write_trace
 from batchllm.workloads import DEFAULT_LOW_TOKEN_ID
 
 GIB = 1 << 30
@@ -65,22 +61,11 @@ class _Case:
 SCHEDULER_SETTINGS = ("policy", "max_num_seqs", "max_num_batched_tokens")  # what a policy label sets
 
 
-def run_options(policy: PolicySpec) -> RunOptions:
-    """'+eager': no CUDA graphs; '+sync': no asynchronous scheduling."""
-    return RunOptions(cuda_graphs="eager" not in policy.flags, async_scheduling="sync" not in policy.flags)
-
-
-def generate(llm, prompts, params, options: RunOptions):
-    return llm.generate(prompts, params, use_tqdm=False, options=options)
-
-
 def slug(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text).strip("-")
 
 
 def save_trace(directory: str, workload: str, label: str, engine, steps):
-    from batchllm.sched.trace import Trace, write_trace
-
     config = engine.scheduler_config
     trace = Trace(policy=label, max_num_batched_tokens=config.max_num_batched_tokens,
                   num_kv_blocks=config.num_kv_blocks, block_size=config.block_size, label=workload, steps=list(steps))
@@ -154,15 +139,14 @@ def _generated_case(spec_text: str, options: BenchOptions, vocab_size: int) -> _
 
 
 def _input_case(path: str, engine, options: BenchOptions, log: Callable[[str], None]) -> _Case:
-    loaded = read_input_workload(path, engine, default_max_tokens=options.output_tokens)
-    for line in loaded.skipped[:20]:
+    workload, skipped = read_input_workload(path, engine, default_max_tokens=options.output_tokens)
+    for line in skipped[:20]:
         log(f"{path} line {line.line_number}: skipped ({line.code}: {line.message})")
-    if len(loaded.skipped) > 20:
-        log(f"... and {len(loaded.skipped) - 20} more skipped lines")
-    workload = loaded.workload
-    log(f"{path}: {workload.num_requests} requests, {len(loaded.skipped)} lines skipped")
+    if len(skipped) > 20:
+        log(f"... and {len(skipped) - 20} more skipped lines")
+    log(f"{path}: {workload.num_requests} requests, {len(skipped)} lines skipped")
     return _Case(workload.name, [p.tolist() for p in workload.prompts], list(workload.max_tokens),
-                 skipped_lines=len(loaded.skipped))
+                 skipped_lines=len(skipped))
 
 
 def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float, model: str,
@@ -174,22 +158,21 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
     engine = llm.engine
     prompts = case.prompts
     engine.configure_scheduler(**{**base_settings, **policy.changes})
-    options = run_options(policy)
-    generate(llm, prompts[:8], params[:8], options)  # warm-up: compile kernels
+    # '+eager': no CUDA graphs; '+sync': no asynchronous scheduling.
+    options = RunOptions(cuda_graphs="eager" not in policy.flags, async_scheduling="sync" not in policy.flags)
+    llm.generate(prompts[:8], params[:8], use_tqdm=False, options=options)  # warm-up: compile kernels
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
     started = time.perf_counter()
-    outputs = generate(llm, prompts, params, options)
+    outputs = llm.generate(prompts, params, use_tqdm=False, options=options)
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - started
-    graphs = engine.runner.graphs
-    stats = llm.last_run_stats
     num_prompt_tokens = sum(len(p) for p in prompts)
     num_output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     if num_output_tokens != sum(case.max_tokens):
         raise RuntimeError("a request did not produce its fixed length")
-    steps = stats.step_records
+    steps = llm.last_run_stats.step_records
     computed_prefill = sum(s.num_distinct_tokens + s.num_prefix_tokens for s in steps)
     budget = engine.scheduler_config.max_num_batched_tokens
     tokens_per_step = [s.num_tokens for s in steps]
@@ -213,10 +196,10 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
         "launch_ms_per_step": round(1000 * sum(s.launch_time_s for s in steps) / num_steps, 2),
         "wait_ms_per_step": round(1000 * sum(s.wait_time_s for s in steps) / num_steps, 2),
         "flop_bound_s": round(bound, 3), "time_over_bound": round(seconds / bound, 2),
+        "async_scheduling": options.async_scheduling,
     }
-    row["async_scheduling"] = options.async_scheduling
-    if graphs is not None:
-        row["graph_replays"] = graphs.num_replays
+    if engine.runner.graphs is not None:
+        row["graph_replays"] = engine.runner.graphs.num_replays
     if case.skipped_lines is not None:
         row["skipped_lines"] = case.skipped_lines
     if trace_dir:
@@ -265,7 +248,7 @@ def run_bench(options: BenchOptions, llm=None, log: Callable[[str], None] = prin
         if options.warm_pass and index == 0 and policies:
             started = time.perf_counter()
             engine.configure_scheduler(**{**base_settings, **policies[0].changes})
-            generate(llm, case.prompts, params, RunOptions())
+            llm.generate(case.prompts, params, use_tqdm=False, options=RunOptions())
             log(f"warm pass ({policies[0].name}, untimed): {time.perf_counter() - started:.1f} s")
         traces: list = []
         for policy in policies:
@@ -273,8 +256,6 @@ def run_bench(options: BenchOptions, llm=None, log: Callable[[str], None] = prin
                 row = run_policy(llm, case, policy, params, plan, bound, options.model, base_settings,
                                  options.trace_dir, traces)
             except Exception as error:  # noqa: BLE001 -- keep measuring the other policies; the row says what failed
-                import traceback
-
                 traceback.print_exc()
                 row = {"workload": case.label, "policy": policy.label, "error": repr(error)}
             rows.append(row)

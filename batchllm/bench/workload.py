@@ -1,17 +1,14 @@
-"""What a benchmark runs: a generated workload (micro:P:D:SD, industrial; batchllm.workloads) or
-the requests of a user's JSONL file (`--input FILE`). Torch-free.
-
-Every request's output is forced to its max_tokens (ignore_eos), so all policies do the same work.
-"""
+"""What a benchmark runs (outputs forced to max_tokens, docs/design.md): a generated workload
+(micro:P:D:SD, industrial; batchllm.workloads) or the requests of a JSONL file (`--input FILE`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from dataclasses import dataclass
 
 import numpy as np
 
-from batchllm.workloads import Workload
+from batchllm.workloads import Workload, industrial_workload, micro_workload
 
 DEFAULT_WORKLOAD = "micro:2000:200:16"
 DEFAULT_INPUT_MAX_TOKENS = 100  # an --input line without max_tokens
@@ -19,8 +16,6 @@ DEFAULT_INPUT_MAX_TOKENS = 100  # an --input line without max_tokens
 
 def make_workload(spec: str, num_requests: int, output_tokens: int, vocab_size: int, seed: int) -> Workload:
     """'micro:P:D:SD' (prefix P tokens, D distinct tokens, sharing degree SD) or 'industrial'."""
-    from batchllm.workloads import industrial_workload, micro_workload
-
     kind, *values = spec.split(":")
     if kind == "micro":
         try:
@@ -44,28 +39,22 @@ def split_workload_spec(text: str, default_requests: int) -> tuple[str, int]:
         raise SystemExit(f"bad workload {text!r}: the request count after '#' must be an integer")
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class SkippedLine:
     line_number: int
     code: str
     message: str
 
 
-@dataclass(frozen=True)
-class InputWorkload:
-    workload: Workload
-    skipped: tuple[SkippedLine, ...]
-
-
-def read_input_workload(path: str, engine, default_max_tokens: int = DEFAULT_INPUT_MAX_TOKENS) -> InputWorkload:
+def read_input_workload(path: str, engine, default_max_tokens: int = DEFAULT_INPUT_MAX_TOKENS
+                        ) -> tuple[Workload, list[SkippedLine]]:
     """The requests of an OpenAI-Batch (or short-form) JSONL file, tokenized as `batchllm run` does
-    (chat template / prompt through the model's tokenizer, prompt_token_ids as they are).
-
-    A line that does not parse, cannot be tokenized (e.g. text on a random: preset, which has no
-    tokenizer), or does not fit the model is skipped and listed in `skipped`. Each line's
-    max_tokens is kept (clamped to the context like `batchllm run`; absent: 16 on a completion line
-    as in `batchllm run`, default_max_tokens on a chat line rather than the whole context); outputs are forced to that length by the caller (ignore_eos). The workload is named
-    after the file."""
+    (chat template / prompt through the model's tokenizer, prompt_token_ids as they are), and the
+    skipped lines: a line that does not parse, cannot be tokenized (e.g. text on a random: preset,
+    which has no tokenizer), or does not fit the model. Each line's max_tokens is kept (clamped to
+    the context like `batchllm run`; absent: 16 on a completion line as in `batchllm run`,
+    default_max_tokens on a chat line rather than the whole context); outputs are forced to that
+    length by the caller (ignore_eos). The workload is named after the file."""
     from batchllm.batch_job import prepare_request
     from batchllm.io.batch_input import BatchError, read_batch_file
 
@@ -84,8 +73,6 @@ def read_input_workload(path: str, engine, default_max_tokens: int = DEFAULT_INP
             continue
         sampling = item.sampling
         if sampling.max_tokens is None:
-            import dataclasses
-
             sampling = dataclasses.replace(sampling, max_tokens=default_max_tokens)
             item = dataclasses.replace(item, sampling=sampling)
         prepared = prepare_request(engine, item)
@@ -100,4 +87,4 @@ def read_input_workload(path: str, engine, default_max_tokens: int = DEFAULT_INP
         custom_ids.append(item.custom_id)
     workload = Workload(name=os.path.basename(path), custom_ids=tuple(custom_ids), prompts=tuple(prompts),
                         max_tokens=tuple(max_tokens))
-    return InputWorkload(workload, tuple(skipped))
+    return workload, skipped

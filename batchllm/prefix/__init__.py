@@ -1,9 +1,7 @@
 """Global prefix planning (BatchLLM 4.2): compact prefix tree -> optimal single-level groups.
+Torch-free by contract (a test imports this package with torch blocked)."""
 
-Torch-free by contract (a test imports this package with torch blocked).
-"""
-
-from batchllm.prefix.groups import PrefixGroup, PrefixPlan, read_groups_jsonl, write_groups_jsonl
+from batchllm.prefix.groups import PrefixGroup, PrefixPlan, write_groups_jsonl
 from batchllm.prefix.keys import PromptError
 from batchllm.prefix.optimal import PrefixTreeTooDeepError
 from batchllm.prefix.planner import PlanArrays, plan_prefix_arrays, plan_prefix_groups
@@ -19,6 +17,5 @@ __all__ = [
     "PromptError",
     "plan_prefix_arrays",
     "plan_prefix_groups",
-    "read_groups_jsonl",
     "write_groups_jsonl",
 ]

@@ -20,14 +20,6 @@ class PrefixGroup:
     distinct_token_ids: tuple[tuple[int, ...], ...]  # per request (same order), >= 1 token each
 
     @property
-    def num_requests(self) -> int:
-        return len(self.request_indices)
-
-    @property
-    def prefix_num_tokens(self) -> int:
-        return len(self.prefix_token_ids)
-
-    @property
     def saved_num_tokens(self) -> int:
         """Prefill tokens not recomputed thanks to sharing: (|g| - 1) * len(prefix)."""
         return (len(self.request_indices) - 1) * len(self.prefix_token_ids)
@@ -43,29 +35,14 @@ class PrefixPlan:
         return sum(group.saved_num_tokens for group in self.groups)
 
 
-def group_to_json_dict(group: PrefixGroup, custom_ids: Sequence[str]) -> dict:
-    """One JSONL record; custom_ids[i] names input request i."""
-    return {
-        "prefix_token_ids": list(group.prefix_token_ids),
-        "requests": [
-            {"custom_id": custom_ids[index], "distinct_token_ids": list(distinct)}
-            for index, distinct in zip(group.request_indices, group.distinct_token_ids)
-        ],
-    }
-
-
 def write_groups_jsonl(plan: PrefixPlan, custom_ids: Sequence[str], stream: TextIO) -> int:
-    """Write one group per line; returns the number of lines written."""
+    """Write one group per line (custom_ids[i] names input request i); returns the number of lines."""
     if len(set(custom_ids)) != len(custom_ids):
         raise ValueError("custom_ids must be unique")
-    num_lines = 0
     for group in plan.groups:
-        stream.write(json.dumps(group_to_json_dict(group, custom_ids), separators=(",", ":")))
+        requests = [{"custom_id": custom_ids[index], "distinct_token_ids": list(distinct)}
+                    for index, distinct in zip(group.request_indices, group.distinct_token_ids)]
+        record = {"prefix_token_ids": list(group.prefix_token_ids), "requests": requests}
+        stream.write(json.dumps(record, separators=(",", ":")))
         stream.write("\n")
-        num_lines += 1
-    return num_lines
-
-
-def read_groups_jsonl(stream: TextIO) -> list[dict]:
-    """Inverse of write_groups_jsonl (records as dicts), for tools and tests."""
-    return [json.loads(line) for line in stream if line.strip()]
+    return len(plan.groups)

@@ -1,11 +1,5 @@
-"""Request keys for prefix planning: validate token ids, encode, sort, LCP of neighbours.
-
-BatchLLM 4.2: a request's key is its prompt minus the last token, so every request keeps at
-least one distinct token (whose logits give its first output token). Keys are encoded as
-big-endian unsigned bytes, so bytes order == lexicographic token order and a token prefix is
-a byte prefix; Python's sort of bytes is a C memcmp sort, the fastest sort of millions of
-variable-length int sequences available without a suffix-array library.
-"""
+"""Request keys for prefix planning: validate token ids, encode, sort, LCP of neighbours. A key is
+the prompt minus its last token, encoded so that bytes order is token order (docs/design.md)."""
 
 from __future__ import annotations
 
@@ -16,7 +10,6 @@ import numpy as np
 
 # Prompts validated / encoded per chunk, so the temporary flat array stays small (1M x 300).
 _CHUNK_NUM_PROMPTS = 65536
-# Tokens compared per vectorised LCP chunk.
 _LCP_CHUNK_NUM_TOKENS = 1 << 22
 
 
@@ -65,11 +58,7 @@ def _max_token_id(arrays: list[np.ndarray]) -> int:
 
 def _token_byte_dtype(max_token_id: int) -> np.dtype:
     """Narrowest big-endian unsigned dtype holding every token id: byte order == token order."""
-    if max_token_id < 1 << 16:
-        return np.dtype(">u2")
-    if max_token_id < 1 << 32:
-        return np.dtype(">u4")
-    return np.dtype(">u8")
+    return np.dtype(">u2" if max_token_id < 1 << 16 else ">u4" if max_token_id < 1 << 32 else ">u8")
 
 
 def encode_keys(arrays: list[np.ndarray], dtype: np.dtype) -> list[bytes]:
@@ -132,7 +121,5 @@ def sort_keys(prompts: Sequence[Sequence[int]]) -> tuple[SortedKeys, list[np.nda
     sorted_keys = [keys[i] for i in order]
     del keys
     lcp, key_num_tokens = _neighbour_lcp(sorted_keys, dtype)
-    return (
-        SortedKeys(np.asarray(order, dtype=np.int64), key_num_tokens, lcp, prompt_num_tokens, max_token_id),
-        arrays,
-    )
+    order_array = np.asarray(order, dtype=np.int64)
+    return SortedKeys(order_array, key_num_tokens, lcp, prompt_num_tokens, max_token_id), arrays

@@ -1,22 +1,6 @@
-"""Exact optimal single-level grouping on the compact prefix tree (BatchLLM 4.2, docs/design.md).
-
-Choose a set U of tree nodes as group prefixes; each request joins the deepest node of U on
-its key's root path (none: a singleton). saved = sum_requests depth(group node) -
-sum_{u in U} depth(u). With f(v, a) = best value inside subtree(v) when the deepest chosen
-ancestor above v has depth a:
-
-    f(v, a) = max( a * ends(v) + sum_c f(c, a),                              # v not chosen
-                   depth(v) * ends(v) - depth(v) + sum_c f(c, depth(v)) )    # v chosen
-
-Only ancestors' depths matter for a, so f(v, .) is a vector indexed by the ancestor's level
-(0 = root = "no chosen ancestor", depth 0). All nodes of one level have vectors of the same
-length, so each level is one 2-D numpy array: the DP is iterative (no recursion limit) and
-vectorised; work and memory are sum over nodes of their level (fine for real prefix trees,
-quadratic only for a chain of prompts nested in each other).
-
-Ties choose "not chosen": a chosen node then always has >= 2 members (a one-member group
-saves nothing, so dropping it never loses), and a group's prefix equals its members' LCP.
-"""
+"""Exact optimal single-level grouping on the compact prefix tree (BatchLLM 4.2): the DP over
+f(v, a) of docs/design.md ("Prefix planning"), one 2-D numpy array per tree level; ties choose
+"not chosen", so a chosen node has >= 2 members and a group's prefix equals its members' LCP."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Global prefix planner: prompts -> optimal single-level prefix-sharing groups (BatchLLM 4.2).
-
-Pipeline: validate + sort keys (keys.py) -> compact prefix tree (tree.py) -> exact DP
-(optimal.py) -> groups (groups.py) + statistics (stats.py). Torch-free.
-"""
+"""Global prefix planner: prompts -> optimal single-level prefix-sharing groups (BatchLLM 4.2),
+through keys.py, tree.py, optimal.py, groups.py and stats.py (docs/design.md). Torch-free."""
 
 from __future__ import annotations
 

@@ -37,10 +37,8 @@ class Distribution:
 
 @dataclass(frozen=True)
 class PlanStats:
-    """Logical vs processed prefill tokens for four ways of sharing, plus group shapes.
-
-    saving ratio (Eq. 2) = (logical - processed) / logical prefill tokens.
-    """
+    """Logical vs processed prefill tokens for four ways of sharing, plus group shapes; saving ratio
+    (Eq. 2) = (logical - processed) / logical prefill tokens."""
 
     num_requests: int
     logical_prefill_tokens: int  # sum of prompt lengths; also processed with no sharing
@@ -59,9 +57,8 @@ class PlanStats:
         return self.logical_prefill_tokens - self.processed_prefill_tokens
 
     def _ratio(self, processed: int) -> float:
-        if self.logical_prefill_tokens == 0:
-            return 0.0
-        return (self.logical_prefill_tokens - processed) / self.logical_prefill_tokens
+        logical = self.logical_prefill_tokens
+        return (logical - processed) / logical if logical else 0.0
 
     @property
     def saving_ratio(self) -> float:
@@ -81,27 +78,19 @@ class PlanStats:
 
     def to_dict(self) -> dict:
         """Flat JSON-ready dict (fields plus ratios)."""
-        out = asdict(self)
-        out["saved_prefill_tokens"] = self.saved_prefill_tokens
-        out["saving_ratio"] = self.saving_ratio
-        out["saving_ratio_multi_level"] = self.saving_ratio_multi_level
-        out["saving_ratio_naive_first_level"] = self.saving_ratio_naive_first_level
-        out["saving_ratio_no_sharing"] = self.saving_ratio_no_sharing
-        return out
+        properties = ("saved_prefill_tokens", "saving_ratio", "saving_ratio_multi_level",
+                      "saving_ratio_naive_first_level", "saving_ratio_no_sharing")
+        return {**asdict(self), **{name: getattr(self, name) for name in properties}}
 
 
-def multi_level_saved_tokens(tree: CompactPrefixTree, num_requests: int, key_num_tokens_total: int) -> int:
+def multi_level_saved_tokens(tree: CompactPrefixTree, key_num_tokens_total: int) -> int:
     """Keys' tokens minus the tokens of the compact tree (each tree token computed once)."""
-    if tree.num_nodes <= 1:
-        return 0
     edges = tree.depth_num_tokens[1:] - tree.depth_num_tokens[tree.parent[1:]]
     return key_num_tokens_total - int(edges.sum())
 
 
 def naive_first_level_saved_tokens(tree: CompactPrefixTree) -> int:
     """Group by the root's children (the paper's first-level prefixes, Fig. 4a)."""
-    if tree.num_nodes <= 1:
-        return 0
     first_level = np.flatnonzero(tree.parent == 0)
     members = tree.subtree_num_keys()[first_level]
     return int(((members - 1) * tree.depth_num_tokens[first_level]).sum())
@@ -123,7 +112,7 @@ def build_stats(
         num_requests=num_requests,
         logical_prefill_tokens=logical,
         processed_prefill_tokens=logical - saved_num_tokens,
-        processed_prefill_tokens_multi_level=logical - multi_level_saved_tokens(tree, num_requests, key_total),
+        processed_prefill_tokens_multi_level=logical - multi_level_saved_tokens(tree, key_total),
         processed_prefill_tokens_naive_first_level=logical - naive_first_level_saved_tokens(tree),
         num_groups=int(group_sizes.size),
         num_shared_groups=int(shared.sum()),

@@ -1,9 +1,6 @@
-"""Compact prefix tree over request keys, built from sorted keys + neighbour LCPs.
-
-BatchLLM 4.2: nodes are the depths where keys branch or end; a node's tokens are shared by
-every key below it. Built in one pass with a stack (like a Cartesian tree over the LCP
-array): O(num_requests) Python steps on plain ints, no dict per token, so 1M requests fit.
-"""
+"""Compact prefix tree over request keys (BatchLLM 4.2): nodes are the depths where keys branch or
+end. Built in one pass with a stack over sorted keys and neighbour LCPs (like a Cartesian tree):
+O(num_requests) Python steps on plain ints, no dict per token, so 1M requests fit."""
 
 from __future__ import annotations
 

@@ -8,11 +8,8 @@ class OutOfBlocksError(RuntimeError):
 
 
 class BlockPool:
-    """Free list of KV block ids with reference counts.
-
-    Block 0 .. num_blocks-1. A block is free when its reference count is 0. Shared prefix
-    blocks carry one reference per holder (a group, a cache entry).
-    """
+    """Free list of KV block ids 0 .. num_blocks-1 with reference counts: a block is free at 0;
+    a shared block carries one reference per holder (a group, a cache entry)."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1 or block_size < 1:
@@ -42,9 +39,6 @@ class BlockPool:
                 f"request {request_id} needs {needed} KV blocks at full length ({num_prompt_tokens} prompt + "
                 f"{max_tokens} max_tokens), the cache has {self.num_blocks}"
             )
-
-    def can_allocate(self, num_blocks: int) -> bool:
-        return num_blocks <= len(self._free)
 
     def allocate(self, num_blocks: int) -> list[int]:
         if num_blocks > len(self._free):

@@ -1,8 +1,5 @@
-"""Full block tables from the scheduler's block-table changes (pure Python, torch-free).
-
-The runner keeps its tables in numpy (engine/block_tables.py); this is the same rule for the
-contract checker, the simulator's consumers, tests and benchmarks that need whole tables.
-"""
+"""Full block tables from the scheduler's block-table changes, in pure Python: the runner's rule
+(engine/block_tables.py) for the contract checker, tests and benchmarks (docs/design.md)."""
 
 from __future__ import annotations
 
@@ -18,9 +15,6 @@ class BlockTableTracker:
     @property
     def num_rows(self) -> int:
         return len(self._rows)
-
-    def table(self, seq_id: int) -> tuple[int, ...]:
-        return tuple(self._rows[seq_id])
 
     def apply(self, output: SchedulerOutput) -> list[tuple[int, ...]]:
         """Apply one step's changes; returns the full block table of each chunk, in chunk order."""

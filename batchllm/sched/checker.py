@@ -1,14 +1,6 @@
 """Replays a SchedulerOutput stream into a fake paged KV store and checks the contract of
-interface.py (used by the tests and `simulate --check`; torch-free).
-
-For every step: chunks of one group are adjacent, a group's prefix chunk comes first; the
-prefix is fully stored before a member reads it; start positions continue what is stored
-(or, on a fresh start, sit on cached/shared KV); every row is written through the block
-table; then every chunk reads back [0, kv_len) through its block table and must see exactly
-its logical token sequence (so a wrong block id, a block freed and overwritten while still
-in use, a stale cached block, or a block-table change the runner would apply wrongly is
-caught: the tables are rebuilt from the changes, as the runner does).
-"""
+interface.py, as docs/design.md ("Simulating schedules") lists (used by the tests and
+`simulate --check`; torch-free)."""
 
 from __future__ import annotations
 
@@ -69,8 +61,6 @@ class ChunkStreamChecker:
                 raise ContractError(f"request {request_id} finished twice")
             self.finished.add(request_id)
 
-    # -- helpers -------------------------------------------------------------------------
-
     def _check_layout(self, chunks: tuple[ScheduledChunk, ...]) -> None:
         closed: set[int] = set()
         current = None
@@ -125,11 +115,8 @@ class ChunkStreamChecker:
             self.blocks.setdefault(block_id, [None] * self.block_size)[slot] = token
 
     def _read(self, chunk: ScheduledChunk, table: tuple[int, ...]) -> list[int | None]:
-        visible = []
-        for position in range(chunk.kv_len):
-            block_id, slot = self._address(chunk, table, position)
-            visible.append(self.blocks.get(block_id, [None] * self.block_size)[slot])
-        return visible
+        addresses = (self._address(chunk, table, position) for position in range(chunk.kv_len))
+        return [self.blocks.get(block_id, [None] * self.block_size)[slot] for block_id, slot in addresses]
 
     def _address(self, chunk: ScheduledChunk, table: tuple[int, ...], position: int) -> tuple[int, int]:
         size = self.block_size

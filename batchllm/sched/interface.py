@@ -1,30 +1,5 @@
-"""The contract between a scheduling policy (torch-free) and the model runner.
-
-A step's query rows are the concatenation of its chunks, in order. Each chunk is one
-contiguous run of rows: a request's prompt chunk, a request's decode token, or a group's
-common-prefix chunk. Chunks of one prefix-sharing group are adjacent (BatchLLM section 5:
-rows are laid out group by group).
-
-KV addressing of a chunk (the same rule for the KV store and for attention):
-  the chunk sees KV positions [0, start_position + num_tokens).
-  position p <  shared_kv_len -> block_ids[p // B],                 offset p % B
-  position p >= shared_kv_len -> block_ids[ceil(shared_kv_len / B) + (p - shared_kv_len) // B],
-                                  offset (p - shared_kv_len) % B
-  (B = block size). Shared prefix blocks are read-only; a request's own tokens continue at
-  position shared_kv_len in its own blocks, so a prefix that does not end on a block boundary
-  needs no copy-on-write. New rows always have p >= shared_kv_len.
-
-Block tables travel as changes (the runner keeps them from step to step). The runner holds
-one row per sequence, keyed by seq_id: a request (its group's prefix blocks, then its own
-blocks) or a group's common prefix (seq_id < 0, its prefix blocks). Per step, in order:
-  1. step_index 0 (a new scheduler): start from no rows;
-  2. drop the rows of preempted_request_ids and finished_seq_ids;
-  3. per chunk: row[block_ids_start:] = new_block_ids (the row's length becomes
-     block_ids_start + len(new_block_ids)); a sequence without a row starts from an empty one.
-That covers growth (start = the row's length), a (re)admission (start 0) and a block swapped
-in place for an identical cached one (start = its index). A chunk's block table, as read by
-the KV addressing rule above, is its row after the step's changes.
-"""
+"""The contract between a scheduling policy (torch-free) and the model runner: the chunks of a
+step, their KV addressing and block-table changes are specified in docs/design.md."""
 
 from __future__ import annotations
 

@@ -1,25 +1,11 @@
-"""Content-addressed cache of full KV blocks with LRU eviction (the vllm / sglang baselines).
-
-One node per cached full block, keyed by (parent node id, the block's token ids): the chain
-of keys from the root is the block-level radix tree of all cached prefixes, and it is exact
-(no hash collisions: the key holds the tokens themselves). The cache holds one reference
-(BlockPool refcount) on every cached block; a block whose only holder is the cache is
-*evictable*: it still serves prefix hits but is reclaimed when the free list runs dry.
-
-Two eviction rules:
-  - vLLM v0.6 (`leaf_only=False`): the evictable block with the oldest last access goes
-    first; ties go to the deepest block (vLLM's evictor breaks ties by num_hashed_tokens).
-    Evicting an inner block orphans its descendants (they stay until evicted themselves),
-    exactly as a hash-table cache behaves.
-  - SGLang radix cache (`leaf_only=True`): only leaves are evicted, oldest first; a parent
-    becomes a candidate when its last child goes. SGLang's tree is token-granular; here it
-    is block-granular over the same BlockPool (a partial last block is never shared), so a
-    hit is rounded down to whole blocks. That is the only simplification.
-"""
+"""Content-addressed cache of full KV blocks with LRU eviction for the vllm / sglang baselines: the
+block-level radix tree and its two eviction rules (`leaf_only`: SGLang's) are described in
+docs/design.md ("Scheduling")."""
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from batchllm.sched.block_pool import BlockPool
@@ -45,13 +31,12 @@ class BlockPrefixCache:
         self.pool = pool
         self.leaf_only = leaf_only
         self._nodes: dict[tuple[int, tuple[int, ...]], CacheNode] = {}
-        self._heap: list[tuple[int, int, int, int]] = []  # (last_access, -depth, stamp, node_id)
-        self._by_id: dict[int, CacheNode] = {}
+        # (last_access, -depth, stamp, node_id, node): node_id is unique, nodes are never compared
+        self._heap: list[tuple[int, int, int, int, CacheNode]] = []
         self._by_block: dict[int, CacheNode] = {}  # a block is cached under at most one node
         self._clock = 0
         self._next_node_id = ROOT_NODE_ID + 1
         self.num_evictable_blocks = 0
-        self.num_evictions = 0
 
     def tick(self) -> int:
         self._clock += 1
@@ -73,7 +58,7 @@ class BlockPrefixCache:
     def has_first_block(self, token_ids: tuple[int, ...]) -> bool:
         return (ROOT_NODE_ID, token_ids) in self._nodes
 
-    def num_evictable_in(self, nodes: list[CacheNode]) -> int:
+    def num_evictable_in(self, nodes: Sequence[CacheNode]) -> int:
         return sum(1 for node in nodes if self.pool.ref_count(node.block_id) == 1)
 
     def acquire(self, nodes: list[CacheNode]) -> list[int]:
@@ -106,7 +91,6 @@ class BlockPrefixCache:
         )
         self._next_node_id += 1
         self._nodes[key] = node
-        self._by_id[node.node_id] = node
         self._by_block[block_id] = node
         if parent is not None:
             parent.num_children += 1
@@ -131,9 +115,8 @@ class BlockPrefixCache:
 
     def evict_one(self) -> bool:
         while self._heap:
-            _, _, stamp, node_id = heapq.heappop(self._heap)
-            node = self._by_id.get(node_id)
-            if node is None or node.stamp != stamp or self.pool.ref_count(node.block_id) != 1:
+            _, _, stamp, _, node = heapq.heappop(self._heap)
+            if not node.alive or node.stamp != stamp or self.pool.ref_count(node.block_id) != 1:
                 continue
             if self.leaf_only and node.num_children > 0:
                 continue  # re-pushed when its last child is evicted
@@ -146,18 +129,14 @@ class BlockPrefixCache:
         while self.evict_one():
             pass
 
-    # -- helpers -------------------------------------------------------------------------
-
     def _push(self, node: CacheNode) -> None:
-        heapq.heappush(self._heap, (node.last_access, -node.depth_num_blocks, node.stamp, node.node_id))
+        heapq.heappush(self._heap, (node.last_access, -node.depth_num_blocks, node.stamp, node.node_id, node))
 
     def _remove(self, node: CacheNode) -> None:
         node.alive = False
         del self._nodes[node.key]
-        del self._by_id[node.node_id]
         del self._by_block[node.block_id]
         self.num_evictable_blocks -= 1
-        self.num_evictions += 1
         self.pool.free([node.block_id])
         parent = node.parent
         if parent is not None and parent.alive:

@@ -1,11 +1,13 @@
-"""Per-request scheduling state shared by every policy (torch-free)."""
+"""Per-request scheduling state and update(), shared by every policy (torch-free)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from batchllm.sched.interface import SchedRequest
+from batchllm.sched.block_pool import BlockPool
+from batchllm.sched.config import SchedulerConfig
+from batchllm.sched.interface import NO_GROUP, FinishedRequest, ScheduledChunk, SchedRequest, SchedulerOutput
 
 
 @dataclass(eq=False)
@@ -40,10 +42,6 @@ class SeqState:
     def is_decoding(self) -> bool:
         return bool(self.request.output_token_ids) and self.num_pending_tokens == 1
 
-    def own_token_slice(self, start: int, end: int) -> tuple[int, ...]:
-        """Own tokens [start, end) without building the whole token list (decode steps)."""
-        return token_slice(self.request, self.prompt_offset + start, self.prompt_offset + end)
-
     def drop_blocks(self) -> list[int]:
         """The KV is gone (preempted or finished): returns the own blocks for the caller to
         free; nothing is stored any more and the runner drops the row."""
@@ -58,20 +56,83 @@ class SeqState:
         self.block_ids[index] = block_id
         self.num_table_blocks_sent = min(self.num_table_blocks_sent, index)
 
-    def table_change(self, prefix_block_ids: Sequence[int] = ()) -> tuple[int, tuple[int, ...]]:
-        """(block_ids_start, new_block_ids) that bring the runner's row, prefix_block_ids then
-        the own blocks, up to date (interface.py)."""
-        start = self.num_table_blocks_sent
+    def chunk(self, num_tokens: int, prefix_block_ids: Sequence[int] = (), group_id: int = NO_GROUP
+              ) -> ScheduledChunk:
+        """The next num_tokens own tokens as a chunk, with the change that brings the runner's row
+        (prefix_block_ids, then the own blocks) up to date (docs/design.md)."""
+        start = self.num_computed_tokens
+        first = self.prompt_offset + start
+        block_ids_start = self.num_table_blocks_sent
         num_prefix_blocks = len(prefix_block_ids)
-        if start >= num_prefix_blocks:
-            new_block_ids = tuple(self.block_ids[start - num_prefix_blocks:])
+        if block_ids_start >= num_prefix_blocks:
+            new_block_ids = tuple(self.block_ids[block_ids_start - num_prefix_blocks:])
         else:
-            new_block_ids = tuple(prefix_block_ids[start:]) + tuple(self.block_ids)
+            new_block_ids = tuple(prefix_block_ids[block_ids_start:]) + tuple(self.block_ids)
         self.num_table_blocks_sent = num_prefix_blocks + len(self.block_ids)
-        return start, new_block_ids
+        return ScheduledChunk(
+            seq_id=self.request.request_id,
+            token_ids=_token_slice(self.request, first, first + num_tokens),
+            start_position=first,
+            new_block_ids=new_block_ids,
+            block_ids_start=block_ids_start,
+            shared_kv_len=self.prompt_offset,
+            sample=start + num_tokens == self.num_own_tokens,
+            group_id=group_id,
+            is_decode=self.is_decoding,
+        )
 
 
-def token_slice(request: SchedRequest, start: int, end: int) -> tuple[int, ...]:
+class PolicyBase:
+    """What every policy shares: the block pool, the unfinished requests by id and update()."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.pool = BlockPool(config.num_kv_blocks, config.block_size)
+        self._seqs: dict[int, SeqState] = {}  # unfinished requests
+        self.step_index = 0
+        self.finished_seq_ids: list[int] = []  # since the last step: the runner drops their rows
+
+    def has_unfinished(self) -> bool:
+        return bool(self._seqs)
+
+    def update(self, output: SchedulerOutput, sampled_token_ids: dict[int, int],
+               finish_reasons: dict[int, str],
+               resolved_token_ids: Sequence[tuple[int, int, int]] = ()) -> list[FinishedRequest]:
+        """Scheduler.update (interface.py)."""
+        for request_id, index, token_id in resolved_token_ids:
+            if request_id in self._seqs:
+                self._seqs[request_id].request.output_token_ids[index] = token_id
+        finished: list[FinishedRequest] = []
+        for chunk in output.chunks:
+            if chunk.is_prefix:
+                self._prefix_stored(chunk)
+                continue
+            seq = self._seqs[chunk.seq_id]
+            seq.num_computed_tokens += chunk.num_tokens
+            if chunk.sample:
+                seq.request.output_token_ids.append(sampled_token_ids[chunk.seq_id])
+            self._stored(seq)
+            reason = finish_reasons.get(chunk.seq_id)
+            if reason is not None:
+                del self._seqs[chunk.seq_id]
+                self.finished_seq_ids.append(chunk.seq_id)
+                output_token_ids = tuple(seq.request.output_token_ids)
+                finished.append(FinishedRequest(chunk.seq_id, output_token_ids, reason, self._finish(seq)))
+        self.step_index += 1
+        return finished
+
+    def _prefix_stored(self, chunk: ScheduledChunk) -> None:
+        raise AssertionError(f"prefix chunk {chunk.seq_id} from a policy without group prefixes")
+
+    def _stored(self, seq: SeqState) -> None:
+        """After a chunk of seq's tokens is stored in the KV cache."""
+
+    def _finish(self, seq: SeqState) -> int:
+        """Free a finished request's blocks; returns its prompt tokens whose KV was reused."""
+        raise NotImplementedError
+
+
+def _token_slice(request: SchedRequest, start: int, end: int) -> tuple[int, ...]:
     """request.all_token_ids[start:end] without building the whole list."""
     num_prompt = len(request.prompt_token_ids)
     if start >= num_prompt:

@@ -1,9 +1,5 @@
-"""`simple` policy: FCFS continuous batching with chunked prefill, no prefix sharing.
-
-The plainest policy that satisfies the Scheduler contract, and a reference the other policies
-are tested against (greedy outputs must be identical under every policy). Its per-request state
-is the baselines' CachedSeq, without a prefix cache.
-"""
+"""`simple` policy: FCFS continuous batching with chunked prefill, no prefix sharing: the reference
+the other policies are tested against (docs/design.md); the baselines' machinery, cache off."""
 
 from __future__ import annotations
 
@@ -15,31 +11,13 @@ from batchllm.sched.policies.cached_base import CachedPolicyBase
 
 
 class SimpleScheduler(CachedPolicyBase):
-    """The baselines' machinery (queues, block growth, recompute preemption, update) with the
-    prefix cache off."""
-
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(dataclasses.replace(config, enable_prefix_caching=False), leaf_only_eviction=False)
 
     def schedule(self) -> SchedulerOutput:
-        budget = self.config.max_num_batched_tokens
-        scheduled = []
-        preempted: list[int] = []
         # Running requests first, in admission order; preempt from the back when out of blocks.
-        index = 0
-        while index < len(self.running) and budget > 0:
-            state = self.running[index]
-            num_tokens = min(state.num_pending_tokens, budget)
-            if not self.grow(state, num_tokens):
-                victim = self.running[-1]
-                self.preempt(victim, preempted)  # recompute later: the KV goes, the generated tokens stay
-                if victim is state:
-                    break
-                continue
-            scheduled.append((state, num_tokens))
-            budget -= num_tokens
-            index += 1
-        # Then admit waiting requests in FCFS order.
+        budget = self.config.max_num_batched_tokens
+        scheduled, preempted, budget = self.schedule_running(list(self.running), budget)
         max_seqs = self.config.max_num_seqs
         while self.waiting and budget > 0 and not preempted:
             if max_seqs is not None and len(self.running) >= max_seqs:

@@ -1,25 +1,10 @@
 """Drive a scheduling policy without a model: fake sampling + a linear cost model (torch-free).
-
-Fake model: request r's i-th output token is a fixed function of (r, i) and every request
-runs to its max_tokens ("length"), so all policies produce the same outputs and the same
-amount of decode work; only the schedule differs. With check=True the stream also goes
-through ChunkStreamChecker and the next token is a hash of the KV the request actually
-reads (any KV mistake changes the outputs).
-
-Cost model (rough, documented, for comparing schedules, not for absolute claims): one step
-of Llama-3.1-8B in bf16 on an H200 costs
-    max(weights_read_s, num_tokens * token_compute_s) + kv_tokens_read * kv_token_read_s
-  weights_read_s  = 16 GB of weights / 4.8 TB/s            ~ 3.4 ms (decode-bound floor)
-  token_compute_s = 2 * 8e9 FLOP / ~600 TFLOP/s             ~ 27 us per token
-  kv_token_read_s = 128 KiB of KV per token / 4.8 TB/s      ~ 27 ns per KV token a chunk reads
-KV read per step: each chunk reads its own KV once; a group's shared prefix is read once per
-group per step (BatchLLM's fused prefix tile), not once per member.
-"""
+docs/design.md ("Simulating schedules") explains both and derives the cost model's constants."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from batchllm.sched.checker import ChunkStreamChecker
 from batchllm.sched.config import SchedulerConfig
@@ -87,7 +72,6 @@ def fake_token(request_id: int, output_index: int) -> int:
 def simulate(
     requests: Sequence[SimRequest],
     config: SchedulerConfig,
-    cost_model: CostModel | None = None,
     trace_label: str | None = None,
     check: bool = False,
     on_output: Callable[[SchedulerOutput], None] | None = None,
@@ -96,26 +80,24 @@ def simulate(
     on_output: called with every step's SchedulerOutput before its update (replays of real
     steps, e.g. benchmarks/engine_steps.py; block tables arrive as changes: rebuild them with
     sched/block_table.BlockTableTracker, fed every step)."""
-    cost_model = cost_model or CostModel()
+    cost_model = CostModel()
     sched_requests = [SchedRequest(i, list(r.prompt_token_ids), r.max_tokens) for i, r in enumerate(requests)]
     checker = ChunkStreamChecker(sched_requests, config.block_size) if check else None
     scheduler = make_scheduler(config)
     scheduler.add_requests(sched_requests)
-    trace = (
-        Trace(config.policy, config.max_num_batched_tokens, config.num_kv_blocks, config.block_size, trace_label)
-        if trace_label is not None
-        else None
-    )
-    sampling = _FakeSampling({r.request_id: r.max_tokens for r in sched_requests})
-    totals = _Totals()
+    records: list[StepRecord] = []  # every step, empty ones included
+    num_empty_steps = 0
     outputs: dict[int, tuple[int, ...]] = {}
     while scheduler.has_unfinished():
         output = scheduler.schedule()
-        totals.check_progress(output, config.policy)
+        num_empty_steps = num_empty_steps + 1 if output.is_empty else 0
+        if num_empty_steps > MAX_EMPTY_STEPS:
+            raise RuntimeError(f"policy {config.policy!r} stalled: {MAX_EMPTY_STEPS} empty steps "
+                               "with work left")
         if on_output is not None:
             on_output(output)
         seen = checker.check_step(output) if checker is not None else None
-        sampled, finish = sampling.sample(output, seen)
+        sampled, finish = _fake_sample(output, seen, sched_requests)
         finished = scheduler.update(output, sampled, finish)
         if checker is not None:
             checker.record(sampled, [f.request_id for f in finished])
@@ -123,84 +105,56 @@ def simulate(
             if item.request_id in outputs:
                 raise RuntimeError(f"request {item.request_id} finished twice")
             outputs[item.request_id] = item.output_token_ids
-        step_time = cost_model.step_time_s(output)
-        totals.add(output, step_time, config.max_num_batched_tokens / 2)
-        if trace is not None and output.num_tokens:
-            trace.steps.append(StepRecord.from_output(output, step_time))
-    return totals.result(requests, config, len(outputs)), trace, outputs
+        records.append(StepRecord.from_output(output, cost_model.step_time_s(output)))
+    steps = [record for record in records if record.num_tokens]
+    trace = None
+    if trace_label is not None:
+        trace = Trace(config.policy, config.max_num_batched_tokens, config.num_kv_blocks, config.block_size,
+                      trace_label, steps)
+    return _result(requests, config, len(outputs), records, steps), trace, outputs
 
 
-@dataclass
-class _FakeSampling:
+def _fake_sample(output: SchedulerOutput, seen: dict | None, requests: list[SchedRequest]
+                 ) -> tuple[dict[int, int], dict[int, str]]:
     """Request r's i-th token is fake_token(r, i), or with the checker a hash of the KV it read;
     a request finishes at its max_tokens."""
-
-    max_tokens: dict[int, int]
-    num_outputs: dict[int, int] = field(default_factory=dict)
-
-    def sample(self, output: SchedulerOutput, seen: dict | None) -> tuple[dict[int, int], dict[int, str]]:
-        sampled: dict[int, int] = {}
-        finish: dict[int, str] = {}
-        for chunk in output.chunks:
-            if not chunk.sample:
-                continue
-            rid = chunk.seq_id
-            index = self.num_outputs.get(rid, 0)
-            sampled[rid] = hash(seen[rid]) % FAKE_VOCAB_SIZE if seen is not None else fake_token(rid, index)
-            self.num_outputs[rid] = index + 1
-            if index + 1 >= self.max_tokens[rid]:
-                finish[rid] = "length"
-        return sampled, finish
+    sampled: dict[int, int] = {}
+    finish: dict[int, str] = {}
+    for chunk in output.chunks:
+        if not chunk.sample:
+            continue
+        rid = chunk.seq_id
+        index = len(requests[rid].output_token_ids)  # the scheduler appends each sampled token
+        sampled[rid] = hash(seen[rid]) % FAKE_VOCAB_SIZE if seen is not None else fake_token(rid, index)
+        if index + 1 >= requests[rid].max_tokens:
+            finish[rid] = "length"
+    return sampled, finish
 
 
-@dataclass
-class _Totals:
-    steps: int = 0
-    total_tokens: int = 0
-    valleys: int = 0
-    processed_prefill: int = 0
-    decode_tokens: int = 0
-    peak_blocks: int = 0
-    preemptions: int = 0
-    empty_steps: int = 0
-    time_s: float = 0.0
-
-    def check_progress(self, output: SchedulerOutput, policy: str) -> None:
-        self.preemptions += len(output.preempted_request_ids)
-        self.empty_steps = self.empty_steps + 1 if output.is_empty else 0
-        if self.empty_steps > MAX_EMPTY_STEPS:
-            raise RuntimeError(f"policy {policy!r} stalled: {MAX_EMPTY_STEPS} empty steps with work left")
-
-    def add(self, output: SchedulerOutput, step_time_s: float, half_budget: float) -> None:
-        num_tokens = output.num_tokens
-        if num_tokens:
-            self.steps += 1
-            self.total_tokens += num_tokens
-            self.valleys += num_tokens < half_budget
-            self.time_s += step_time_s
-        self.processed_prefill += output.num_distinct_tokens + output.num_prefix_tokens
-        self.decode_tokens += output.num_decode_tokens
-        self.peak_blocks = max(self.peak_blocks, output.num_used_blocks)
-
-    def result(self, requests: Sequence[SimRequest], config: SchedulerConfig, num_finished: int) -> SimResult:
-        logical = sum(len(r.prompt_token_ids) for r in requests)
-        return SimResult(
-            policy=config.policy,
-            num_requests=len(requests),
-            finished_requests=num_finished,
-            steps=self.steps,
-            total_tokens=self.total_tokens,
-            mean_tokens_per_step=self.total_tokens / self.steps if self.steps else 0.0,
-            valley_steps=self.valleys,
-            logical_prefill_tokens=logical,
-            processed_prefill_tokens=self.processed_prefill,
-            saving_ratio=(logical - self.processed_prefill) / logical if logical else 0.0,
-            decode_tokens=self.decode_tokens,
-            peak_kv_blocks=self.peak_blocks,
-            peak_kv_tokens=self.peak_blocks * config.block_size,
-            preemptions=self.preemptions,
-            estimated_time_s=self.time_s,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            num_kv_blocks=config.num_kv_blocks,
-            block_size=config.block_size,
-        )
+def _result(requests: Sequence[SimRequest], config: SchedulerConfig, num_finished: int,
+            records: list[StepRecord], steps: list[StepRecord]) -> SimResult:
+    """records: every step; steps: those with tokens (the ones counted as steps)."""
+    logical = sum(len(r.prompt_token_ids) for r in requests)
+    processed = sum(r.num_distinct_tokens + r.num_prefix_tokens for r in records)
+    total_tokens = sum(step.num_tokens for step in steps)
+    peak_blocks = max((r.num_used_blocks for r in records), default=0)
+    return SimResult(
+        policy=config.policy,
+        num_requests=len(requests),
+        finished_requests=num_finished,
+        steps=len(steps),
+        total_tokens=total_tokens,
+        mean_tokens_per_step=total_tokens / len(steps) if steps else 0.0,
+        valley_steps=sum(step.num_tokens < config.max_num_batched_tokens / 2 for step in steps),
+        logical_prefill_tokens=logical,
+        processed_prefill_tokens=processed,
+        saving_ratio=(logical - processed) / logical if logical else 0.0,
+        decode_tokens=sum(r.num_decode_tokens for r in records),
+        peak_kv_blocks=peak_blocks,
+        peak_kv_tokens=peak_blocks * config.block_size,
+        preemptions=sum(r.num_preempted_requests for r in records),
+        estimated_time_s=sum(step.step_time_s for step in steps),
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        num_kv_blocks=config.num_kv_blocks,
+        block_size=config.block_size,
+    )

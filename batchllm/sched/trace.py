@@ -54,15 +54,10 @@ class Trace:
     label: str = ""  # workload / setting, shown in plot titles
     steps: list[StepRecord] = field(default_factory=list)
 
-    def to_json_obj(self) -> dict:
-        obj = asdict(self)
-        obj["format_version"] = TRACE_FORMAT_VERSION
-        return obj
-
 
 def write_trace(trace: Trace, path: str) -> None:
     with open(path, "w", encoding="utf-8") as file:
-        json.dump(trace.to_json_obj(), file)
+        json.dump({**asdict(trace), "format_version": TRACE_FORMAT_VERSION}, file)
         file.write("\n")
 
 

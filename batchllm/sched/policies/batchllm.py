@@ -1,44 +1,17 @@
 """`batchllm` policy: prefix-group scheduling, R_group reordering and memory-centric token
-batching (BatchLLM section 4.3).
-
-KV layout (interface.py): a group's common prefix is stored once in prefix blocks
-(read-only, one allocation per group); each member's own tokens (distinct prompt, then
-generated tokens) continue at position len(prefix) in its own blocks.
-
-Memory policy (BatchLLM 4.3.3 + our admission reservation):
-  * M_threshold = kv_memory_threshold x num_kv_blocks (default 1.0: the engine already sized
-    num_kv_blocks from free memory). No step ever takes the used blocks above it: prefill
-    chunks shrink to what fits, decodes that cannot grow trigger preemption.
-  * The paper only checks the KV memory *after the step*. Admitting prefills on that rule
-    alone fills memory with prompts whose decodes then cannot grow: preemption, recompute,
-    thrashing. So admission reserves: a group (or a preempted member) is started only if
-    used blocks + every running request's outstanding growth (up to its distinct prompt +
-    decode_reserve_ratio x max_tokens) + the newcomer's full need stays <= M_threshold.
-    With ratio 1.0 and requests stopping by max_tokens, nothing is ever preempted; the cost
-    is memory held for decodes that end early (EOS), which the ratio trades off.
-  * Preemption when decode growth still outruns memory (ratio < 1, forced admission): the
-    most recently admitted running member loses its own blocks and recomputes later (its
-    prefix stays, the group is alive); if that is not enough, a whole group other than the
-    requester's (prefix included) goes back to the head of the group queue; last resort,
-    the requester itself waits. Nothing is dropped: outputs are kept and re-prefilled.
-"""
+batching (BatchLLM section 4.3); its admission reservation and preemption order are explained in
+docs/design.md ("Scheduling"). A group's common prefix is stored once in read-only prefix blocks;
+each member's own tokens (distinct prompt, then generated) continue at position len(prefix) in
+its own blocks."""
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from batchllm.sched.block_pool import BlockPool
 from batchllm.sched.config import SchedulerConfig
-from batchllm.sched.interface import (
-    NO_GROUP,
-    FinishedRequest,
-    ScheduledChunk,
-    SchedRequest,
-    SchedulerOutput,
-)
-from batchllm.sched.seq_state import SeqState
+from batchllm.sched.interface import NO_GROUP, ScheduledChunk, SchedRequest, SchedulerOutput
+from batchllm.sched.seq_state import PolicyBase, SeqState
 
 
 @dataclass(eq=False)
@@ -79,27 +52,19 @@ class _Group:
         return self.group_id if self.prefix_token_ids else NO_GROUP
 
 
-class BatchLLMScheduler:
+class BatchLLMScheduler(PolicyBase):
     """config.max_num_seqs is ignored on purpose: BatchLLM 4.3.3 caps a step by tokens and KV
     memory, never by the number of requests."""
 
     def __init__(self, config: SchedulerConfig) -> None:
-        self.config = config
-        self.pool = BlockPool(config.num_kv_blocks, config.block_size)
+        super().__init__(config)
         threshold = config.kv_memory_threshold if config.kv_memory_threshold is not None else 1.0
         # M_threshold (BatchLLM 4.3.3), in blocks.
         self.threshold_blocks = max(1, int(threshold * config.num_kv_blocks))
         self.pending_groups: deque[_Group] = deque()  # not admitted, best R_group first
         self.active_groups: list[_Group] = []  # admitted, in admission order
-        self._members: dict[int, _Member] = {}
         self._groups_by_prefix_id: dict[int, _Group] = {}
         self._next_group_id = 0
-        self.step_index = 0
-        self.num_preemptions = 0
-        self.finished_seq_ids: list[int] = []  # since the last step: the runner drops their rows
-        self.planned_saved_tokens = 0  # planner's optimum, for reporting
-
-    # -- Scheduler protocol -----------------------------------------------------------
 
     def add_requests(self, requests: list[SchedRequest]) -> None:
         """Plan prefix-sharing groups over this batch (BatchLLM 4.2) and queue them."""
@@ -108,10 +73,9 @@ class BatchLLMScheduler:
         from batchllm.prefix.planner import plan_prefix_groups
 
         for request in requests:
-            if request.request_id < 0 or request.request_id in self._members:
+            if request.request_id < 0 or request.request_id in self._seqs:
                 raise ValueError(f"request ids must be unique and >= 0, got {request.request_id}")
         plan = plan_prefix_groups([r.prompt_token_ids for r in requests])
-        self.planned_saved_tokens += plan.stats.saved_prefill_tokens
         groups = []
         for planned in plan.groups:
             group = _Group(self._next_group_id, tuple(planned.prefix_token_ids))
@@ -122,7 +86,7 @@ class BatchLLMScheduler:
                 member = _Member(request, num_prefix, group=group)
                 self._check_fits(group, member)
                 group.members.append(member)
-                self._members[request.request_id] = member
+                self._seqs[request.request_id] = member
             group.r_group = self._r_group(group)
             groups.append(group)
             if group.prefix_token_ids:
@@ -131,9 +95,6 @@ class BatchLLMScheduler:
         # prefills mix with their decodes). Stable: input order among equals.
         groups.sort(key=lambda g: -g.r_group)
         self.pending_groups.extend(groups)
-
-    def has_unfinished(self) -> bool:
-        return bool(self.pending_groups or self.active_groups)
 
     def schedule(self) -> SchedulerOutput:
         step = _Step(budget=self.config.max_num_batched_tokens)
@@ -158,7 +119,7 @@ class BatchLLMScheduler:
         for group in list(self.active_groups):
             if step.budget <= 0:
                 break
-            if not group.prefix_done and group.group_id not in step.prefix_scheduled:
+            if not group.prefix_done and group.group_id not in step.prefix_tokens:
                 self._schedule_prefix(group, step)
         while step.budget > 0 and self.pending_groups and not self._any_waiting_member():
             if not self._admit(self.pending_groups[0], force=not self._anything_running()):
@@ -167,30 +128,8 @@ class BatchLLMScheduler:
             self._schedule_prefix(group, step)
         return self._build_output(step)
 
-    def update(
-        self,
-        output: SchedulerOutput,
-        sampled_token_ids: dict[int, int],
-        finish_reasons: dict[int, str],
-        resolved_token_ids: Sequence[tuple[int, int, int]] = (),
-    ) -> list[FinishedRequest]:
-        for request_id, index, token_id in resolved_token_ids:
-            if request_id in self._members:
-                self._members[request_id].request.output_token_ids[index] = token_id
-        finished: list[FinishedRequest] = []
-        for chunk in output.chunks:
-            if chunk.is_prefix:
-                self._groups_by_prefix_id[chunk.seq_id].prefix_num_computed += chunk.num_tokens
-                continue
-            member = self._members[chunk.seq_id]
-            member.num_computed_tokens += chunk.num_tokens
-            if chunk.sample:
-                member.request.output_token_ids.append(sampled_token_ids[chunk.seq_id])
-            reason = finish_reasons.get(chunk.seq_id)
-            if reason is not None:
-                finished.append(self._finish(member, reason))
-        self.step_index += 1
-        return finished
+    def _prefix_stored(self, chunk: ScheduledChunk) -> None:
+        self._groups_by_prefix_id[chunk.seq_id].prefix_num_computed += chunk.num_tokens
 
     # -- admission and reservation ----------------------------------------------------
 
@@ -214,10 +153,10 @@ class BatchLLMScheduler:
         return committed
 
     def _check_fits(self, group: _Group, member: _Member) -> None:
-        num_tokens = len(group.prefix_token_ids) + member.num_own_prompt_tokens + member.request.max_tokens
-        needed = self.pool.blocks_for_tokens(len(group.prefix_token_ids)) + self.pool.blocks_for_tokens(
-            member.num_own_prompt_tokens + member.request.max_tokens
-        )
+        own_num_tokens = member.num_own_prompt_tokens + member.request.max_tokens
+        num_tokens = len(group.prefix_token_ids) + own_num_tokens
+        num_prefix_blocks = self.pool.blocks_for_tokens(len(group.prefix_token_ids))
+        needed = num_prefix_blocks + self.pool.blocks_for_tokens(own_num_tokens)
         if needed > self.threshold_blocks:
             raise ValueError(
                 f"request {member.request.request_id} needs {needed} KV blocks at full length "
@@ -272,7 +211,8 @@ class BatchLLMScheduler:
                 member.waiting = False  # resume: recompute distinct + generated tokens
             if member.num_pending_tokens <= 0 or member.is_decoding:
                 continue
-            num_tokens = min(member.num_pending_tokens, step.budget, self._own_room_tokens(member))
+            room = self._room_tokens(member.block_ids, member.num_computed_tokens)
+            num_tokens = min(member.num_pending_tokens, step.budget, room)
             if num_tokens <= 0:
                 return  # memory full for prefill this step (BatchLLM 4.3.3)
             self._grow(member.block_ids, member.num_computed_tokens + num_tokens)
@@ -281,8 +221,7 @@ class BatchLLMScheduler:
     def _schedule_prefix(self, group: _Group, step: "_Step") -> None:
         remaining = len(group.prefix_token_ids) - group.prefix_num_computed
         if remaining > 0:
-            free_blocks = self.threshold_blocks - self.pool.num_used_blocks
-            room = (len(group.prefix_block_ids) + max(0, free_blocks)) * self.pool.block_size - group.prefix_num_computed
+            room = self._room_tokens(group.prefix_block_ids, group.prefix_num_computed)
             num_tokens = min(remaining, step.budget, room)
             if num_tokens <= 0:
                 return
@@ -291,15 +230,13 @@ class BatchLLMScheduler:
             if num_tokens < remaining:
                 return
         # Prefix stored by the end of this step's KV write: its distinct chunks may follow.
-        self._schedule_distinct_after_prefix(group, step)
-
-    def _schedule_distinct_after_prefix(self, group: _Group, step: "_Step") -> None:
         if step.budget > 0:
             self._schedule_distinct(group, step)
 
-    def _own_room_tokens(self, member: _Member) -> int:
+    def _room_tokens(self, block_ids: list[int], num_computed_tokens: int) -> int:
+        """Tokens that fit in block_ids and the blocks left under M_threshold."""
         free_blocks = max(0, self.threshold_blocks - self.pool.num_used_blocks)
-        return (len(member.block_ids) + free_blocks) * self.pool.block_size - member.num_computed_tokens
+        return (len(block_ids) + free_blocks) * self.pool.block_size - num_computed_tokens
 
     def _grow(self, block_ids: list[int], num_tokens: int) -> None:
         needed = self.pool.blocks_for_tokens(num_tokens) - len(block_ids)
@@ -327,22 +264,20 @@ class BatchLLMScheduler:
     def _pick_victim_member(self, requester: _Member, step: "_Step") -> _Member | None:
         for group in reversed(self.active_groups):
             for member in reversed(group.members):
-                if member is requester or not member.is_running or not member.block_ids:
-                    continue
-                if id(member) not in step.scheduled:
+                if (member is not requester and member.is_running and member.block_ids
+                        and id(member) not in step.scheduled):
                     return member
         return None
 
     def _pick_victim_group(self, requester: _Member, step: "_Step") -> _Group | None:
         for group in reversed(self.active_groups):
-            if group is requester.group or not group.prefix_block_ids:
-                continue
-            if not any(id(m) in step.scheduled for m in group.members):
+            if (group is not requester.group and group.prefix_block_ids
+                    and not any(id(m) in step.scheduled for m in group.members)):
                 return group
         return None
 
     def _preempt_member(self, member: _Member, step: "_Step") -> None:
-        self._count_preempted(member, step)
+        step.preempted.append(member.request.request_id)
         self.pool.free(member.drop_blocks())
         member.waiting = True
 
@@ -352,7 +287,7 @@ class BatchLLMScheduler:
             if member.finished:
                 continue
             if member.block_ids or member.is_running:
-                self._count_preempted(member, step)
+                step.preempted.append(member.request.request_id)
             self.pool.free(member.drop_blocks())
             member.waiting = False
         self._free_prefix(group)
@@ -360,23 +295,17 @@ class BatchLLMScheduler:
         group.members = [m for m in group.members if not m.finished] or group.members
         self.pending_groups.appendleft(group)
 
-    def _finish(self, member: _Member, reason: str) -> FinishedRequest:
+    def _finish(self, member: _Member) -> int:
         group = member.group
         self.pool.free(member.drop_blocks())
         member.finished = True
-        self.finished_seq_ids.append(member.request.request_id)
-        del self._members[member.request.request_id]
         # Every member but the first reused the prefix KV instead of computing it.
         num_cached = len(group.prefix_token_ids) if member is not group.members[0] else 0
         if all(m.finished for m in group.members):
             # BatchLLM 4.3.1: the prefix's memory is released as soon as its group is done.
             self._free_prefix(group)
             self._groups_by_prefix_id.pop(group.prefix_id, None)
-        return FinishedRequest(member.request.request_id, tuple(member.request.output_token_ids), reason, num_cached)
-
-    def _count_preempted(self, member: _Member, step: "_Step") -> None:
-        step.preempted.append(member.request.request_id)
-        self.num_preemptions += 1
+        return num_cached
 
     def _free_prefix(self, group: _Group) -> None:
         """The group leaves the active list and its prefix blocks are freed (the runner drops the row)."""
@@ -392,7 +321,6 @@ class BatchLLMScheduler:
         # Rows group by group (BatchLLM 5): a group's prefix chunk, then its members' chunks.
         chunks: list[ScheduledChunk] = []
         for group in step.group_order:
-            num_prefix_tokens = len(group.prefix_token_ids)
             prefix_tokens = step.prefix_tokens.get(group.group_id, 0)
             if prefix_tokens:
                 start = group.prefix_num_computed
@@ -405,28 +333,12 @@ class BatchLLMScheduler:
                         start_position=start,
                         new_block_ids=tuple(group.prefix_block_ids[blocks_sent:]),
                         block_ids_start=blocks_sent,
-                        shared_kv_len=0,
                         is_prefix=True,
-                        sample=False,
                         group_id=group.group_id,
                     )
                 )
             for member, num_tokens in step.member_tokens.get(group.group_id, ()):
-                start = member.num_computed_tokens
-                block_ids_start, new_block_ids = member.table_change(group.prefix_block_ids)
-                chunks.append(
-                    ScheduledChunk(
-                        seq_id=member.request.request_id,
-                        token_ids=member.own_token_slice(start, start + num_tokens),
-                        start_position=num_prefix_tokens + start,
-                        new_block_ids=new_block_ids,
-                        block_ids_start=block_ids_start,
-                        shared_kv_len=num_prefix_tokens,
-                        sample=start + num_tokens == member.num_own_tokens,
-                        group_id=group.chunk_group_id,
-                        is_decode=member.is_decoding,
-                    )
-                )
+                chunks.append(member.chunk(num_tokens, group.prefix_block_ids, group.chunk_group_id))
         finished, self.finished_seq_ids = self.finished_seq_ids, []
         return SchedulerOutput.from_chunks(self.step_index, chunks, sum(1 for _ in self._running_members()),
                                            self.pool.num_used_blocks, step.preempted, finished)
@@ -441,7 +353,6 @@ class _Step:
     member_tokens: dict[int, list[tuple[_Member, int]]] = field(default_factory=dict)
     prefix_tokens: dict[int, int] = field(default_factory=dict)
     scheduled: set[int] = field(default_factory=set)  # id(member)
-    prefix_scheduled: set[int] = field(default_factory=set)
     preempted: list[int] = field(default_factory=list)
 
     def _touch(self, group: _Group) -> None:
@@ -458,5 +369,4 @@ class _Step:
     def add_prefix(self, group: _Group, num_tokens: int) -> None:
         self._touch(group)
         self.prefix_tokens[group.group_id] = num_tokens
-        self.prefix_scheduled.add(group.group_id)
         self.budget -= num_tokens

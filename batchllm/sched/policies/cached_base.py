@@ -8,11 +8,10 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from batchllm.sched.block_pool import BlockPool
 from batchllm.sched.config import SchedulerConfig
-from batchllm.sched.interface import FinishedRequest, ScheduledChunk, SchedRequest, SchedulerOutput
+from batchllm.sched.interface import SchedRequest, SchedulerOutput
 from batchllm.sched.prefix_cache import BlockPrefixCache, CacheNode
-from batchllm.sched.seq_state import SeqState
+from batchllm.sched.seq_state import PolicyBase, SeqState
 
 
 @dataclass(eq=False)
@@ -23,78 +22,34 @@ class CachedSeq(SeqState):
     first_block_token_ids: tuple[int, ...] | None = None  # memo: cheap cache-miss test
 
 
-class CachedPolicyBase:
-    """Block allocation through the prefix cache, recompute preemption and update()."""
+class CachedPolicyBase(PolicyBase):
+    """Block allocation through the prefix cache, recompute preemption and the end of a request."""
 
     def __init__(self, config: SchedulerConfig, leaf_only_eviction: bool) -> None:
-        self.config = config
-        self.pool = BlockPool(config.num_kv_blocks, config.block_size)
+        super().__init__(config)
         self.cache = BlockPrefixCache(self.pool, leaf_only_eviction) if config.enable_prefix_caching else None
         self.waiting: deque[CachedSeq] = deque()
         self.running: list[CachedSeq] = []
-        self.step_index = 0
-        self.num_preemptions = 0
-        self.finished_seq_ids: list[int] = []  # since the last step: the runner drops their rows
-
-    # -- Scheduler protocol -----------------------------------------------------------
 
     def add_requests(self, requests: list[SchedRequest]) -> None:
         for request in requests:
             self.pool.check_request_fits(request.request_id, request.num_prompt_tokens, request.max_tokens)
-            self.waiting.append(CachedSeq(request))
+            seq = self._seqs[request.request_id] = CachedSeq(request)
+            self.waiting.append(seq)
 
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
-
-    def update(
-        self,
-        output: SchedulerOutput,
-        sampled_token_ids: dict[int, int],
-        finish_reasons: dict[int, str],
-        resolved_token_ids: Sequence[tuple[int, int, int]] = (),
-    ) -> list[FinishedRequest]:
-        by_id = {seq.request.request_id: seq for seq in self.running}
-        if resolved_token_ids and output.preempted_request_ids:  # preempted by this step: waiting
-            preempted = set(output.preempted_request_ids)
-            by_id.update((seq.request.request_id, seq) for seq in self.waiting if seq.request.request_id in preempted)
-        for request_id, index, token_id in resolved_token_ids:
-            if request_id in by_id:
-                by_id[request_id].request.output_token_ids[index] = token_id
-        finished: list[FinishedRequest] = []
-        for chunk in output.chunks:
-            seq = by_id[chunk.seq_id]
-            seq.num_computed_tokens += chunk.num_tokens
-            if chunk.sample:
-                seq.request.output_token_ids.append(sampled_token_ids[chunk.seq_id])
-            self._cache_full_blocks(seq)
-            reason = finish_reasons.get(chunk.seq_id)
-            if reason is not None:
-                self._release(seq)
-                self.running.remove(seq)
-                self.finished_seq_ids.append(chunk.seq_id)
-                finished.append(
-                    FinishedRequest(
-                        chunk.seq_id, tuple(seq.request.output_token_ids), reason,
-                        num_cached_prompt_tokens=seq.num_cached_prompt_tokens or 0,
-                    )
-                )
-        self.step_index += 1
-        if not self.has_unfinished() and self.cache is not None:
+    def _finish(self, seq: CachedSeq) -> int:
+        self._release(seq)
+        self.running.remove(seq)
+        if not self._seqs and self.cache is not None:
             self.cache.clear()  # end of the batch: no block outlives it
-        return finished
+        return seq.num_cached_prompt_tokens or 0
 
-    # -- helpers for the policies -----------------------------------------------------
-
-    @property
-    def num_available_blocks(self) -> int:
-        evictable = self.cache.num_evictable_blocks if self.cache is not None else 0
+    def num_available_blocks(self, nodes: Sequence[CacheNode] = ()) -> int:
+        """Free blocks + cached blocks nobody holds, less those among `nodes` (about to be held)."""
+        if self.cache is None:
+            return self.pool.num_free_blocks
+        evictable = self.cache.num_evictable_blocks - self.cache.num_evictable_in(nodes)
         return self.pool.num_free_blocks + evictable
-
-    @property
-    def num_active_blocks(self) -> int:
-        """Blocks some request holds (cached-but-unreferenced blocks are free memory)."""
-        evictable = self.cache.num_evictable_blocks if self.cache is not None else 0
-        return self.pool.num_used_blocks - evictable
 
     def match_cached(self, seq: CachedSeq) -> list[CacheNode]:
         if self.cache is None:
@@ -118,7 +73,7 @@ class CachedPolicyBase:
 
     def allocate(self, num_blocks: int) -> list[int] | None:
         """Free blocks first, then evict LRU cached blocks nobody holds."""
-        if num_blocks > self.num_available_blocks:
+        if num_blocks > self.num_available_blocks():
             return None
         while self.pool.num_free_blocks < num_blocks:
             if not self.cache.evict_one():
@@ -142,26 +97,39 @@ class CachedPolicyBase:
         self._release(seq)
         self.waiting.appendleft(seq)
         preempted.append(seq.request.request_id)
-        self.num_preemptions += 1
+
+    def schedule_running(self, candidates: list[CachedSeq], budget: int
+                         ) -> tuple[list[tuple[CachedSeq, int]], list[int], int]:
+        """Chunks for running requests in the order of `candidates`, within the token budget; when
+        blocks run out, the last running request not scheduled yet is preempted (recompute).
+        Returns (scheduled, preempted ids, budget left)."""
+        scheduled: list[tuple[CachedSeq, int]] = []
+        scheduled_ids: set[int] = set()
+        preempted: list[int] = []
+        for seq in candidates:
+            if budget <= 0:
+                break
+            if seq.request.request_id in preempted:
+                continue
+            num_tokens = min(seq.num_pending_tokens, budget)
+            while not self.grow(seq, num_tokens):  # seq itself is a candidate victim: never stuck
+                victim = next(s for s in reversed(self.running) if s.request.request_id not in scheduled_ids)
+                self.preempt(victim, preempted)
+                if victim is seq:
+                    break
+            if seq.request.request_id in preempted:
+                continue
+            scheduled.append((seq, num_tokens))
+            scheduled_ids.add(seq.request.request_id)
+            budget -= num_tokens
+        return scheduled, preempted, budget
 
     def build_output(self, scheduled: list[tuple[CachedSeq, int]], preempted: list[int]) -> SchedulerOutput:
-        chunks = []
-        for seq, num_tokens in scheduled:
-            start = seq.num_computed_tokens
-            block_ids_start, new_block_ids = seq.table_change()
-            chunks.append(
-                ScheduledChunk(
-                    seq_id=seq.request.request_id,
-                    token_ids=seq.own_token_slice(start, start + num_tokens),
-                    start_position=start,
-                    new_block_ids=new_block_ids,
-                    block_ids_start=block_ids_start,
-                    sample=start + num_tokens == seq.num_own_tokens,
-                    is_decode=seq.is_decoding,
-                )
-            )
+        chunks = [seq.chunk(num_tokens) for seq, num_tokens in scheduled]
         finished, self.finished_seq_ids = self.finished_seq_ids, []
-        return SchedulerOutput.from_chunks(self.step_index, chunks, len(self.running), self.num_active_blocks,
+        # Blocks some request holds: cached blocks nobody holds are free memory.
+        num_active_blocks = self.pool.num_blocks - self.num_available_blocks()
+        return SchedulerOutput.from_chunks(self.step_index, chunks, len(self.running), num_active_blocks,
                                            preempted, finished)
 
     def _release(self, seq: CachedSeq) -> None:
@@ -172,7 +140,7 @@ class CachedPolicyBase:
             self.pool.free(block_ids)
         seq.nodes = []
 
-    def _cache_full_blocks(self, seq: CachedSeq) -> None:
+    def _stored(self, seq: CachedSeq) -> None:
         """Register blocks that just became full (prompt and generated tokens alike, as
         vLLM v0.6 and SGLang do), so later requests and recomputation can hit them."""
         if self.cache is None:

@@ -1,21 +1,6 @@
-"""`sglang` baseline: SGLang's scheduler (v0.3/v0.4 defaults) on this engine's BlockPool.
-
-  - Radix-tree prefix cache with LRU eviction of leaves (block-granular here, see
-    prefix_cache.py), waiting queue ordered by longest prefix match (`lpm`) each prefill.
-    (SGLang falls back to FCFS when more than 128 requests wait, to save matching time; we
-    always use lpm, which only helps the baseline's reuse.)
-  - Prefill has priority and steps are not mixed (SGLang's default enable_mixed_chunk=False):
-    a step is either a prefill batch (new requests, chunked at max_num_batched_tokens =
-    SGLang's chunked_prefill_size, at most one request partially prefilled) or a decode batch
-    of every running request.
-  - Admission reserves decode room like SGLang's PrefillAdder: a new request needs its
-    uncached input + min(max_new_tokens, 4096) tokens, and running requests hold
-    new_token_ratio x their remaining max_new_tokens. new_token_ratio starts at 0.7, decays
-    to 0.14 over 600 decode steps, and jumps back up after a retraction.
-  - Out of memory in a decode step: retract (recompute) the request with the fewest outputs
-    (ties: the longest input), as SGLang's retract_decode.
-  - max_running_requests = config.max_num_seqs (None: bounded by memory only).
-"""
+"""`sglang` baseline: SGLang's scheduler (v0.3/v0.4 defaults) on this engine's BlockPool; what it
+reproduces (lpm order, unmixed prefill/decode steps, PrefillAdder reservation, retract_decode) is
+listed in docs/design.md ("Scheduling")."""
 
 from __future__ import annotations
 
@@ -43,8 +28,6 @@ class SglangScheduler(CachedPolicyBase):
             if scheduled:
                 return self.build_output(scheduled, [])
         return self._decode_batch()
-
-    # -- prefill -------------------------------------------------------------------------
 
     def _prefill_batch(self) -> list[tuple[CachedSeq, int]]:
         budget = self.config.max_num_batched_tokens
@@ -80,7 +63,7 @@ class SglangScheduler(CachedPolicyBase):
             extend_tokens = seq.num_own_tokens - len(nodes) * size
             remaining_new = seq.request.max_tokens - len(seq.request.output_token_ids)
             need_tokens = extend_tokens + min(max(remaining_new, 0), CLIP_MAX_NEW_TOKENS)
-            available = self.num_available_blocks - (self.cache.num_evictable_in(nodes) if nodes else 0)
+            available = self.num_available_blocks(nodes)
             if need_tokens > available * size - reserved_tokens and (self.running or admitted):
                 break  # SGLang stops at the first request that does not fit
             num_tokens = min(extend_tokens, budget)
@@ -102,18 +85,16 @@ class SglangScheduler(CachedPolicyBase):
             self.waiting = type(self.waiting)(s for s in self.waiting if id(s) not in admitted_ids)
         return scheduled
 
-    # -- decode --------------------------------------------------------------------------
-
     def _decode_batch(self) -> SchedulerOutput:
         preempted: list[int] = []
         batch = [s for s in self.running if s is not self.chunked and s.num_pending_tokens > 0]
         needed = sum(
             self.pool.blocks_for_tokens(s.num_computed_tokens + s.num_pending_tokens) - len(s.block_ids) for s in batch
         )
-        if needed > self.num_available_blocks and len(batch) > 1:
+        if needed > self.num_available_blocks() and len(batch) > 1:
             # SGLang retract_decode: drop the requests with the fewest outputs first.
             batch.sort(key=lambda s: (len(s.request.output_token_ids), -s.request.num_prompt_tokens), reverse=True)
-            while needed > self.num_available_blocks and len(batch) > 1:
+            while needed > self.num_available_blocks() and len(batch) > 1:
                 victim = batch.pop()
                 needed -= self.pool.blocks_for_tokens(victim.num_own_tokens) - len(victim.block_ids)
                 self.preempt(victim, preempted)

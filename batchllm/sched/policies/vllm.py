@@ -1,23 +1,11 @@
-"""`vllm` baseline: vLLM v0.6 scheduler with chunked prefill and automatic prefix caching.
-
-Faithful to vLLM v0.6 `Scheduler._schedule_chunked_prefill` + the prefix-caching block
-manager, on this engine's BlockPool:
-  - FCFS in input order; a request-count cap max_num_seqs (default 256) and a token budget
-    max_num_batched_tokens (default 2048; vLLM's H100/H200 defaults 1024 seqs / 16384 tokens
-    are `--max-num-seqs 1024 --max-num-batched-tokens 16384`).
-  - Each step: running decodes first, then running prefill chunks, then new requests from
-    the waiting queue (only when nothing was preempted this step, as vLLM does).
-  - Admission allocates blocks for the whole prompt at once (vLLM `can_allocate`), keeping a
-    1% watermark of free blocks; full blocks already in the cache are reused.
-  - Hash-based full-block prefix cache, LRU eviction of unreferenced blocks (ties: deepest).
-  - Recompute preemption of the last running request when a decode needs a block.
-"""
+"""`vllm` baseline: vLLM v0.6's scheduler with chunked prefill and automatic prefix caching, on this
+engine's BlockPool; what it reproduces is listed in docs/design.md ("Scheduling")."""
 
 from __future__ import annotations
 
 from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.interface import SchedulerOutput
-from batchllm.sched.policies.cached_base import CachedPolicyBase, CachedSeq
+from batchllm.sched.policies.cached_base import CachedPolicyBase
 
 VLLM_DEFAULT_MAX_NUM_SEQS = 256
 VLLM_WATERMARK_FRACTION = 0.01  # vLLM BlockSpaceManager watermark
@@ -30,34 +18,15 @@ class VllmScheduler(CachedPolicyBase):
         self.watermark_blocks = int(VLLM_WATERMARK_FRACTION * config.num_kv_blocks)
 
     def schedule(self) -> SchedulerOutput:
-        budget = self.config.max_num_batched_tokens
-        scheduled: list[tuple[CachedSeq, int]] = []
-        scheduled_ids: set[int] = set()
-        preempted: list[int] = []
         # Decodes first, then chunked prefills of running requests (vLLM v0.6 chunked prefill).
         candidates = [s for s in self.running if s.is_decoding] + [s for s in self.running if not s.is_decoding]
-        for seq in candidates:
-            if budget <= 0:
-                break
-            if seq.request.request_id in preempted:
-                continue
-            num_tokens = min(seq.num_pending_tokens, budget)
-            while not self.grow(seq, num_tokens):
-                victim = self._last_unscheduled(scheduled_ids)
-                self.preempt(victim, preempted)
-                if victim is seq:
-                    break
-            if seq.request.request_id in preempted:
-                continue
-            scheduled.append((seq, num_tokens))
-            scheduled_ids.add(seq.request.request_id)
-            budget -= num_tokens
+        scheduled, preempted, budget = self.schedule_running(candidates, self.config.max_num_batched_tokens)
         # New prefills, FCFS, only when no preemption happened this step.
         while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             nodes = self.match_cached(seq)
             needed = self.pool.blocks_for_tokens(seq.num_own_tokens) - len(nodes)
-            available = self.num_available_blocks - (self.cache.num_evictable_in(nodes) if nodes else 0)
+            available = self.num_available_blocks(nodes)
             if needed > available or (available - needed < self.watermark_blocks and self.running):
                 break  # (the watermark never blocks an idle engine: no deadlock on tiny caches)
             self.waiting.popleft()
@@ -66,12 +35,5 @@ class VllmScheduler(CachedPolicyBase):
             num_tokens = min(seq.num_pending_tokens, budget)
             self.running.append(seq)
             scheduled.append((seq, num_tokens))
-            scheduled_ids.add(seq.request.request_id)
             budget -= num_tokens
         return self.build_output(scheduled, preempted)
-
-    def _last_unscheduled(self, scheduled_ids: set[int]) -> CachedSeq:
-        for seq in reversed(self.running):
-            if seq.request.request_id not in scheduled_ids:
-                return seq
-        raise AssertionError("no preemptible request")  # the requester itself is unscheduled

@@ -187,3 +187,21 @@ def test_group_members_see_shared_prefix_via_shared_kv_len(policy):
     assert len(outputs) == 9
     if policy == "batchllm":
         assert stats["prefix_freed"] >= 3
+
+
+def test_checker_rejects_a_row_whose_fixed_fields_change():
+    """The runner keeps shared_kv_len, group_id and is_prefix per row: they may change only
+    after the row is dropped (a preemption or a finish)."""
+    from batchllm.sched.checker import ContractError
+    from batchllm.sched.interface import ScheduledChunk, SchedulerOutput
+
+    checker = ChunkStreamChecker([SchedRequest(0, [1, 2, 3, 4, 5], 4)], block_size=4)
+    first = ScheduledChunk(seq_id=0, token_ids=(1, 2, 3, 4), start_position=0, new_block_ids=(7,))
+    checker.check_step(SchedulerOutput(0, (first,)))
+    moved = ScheduledChunk(seq_id=0, token_ids=(5,), start_position=4, new_block_ids=(8,), block_ids_start=1,
+                           group_id=3, sample=True)
+    with pytest.raises(ContractError, match="changed from"):
+        checker.check_step(SchedulerOutput(1, (moved,)))
+    again = ScheduledChunk(seq_id=0, token_ids=(1, 2, 3, 4, 5), start_position=0, new_block_ids=(8, 9),
+                           group_id=3, sample=True)
+    checker.check_step(SchedulerOutput(2, (again,), preempted_request_ids=(0,)))  # a new row: accepted

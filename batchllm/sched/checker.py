@@ -23,11 +23,19 @@ class ChunkStreamChecker:
         self.group_prefix_id: dict[int, int] = {}
         self.finished: set[int] = set()
         self.tables = BlockTableTracker()
+        self.fixed_fields: dict[int, tuple[int, int, bool]] = {}  # seq id -> fields fixed while it has a row
 
     def check_step(self, output: SchedulerOutput) -> dict[int, tuple[int, ...]]:
         """Validate one step; returns, for each sampling chunk, the token sequence it sees."""
         for request_id in output.preempted_request_ids:
             self.stored[request_id] = None
+        for seq_id in output.dropped_seq_ids:
+            self.fixed_fields.pop(seq_id, None)
+        for chunk in output.chunks:
+            fields = (chunk.shared_kv_len, chunk.group_id, chunk.is_prefix)
+            if self.fixed_fields.setdefault(chunk.seq_id, fields) != fields:
+                raise ContractError(f"seq {chunk.seq_id}: (shared_kv_len, group_id, is_prefix) changed from "
+                                    f"{self.fixed_fields[chunk.seq_id]} to {fields} while it has a row")
         self._check_layout(output.chunks)
         try:
             tables = self.tables.apply(output)

@@ -12,7 +12,8 @@ NO_GROUP = -1
 
 @dataclass(frozen=True)
 class ScheduledChunk:
-    """One contiguous run of query rows in a step."""
+    """One contiguous run of query rows in a step. shared_kv_len, is_prefix and group_id stay the
+    same for a seq id from its first chunk until the step that drops its row."""
 
     seq_id: int  # request id, or a group prefix id when is_prefix
     token_ids: tuple[int, ...]  # input ids of the rows

@@ -1,30 +1,10 @@
-"""Crash-safe journal of a batch job's output records, and the final output file built from it.
-
-The journal is `OUTPUT.partial`, beside the output file. Its format (version 2):
-
-    #batchllm-journal v2<TAB>{"job": {"model": ..., "dtype": ..., "seed": ..., ...}}
-    <input line number><TAB><line digest, 16 hex digits><TAB><output record JSON>
-    ...
-
-The header names every option that changes outputs; each entry names the input line it
-answers and a 64-bit BLAKE2b digest of that line's bytes. Entries are flushed to the OS and
-fsynced in small batches (every `sync_every_records` records or `sync_every_seconds`, and on
-close): a SIGKILL loses at most the unflushed records, a power loss at most the unsynced ones;
-both are recomputed on resume. `cut -f3- OUTPUT.partial` is a valid (finish-order) output file.
-
-On resume the header must match (else JournalMismatchError), a torn last line is cut off and a
-corrupt line elsewhere dropped (the journal is rewritten without it). Then every entry is
-checked against the input as it is streamed again (`keep`): its line must exist, be answered
-once (a repeated entry is dropped) and have the same digest; an entry whose line changed, moved
-or vanished is dropped and the line runs again. The final file holds exactly the entries
-confirmed or written in this run, in input order (by line number) or finish order (journal
-order), written to `OUTPUT.tmp`, fsynced and renamed over OUTPUT (atomic); then the journal is
-removed. Bookkeeping is a few numpy/array entries per line (no Python object per line).
-Torch-free.
+"""Crash-safe journal of a batch job's output records (`OUTPUT.partial`), and the final output
+file built from it. Format, resume rules and durability: docs/design.md, "Crash-safe jobs". Torch-free.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -37,6 +17,8 @@ import numpy as np
 MAGIC = b"#batchllm-journal v2\t"
 _OLD_MAGIC = b"#batchllm-journal v"
 _NONE, _LOADED, _KEPT = 0, 1, 2  # per-line state: no entry / from an earlier run, unchecked / confirmed
+SYNC_EVERY_RECORDS = 64  # fsync after this many records, or SYNC_EVERY_SECONDS, whichever comes first
+SYNC_EVERY_SECONDS = 1.0
 
 
 class JournalMismatchError(ValueError):
@@ -95,15 +77,13 @@ class Journal:
     """Append-only record log. Per entry it keeps the byte offset of its record and its length
     (negative for an error record): array('q') + array('i'), 12 bytes."""
 
-    def __init__(self, path: str, header: JournalHeader, restart: bool = False, num_input_lines: int | None = None,
-                 sync_every_records: int = 64, sync_every_seconds: float = 1.0) -> None:
+    def __init__(self, path: str, header: JournalHeader, restart: bool = False,
+                 num_input_lines: int | None = None) -> None:
         self.path = path
         self._num_input_lines = num_input_lines
         self._table = _LineTable()
         self._offsets = array("q")
         self._lengths = array("i")
-        self._sync_every_records = sync_every_records
-        self._sync_every_seconds = sync_every_seconds
         self._unsynced = 0
         self._last_sync = time.monotonic()
         self.num_changed = 0  # entries dropped because their input line changed
@@ -122,20 +102,10 @@ class Journal:
         with open(self.path, "rb") as handle:
             first = handle.readline()
             _check_header(self.path, first, header)
-            offset = len(first)
-            bad: list[tuple[int, int]] = []  # (offset, length) of torn or corrupt lines
-            num_repeated = num_out_of_range = 0
-            for raw in handle:
-                entry = _parse_entry(raw)
-                if entry is None:
-                    bad.append((offset, len(raw)))
-                elif not self._in_range(entry[0]):
-                    num_out_of_range += 1
-                elif not self._remember_loaded(entry, offset):
-                    num_repeated += 1
-                offset += len(raw)
+            bad, num_repeated, num_out_of_range = self._read_entries(handle, len(first))
+            end = handle.tell()
         torn, num_corrupt = 0, 0
-        if len(bad) == 1 and sum(bad[0]) == offset:  # only the last line is torn: cut it off
+        if len(bad) == 1 and sum(bad[0]) == end:  # only the last line is torn: cut it off
             torn = bad[0][1]
             with open(self.path, "r+b") as handle:
                 handle.truncate(bad[0][0])
@@ -143,9 +113,28 @@ class Journal:
                 os.fsync(handle.fileno())
         elif bad:
             num_corrupt = len(bad)
-            self._rewrite(first)
+            self._rewrite()
         self.resume = ResumeReport(len(self._table.lines_in(_LOADED)), torn, num_corrupt, num_repeated,
                                    num_out_of_range)
+
+    def _read_entries(self, handle, offset: int, out=None) -> tuple[list[tuple[int, int]], int, int]:
+        """Remember the entries of the lines left in handle, the first at byte `offset`; with
+        `out`, copy the good lines there (offsets then count in the copy). Returns the (offset,
+        length) of torn or corrupt lines, and the numbers of repeated and out-of-range entries."""
+        bad: list[tuple[int, int]] = []
+        num_repeated = num_out_of_range = 0
+        for raw in handle:
+            entry = _parse_entry(raw)
+            if entry is None:
+                bad.append((offset, len(raw)))
+            elif not self._in_range(entry[0]):
+                num_out_of_range += 1
+            elif not self._remember_loaded(entry, offset):
+                num_repeated += 1
+            elif out is not None:
+                out.write(raw)
+            offset = offset + len(raw) if out is None else out.tell()
+        return bad, num_repeated, num_out_of_range
 
     def _in_range(self, line_number: int) -> bool:
         return self._num_input_lines is None or line_number <= self._num_input_lines
@@ -160,19 +149,13 @@ class Journal:
         self._table.digest[line_number] = digest
         return True
 
-    def _rewrite(self, first: bytes) -> None:
-        """Drop corrupt lines: reread the good entries and write them to a fresh file."""
+    def _rewrite(self) -> None:
+        """Drop corrupt lines: copy the good entries to a fresh file (and remember them anew)."""
         tmp_path = self.path + ".tmp"
         self._table, self._offsets, self._lengths = _LineTable(), array("q"), array("i")
         with open(self.path, "rb") as handle, open(tmp_path, "wb") as out:
-            handle.readline()
-            out.write(first)
-            offset = len(first)
-            for raw in handle:
-                entry = _parse_entry(raw)
-                if entry is not None and self._in_range(entry[0]) and self._remember_loaded(entry, offset):
-                    out.write(raw)
-                    offset += len(raw)
+            out.write(handle.readline())
+            self._read_entries(handle, out.tell(), out)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp_path, self.path)
@@ -214,8 +197,8 @@ class Journal:
         self.maybe_sync()
 
     def maybe_sync(self) -> None:
-        if self._unsynced and (self._unsynced >= self._sync_every_records
-                               or time.monotonic() - self._last_sync >= self._sync_every_seconds):
+        if self._unsynced and (self._unsynced >= SYNC_EVERY_RECORDS
+                               or time.monotonic() - self._last_sync >= SYNC_EVERY_SECONDS):
             self.sync()
 
     def sync(self) -> None:
@@ -226,10 +209,8 @@ class Journal:
 
     def flush_for_exit(self) -> None:
         """Best effort, from any thread, before the process exits at once (a second signal)."""
-        try:
+        with contextlib.suppress(OSError, ValueError):
             self.sync()
-        except (OSError, ValueError):
-            pass
 
     def close(self) -> None:
         if not self._handle.closed:
@@ -249,32 +230,27 @@ class Journal:
         return int(is_error.size - is_error.sum()), int(is_error.sum())
 
     def finalize(self, output_path: str, order: str = "input", errors_path: str | None = None) -> None:
-        """Write the output file (order "input" or "finish") atomically, then remove the journal."""
+        """Write the output file (order "input" or "finish") and the errors file, if any,
+        atomically; then remove the journal."""
         self.close()
-        tmp_path = output_path + ".tmp"
-        errors_tmp = errors_path + ".tmp" if errors_path else None
+        paths = [output_path] + ([errors_path] if errors_path else [])
+        tmp_paths = [path + ".tmp" for path in paths]
         try:
-            with open(tmp_path, "wb") as out, open(self.path, "rb") as journal:
-                errors_out = open(errors_tmp, "wb") if errors_tmp else None
-                try:
-                    for record, is_error in self._records(journal, order):
+            with contextlib.ExitStack() as stack:
+                journal = stack.enter_context(open(self.path, "rb"))
+                outs = [stack.enter_context(open(tmp_path, "wb")) for tmp_path in tmp_paths]
+                for record, is_error in self._records(journal, order):
+                    for out in outs[:1 + is_error]:  # an error record goes to the errors file too
                         out.write(record + b"\n")
-                        if errors_out is not None and is_error:
-                            errors_out.write(record + b"\n")
-                finally:
-                    if errors_out is not None:
-                        errors_out.flush()
-                        os.fsync(errors_out.fileno())
-                        errors_out.close()
-                out.flush()
-                os.fsync(out.fileno())
-            if errors_tmp:
-                os.replace(errors_tmp, errors_path)
-            os.replace(tmp_path, output_path)
+                for out in outs:
+                    out.flush()
+                    os.fsync(out.fileno())
+            for tmp_path, path in reversed(list(zip(tmp_paths, paths))):  # the output last
+                os.replace(tmp_path, path)
         except BaseException:
-            for path in (tmp_path, errors_tmp):
-                if path and os.path.exists(path):
-                    os.remove(path)
+            for tmp_path in tmp_paths:
+                if os.path.exists(tmp_path):
+                    os.remove(tmp_path)
             raise
         _fsync_directory(output_path)
         os.remove(self.path)
@@ -334,13 +310,9 @@ def _parse_entry(raw: bytes) -> tuple[int, int, bool, int, int] | None:
 
 def _fsync_directory(path: str) -> None:
     """Make the rename durable (POSIX); a no-op where directories cannot be opened."""
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from batchllm.io.compact_set import Int64Set, digest64
@@ -245,15 +245,6 @@ def _parse_logprobs(body: dict, endpoint: str) -> int | None:
     if logprobs is None or logprobs is False:
         return None
     return _integer(logprobs, "logprobs (on /v1/completions: the number of top tokens)", 0, 20)
-
-
-def parse_lines(lines: Iterable[bytes | str], start_line: int = 1) -> Iterator[BatchRequest | BatchError]:
-    """Parse JSONL lines; blank lines are skipped; duplicate custom_ids are errors."""
-    seen = Int64Set()
-    for line_number, raw in enumerate(lines, start=start_line):
-        item = parse_line(raw, line_number, seen)
-        if item is not None:
-            yield item
 
 
 def parse_line(raw: bytes | str, line_number: int, seen: Int64Set, digest: int = 0) -> BatchRequest | BatchError | None:

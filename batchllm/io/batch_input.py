@@ -146,8 +146,8 @@ def _parse_prompt(body: dict, endpoint: str):
         raise RequestError("invalid_request", f"{key} must be a string or a list of token ids")
     if not value:
         raise RequestError("empty_prompt", f"{key} is empty")
-    if any(t < 0 or t > MAX_TOKEN_ID for t in value):
-        bad = next(t for t in value if t < 0 or t > MAX_TOKEN_ID)
+    bad = next((t for t in value if t < 0 or t > MAX_TOKEN_ID), None)
+    if bad is not None:
         raise RequestError("invalid_request", f"{key} holds token id {bad}, outside [0, {MAX_TOKEN_ID}]")
     return None, None, tuple(value)
 
@@ -291,19 +291,10 @@ def _parse_line(raw: bytes | str, line_number: int, seen: Int64Set, digest: int)
 
 def _has_lone_surrogate(value: object) -> bool:
     """True if any string (key or value) inside value cannot be encoded as UTF-8."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                return True
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
     return False
 
 

@@ -1,12 +1,10 @@
-"""SIGINT / SIGTERM for a running batch job.
+"""SIGINT / SIGTERM for a running batch job: the first stops it after the current step (exit
+128 + the signal number), a second exits at once after the journal is flushed.
 
-The first signal asks the job to stop after the current step (it saves what is done and exits
-128 + the signal number). A second signal exits at once, with 128 + its own number, after the
-journal is flushed. Python runs signal handlers only between bytecodes of the main thread, and
-two signals that arrive while the main thread is inside one long native call (a model step)
-reach that handler once. So the signals are counted on a watcher thread that reads the wakeup
-pipe (`signal.set_wakeup_fd`), where the C-level handler writes one byte per signal: the second
-signal is seen however long the current step takes.
+Python runs signal handlers only between bytecodes of the main thread, so two signals that
+arrive during one long native call (a model step) would reach the handler once. The C-level
+handler writes one byte per signal to the wakeup pipe (`signal.set_wakeup_fd`), and a watcher
+thread counts them there.
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ torch; text prompts and chat messages are tokenized with the tokenizer and chat 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
@@ -24,7 +23,6 @@ def add_parser(subparsers) -> None:
             "sharing, naive first-level grouping. Lines with prompt_token_ids need no model; text\n"
             "and chat lines are tokenized with --model (default: the model `batchllm run` uses)."
         ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("input", metavar="INPUT.jsonl", help="OpenAI-Batch or short-form request lines")
     add_model_argument(parser)
@@ -66,7 +64,7 @@ def _read_token_ids(path: str, model: str | None):
 
 
 def _summary(stats, num_invalid_lines: int) -> dict:
-    summary = {
+    return {
         "requests": stats.num_requests,
         "invalid_lines": num_invalid_lines,
         "logical_prefill_tokens": stats.logical_prefill_tokens,
@@ -85,7 +83,6 @@ def _summary(stats, num_invalid_lines: int) -> dict:
         "prefix_num_tokens": stats.to_dict()["prefix_num_tokens"],
         "seconds": stats.planning_seconds,
     }
-    return summary
 
 
 def _table(summary: dict) -> str:

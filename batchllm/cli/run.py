@@ -31,7 +31,6 @@ def add_parser(subparsers) -> None:
             "Exit codes: 0 done (per-line errors are records in the output), 2 nothing could run,\n"
             "130/143 stopped by SIGINT/SIGTERM after saving (run the same command to resume)."
         ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("input", metavar="INPUT.jsonl", help="batch input file (JSON Lines)")
     parser.add_argument("-o", "--output", metavar="OUTPUT.jsonl", required=True, help="where the answers go")

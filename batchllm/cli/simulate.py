@@ -25,7 +25,6 @@ def add_parser(subparsers) -> None:
             "ratio, peak KV memory and preemptions. Text and chat lines are tokenized with --model\n"
             "(default: the model `batchllm run` uses); prompt_token_ids lines need no model."
         ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("input", metavar="INPUT.jsonl", help="request lines (+ max_tokens)")
     add_model_argument(parser)

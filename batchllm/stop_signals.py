@@ -20,8 +20,8 @@ _SHUTDOWN = b"\x00"  # no signal has number 0
 
 
 class StopSignals:
-    """Install with `install()` (main thread only), undo with `restore()`. `stop` is a
-    batch_job.StopRequest; `exit_now(code)` ends the process (os._exit; replaceable in tests)."""
+    """A context manager: installed on entry (in the main thread only), undone on exit. `stop` is
+    a batch_job.StopRequest; `exit_now(code)` ends the process (os._exit; replaceable in tests)."""
 
     def __init__(self, stop, exit_now: Callable[[int], None] = os._exit) -> None:
         self.stop = stop
@@ -32,7 +32,7 @@ class StopSignals:
         self._thread: threading.Thread | None = None
         self.num_signals = 0
 
-    def install(self) -> StopSignals:
+    def __enter__(self) -> StopSignals:
         if threading.current_thread() is not threading.main_thread():
             return self  # a library caller's thread: signals stay theirs
         read_fd, write_fd = os.pipe()
@@ -45,7 +45,7 @@ class StopSignals:
         self._thread.start()
         return self
 
-    def restore(self) -> None:
+    def __exit__(self, *exc) -> None:
         if self._pipe is None:
             return
         for signum, handler in self._previous_handlers.items():
@@ -56,12 +56,6 @@ class StopSignals:
         for fd in self._pipe:
             os.close(fd)
         self._pipe = None
-
-    def __enter__(self) -> StopSignals:
-        return self.install()
-
-    def __exit__(self, *exc) -> None:
-        self.restore()
 
     def _watch(self) -> None:
         while True:

@@ -107,17 +107,9 @@ def parse_request_object(obj: object, line_number: int = 0) -> BatchRequest:
     messages, prompt, prompt_token_ids = _parse_prompt(body, endpoint)
     sampling = _parse_sampling(body, endpoint)
     model = body.get("model") if isinstance(body.get("model"), str) else None
-    return BatchRequest(
-        custom_id=custom_id,
-        line_number=line_number,
-        endpoint=endpoint,
-        sampling=sampling,
-        messages=messages,
-        prompt=prompt,
-        prompt_token_ids=prompt_token_ids,
-        model=model,
-        warnings=tuple(warnings),
-    )
+    return BatchRequest(custom_id=custom_id, line_number=line_number, endpoint=endpoint, sampling=sampling,
+                        messages=messages, prompt=prompt, prompt_token_ids=prompt_token_ids, model=model,
+                        warnings=tuple(warnings))
 
 
 def _parse_prompt(body: dict, endpoint: str):

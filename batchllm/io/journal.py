@@ -127,7 +127,7 @@ class Journal:
             entry = _parse_entry(raw)
             if entry is None:
                 bad.append((offset, len(raw)))
-            elif not self._in_range(entry[0]):
+            elif self._num_input_lines is not None and entry[0] > self._num_input_lines:
                 num_out_of_range += 1
             elif not self._remember_loaded(entry, offset):
                 num_repeated += 1
@@ -136,17 +136,12 @@ class Journal:
             offset = offset + len(raw) if out is None else out.tell()
         return bad, num_repeated, num_out_of_range
 
-    def _in_range(self, line_number: int) -> bool:
-        return self._num_input_lines is None or line_number <= self._num_input_lines
-
     def _remember_loaded(self, entry: tuple[int, int, bool, int, int], offset: int) -> bool:
         line_number, digest, is_error, record_start, record_length = entry
         self._table.ensure(line_number)
         if self._table.state[line_number] != _NONE:
             return False  # answered twice: the first entry stands
-        self._add_entry(line_number, offset + record_start, record_length, is_error)
-        self._table.state[line_number] = _LOADED
-        self._table.digest[line_number] = digest
+        self._add_entry(line_number, digest, _LOADED, offset + record_start, record_length, is_error)
         return True
 
     def _rewrite(self) -> None:
@@ -175,8 +170,11 @@ class Journal:
         self.num_changed += 1
         return False
 
-    def _add_entry(self, line_number: int, offset: int, length: int, is_error: bool) -> None:
+    def _add_entry(self, line_number: int, digest: int, state: int, offset: int, length: int,
+                   is_error: bool) -> None:
         self._table.entry[line_number] = len(self._offsets)
+        self._table.digest[line_number] = digest
+        self._table.state[line_number] = state
         self._offsets.append(offset)
         self._lengths.append(-length - 1 if is_error else length)
 
@@ -190,9 +188,7 @@ class Journal:
         offset = self._handle.tell() + len(prefix)
         self._handle.write(prefix + data + b"\n")
         self._table.ensure(line_number)
-        self._add_entry(line_number, offset, len(data), record.get("error") is not None)
-        self._table.state[line_number] = _KEPT
-        self._table.digest[line_number] = digest
+        self._add_entry(line_number, digest, _KEPT, offset, len(data), record.get("error") is not None)
         self._unsynced += 1
         self.maybe_sync()
 
@@ -219,14 +215,12 @@ class Journal:
 
     # -- counts and the final file ----------------------------------------------------------
 
-    def _answered_lines(self, confirmed_only: bool) -> np.ndarray:
-        return self._table.lines_in(_KEPT) if confirmed_only else self._table.lines_in(_KEPT, _LOADED)
-
     def counts(self, confirmed_only: bool = True) -> tuple[int, int]:
         """(answered, errors): one per input line, confirmed in this run (or, with
         confirmed_only=False, also the earlier run's entries not checked yet)."""
         lengths = np.frombuffer(self._lengths, dtype=np.int32) if self._lengths else np.zeros(0, np.int32)
-        is_error = lengths[self._table.entry[self._answered_lines(confirmed_only)]] < 0
+        states = (_KEPT,) if confirmed_only else (_KEPT, _LOADED)
+        is_error = lengths[self._table.entry[self._table.lines_in(*states)]] < 0
         return int(is_error.size - is_error.sum()), int(is_error.sum())
 
     def finalize(self, output_path: str, order: str = "input", errors_path: str | None = None) -> None:
@@ -257,7 +251,7 @@ class Journal:
 
     def _records(self, journal, order: str) -> Iterator[tuple[bytes, bool]]:
         """(record bytes, is_error) of each confirmed line, in the chosen order."""
-        entries = self._table.entry[self._answered_lines(confirmed_only=True)]
+        entries = self._table.entry[self._table.lines_in(_KEPT)]
         if order == "finish":
             entries = np.sort(entries)
         elif order != "input":

@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import time
-from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -19,6 +18,8 @@ _OLD_MAGIC = b"#batchllm-journal v"
 _NONE, _LOADED, _KEPT = 0, 1, 2  # per-line state: no entry / from an earlier run, unchecked / confirmed
 SYNC_EVERY_RECORDS = 64  # fsync after this many records, or SYNC_EVERY_SECONDS, whichever comes first
 SYNC_EVERY_SECONDS = 1.0
+_LINE = np.dtype([("offset", np.int64), ("length", np.int32), ("error", np.bool_), ("digest", np.int64),
+                  ("state", np.uint8)])  # the byte offset and length of a line's record in the journal
 
 
 class JournalMismatchError(ValueError):
@@ -53,37 +54,15 @@ class ResumeReport:
         return self.num_corrupt_lines + self.num_repeated + self.num_out_of_range
 
 
-class _LineTable:
-    """Per input line: the journal entry that answers it, that entry's line digest, and its
-    state; numpy arrays grown by doubling (13 bytes a line)."""
-
-    def __init__(self) -> None:
-        self.entry = np.full(1024, -1, dtype=np.int32)
-        self.digest = np.zeros(1024, dtype=np.int64)
-        self.state = np.zeros(1024, dtype=np.uint8)
-
-    def ensure(self, line_number: int) -> None:
-        if line_number >= self.state.size:
-            size = max(line_number + 1, 2 * self.state.size)
-            self.entry = np.concatenate((self.entry, np.full(size - self.entry.size, -1, dtype=np.int32)))
-            self.digest = np.concatenate((self.digest, np.zeros(size - self.digest.size, dtype=np.int64)))
-            self.state = np.concatenate((self.state, np.zeros(size - self.state.size, dtype=np.uint8)))
-
-    def lines_in(self, *states: int) -> np.ndarray:
-        return np.flatnonzero(np.isin(self.state, states))
-
-
 class Journal:
-    """Append-only record log. Per entry it keeps the byte offset of its record and its length
-    (negative for an error record): array('q') + array('i'), 12 bytes."""
+    """Append-only record log. Per input line it keeps one `_LINE` entry (22 bytes): where the
+    record that answers the line is, whether it is an error record, the line's digest and state."""
 
     def __init__(self, path: str, header: JournalHeader, restart: bool = False,
                  num_input_lines: int | None = None) -> None:
         self.path = path
         self._num_input_lines = num_input_lines
-        self._table = _LineTable()
-        self._offsets = array("q")
-        self._lengths = array("i")
+        self._lines = np.zeros(1024, _LINE)  # indexed by line number, grown by doubling
         self._unsynced = 0
         self._last_sync = time.monotonic()
         self.num_changed = 0  # entries dropped because their input line changed
@@ -114,8 +93,8 @@ class Journal:
         elif bad:
             num_corrupt = len(bad)
             self._rewrite()
-        self.resume = ResumeReport(len(self._table.lines_in(_LOADED)), torn, num_corrupt, num_repeated,
-                                   num_out_of_range)
+        self.resume = ResumeReport(int(np.count_nonzero(self._lines["state"] == _LOADED)), torn, num_corrupt,
+                                   num_repeated, num_out_of_range)
 
     def _read_entries(self, handle, offset: int, out=None) -> tuple[list[tuple[int, int]], int, int]:
         """Remember the entries of the lines left in handle, the first at byte `offset`; with
@@ -138,16 +117,15 @@ class Journal:
 
     def _remember_loaded(self, entry: tuple[int, int, bool, int, int], offset: int) -> bool:
         line_number, digest, is_error, record_start, record_length = entry
-        self._table.ensure(line_number)
-        if self._table.state[line_number] != _NONE:
+        if line_number < self._lines.size and self._lines["state"][line_number] != _NONE:
             return False  # answered twice: the first entry stands
-        self._add_entry(line_number, digest, _LOADED, offset + record_start, record_length, is_error)
+        self._set_line(line_number, (offset + record_start, record_length, is_error, digest, _LOADED))
         return True
 
     def _rewrite(self) -> None:
         """Drop corrupt lines: copy the good entries to a fresh file (and remember them anew)."""
         tmp_path = self.path + ".tmp"
-        self._table, self._offsets, self._lengths = _LineTable(), array("q"), array("i")
+        self._lines = np.zeros(1024, _LINE)
         with open(self.path, "rb") as handle, open(tmp_path, "wb") as out:
             out.write(handle.readline())
             self._read_entries(handle, out.tell(), out)
@@ -158,25 +136,24 @@ class Journal:
     def keep(self, line_number: int, digest: int) -> bool:
         """The job reached input line `line_number` (with this digest): True if an earlier run's
         entry answers it (the line is skipped); an entry for a changed line is dropped."""
-        table = self._table
-        if line_number >= table.state.size or table.state[line_number] == _NONE:
+        state = self._lines["state"]
+        if line_number >= state.size or state[line_number] == _NONE:
             return False
-        if table.state[line_number] == _KEPT:
+        if state[line_number] == _KEPT:
             return True
-        if int(table.digest[line_number]) == digest:
-            table.state[line_number] = _KEPT
+        if int(self._lines["digest"][line_number]) == digest:
+            state[line_number] = _KEPT
             return True
-        table.state[line_number] = _NONE
+        state[line_number] = _NONE
         self.num_changed += 1
         return False
 
-    def _add_entry(self, line_number: int, digest: int, state: int, offset: int, length: int,
-                   is_error: bool) -> None:
-        self._table.entry[line_number] = len(self._offsets)
-        self._table.digest[line_number] = digest
-        self._table.state[line_number] = state
-        self._offsets.append(offset)
-        self._lengths.append(-length - 1 if is_error else length)
+    def _set_line(self, line_number: int, entry: tuple) -> None:
+        if line_number >= self._lines.size:
+            grown = np.zeros(max(line_number + 1, 2 * self._lines.size), _LINE)
+            grown[:self._lines.size] = self._lines
+            self._lines = grown
+        self._lines[line_number] = entry
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -187,8 +164,7 @@ class Journal:
         data = record_json.encode("utf-8")
         offset = self._handle.tell() + len(prefix)
         self._handle.write(prefix + data + b"\n")
-        self._table.ensure(line_number)
-        self._add_entry(line_number, digest, _KEPT, offset, len(data), record.get("error") is not None)
+        self._set_line(line_number, (offset, len(data), record.get("error") is not None, digest, _KEPT))
         self._unsynced += 1
         self.maybe_sync()
 
@@ -218,9 +194,8 @@ class Journal:
     def counts(self, confirmed_only: bool = True) -> tuple[int, int]:
         """(answered, errors): one per input line, confirmed in this run (or, with
         confirmed_only=False, also the earlier run's entries not checked yet)."""
-        lengths = np.frombuffer(self._lengths, dtype=np.int32) if self._lengths else np.zeros(0, np.int32)
         states = (_KEPT,) if confirmed_only else (_KEPT, _LOADED)
-        is_error = lengths[self._table.entry[self._table.lines_in(*states)]] < 0
+        is_error = self._lines["error"][np.isin(self._lines["state"], states)]
         return int(is_error.size - is_error.sum()), int(is_error.sum())
 
     def finalize(self, output_path: str, order: str = "input", errors_path: str | None = None) -> None:
@@ -251,15 +226,15 @@ class Journal:
 
     def _records(self, journal, order: str) -> Iterator[tuple[bytes, bool]]:
         """(record bytes, is_error) of each confirmed line, in the chosen order."""
-        entries = self._table.entry[self._table.lines_in(_KEPT)]
-        if order == "finish":
-            entries = np.sort(entries)
+        lines = self._lines[self._lines["state"] == _KEPT]  # in input order
+        if order == "finish":  # journal order
+            lines = lines[np.argsort(lines["offset"], kind="stable")]
         elif order != "input":
             raise ValueError(f"order must be 'input' or 'finish', got {order!r}")
-        for entry in entries.tolist():
-            length = self._lengths[entry]
-            journal.seek(self._offsets[entry])
-            yield journal.read(length if length >= 0 else -length - 1), length < 0
+        for offset, length, is_error in zip(lines["offset"].tolist(), lines["length"].tolist(),
+                                            lines["error"].tolist()):
+            journal.seek(offset)
+            yield journal.read(length), is_error
 
 
 def _check_header(path: str, first: bytes, header: JournalHeader) -> None:

@@ -32,34 +32,24 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(func=analyze_command)
 
 
-class AnalyzeError(ValueError):
-    pass
-
-
 def _read_token_ids(path: str, model: str | None):
     """(custom_ids, TokenStore of int32 prompts, error lines), streaming the file line by line.
     Text is tokenized only if some line needs it."""
-    from batchllm.cli.prompt_tokens import PromptTokenizer
-    from batchllm.io.batch_input import BatchError, read_batch_file
+    from batchllm.cli.prompt_tokens import read_prompts
+    from batchllm.io.batch_input import BatchError
     from batchllm.io.token_store import TokenStore
 
     custom_ids: list[str] = []
     prompts = TokenStore()
     errors: list[str] = []
-    tokenizer = PromptTokenizer(model)
-    for item in read_batch_file(path):
+    for item, token_ids in read_prompts(path, model):
         if isinstance(item, BatchError):
             errors.append(f"line {item.line_number}: {item.code}: {item.message}")
-            continue
-        try:
-            token_ids = tokenizer.token_ids(item)
-        except (ValueError, OSError) as error:
-            raise AnalyzeError(f"line {item.line_number}: {error}") from None
-        if not token_ids:
+        elif not token_ids:
             errors.append(f"line {item.line_number}: empty_prompt: the prompt encodes to 0 tokens")
-            continue
-        custom_ids.append(item.custom_id)
-        prompts.append(token_ids)
+        else:
+            custom_ids.append(item.custom_id)
+            prompts.append(token_ids)
     return custom_ids, prompts, errors
 
 
@@ -122,7 +112,7 @@ def analyze_command(args) -> int:
 
     try:
         custom_ids, prompts, errors = _read_token_ids(args.input, args.model)
-    except (AnalyzeError, OSError) as error:
+    except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     for message in errors:

@@ -46,19 +46,14 @@ def add_parser(subparsers) -> None:
 def read_sim_requests(path: str, model: str | None = None) -> list:
     """Requests of every line (text tokenized with model's tokenizer; None: the default model);
     raises ValueError naming the first bad line."""
-    from batchllm.cli.prompt_tokens import PromptTokenizer
-    from batchllm.io.batch_input import BatchError, read_batch_file
+    from batchllm.cli.prompt_tokens import read_prompts
+    from batchllm.io.batch_input import BatchError
     from batchllm.sched.simulator import SimRequest
 
     requests = []
-    tokenizer = PromptTokenizer(model)
-    for item in read_batch_file(path):
+    for item, token_ids in read_prompts(path, model, where=f"{path} "):
         if isinstance(item, BatchError):
             raise ValueError(f"{path} line {item.line_number}: {item.code}: {item.message}")
-        try:
-            token_ids = tokenizer.token_ids(item)
-        except (ValueError, OSError) as error:
-            raise ValueError(f"{path} line {item.line_number}: {error}") from None
         if not token_ids:
             raise ValueError(f"{path} line {item.line_number}: the prompt encodes to 0 tokens")
         max_tokens = item.sampling.max_tokens

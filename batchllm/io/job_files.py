@@ -121,7 +121,7 @@ class JobLock:
         return (f"another batchllm job ({who}) is writing {self.output_path!r} (lock {self.path!r}): "
                 "wait for it to finish, stop it, or choose another -o path")
 
-    def release(self) -> None:
+    def __exit__(self, *exc) -> None:
         """Remove the lock file while still holding the lock (a waiting job then retries on a
         fresh file), then unlock."""
         if self._fd is None:
@@ -135,6 +135,3 @@ class JobLock:
 
     def __enter__(self) -> JobLock:
         return self.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.release()

@@ -129,9 +129,8 @@ def tokenize_request(engine: LLMEngine, request: BatchRequest, max_num_tokens: i
 
 def prepare_request(engine: LLMEngine, request: BatchRequest):
     """(int32 token ids, checked params) or an error record (prompt too long, no tokenizer, ...)."""
-    limit = engine.limits.token_limit
     try:
-        token_ids = tokenize_request(engine, request, max_num_tokens=limit)
+        token_ids = tokenize_request(engine, request, max_num_tokens=engine.limits.token_limit)
     except NoTokenizerError as error:
         return error_line(request.custom_id, "invalid_request", str(error), request.line_number)
     except Exception as error:  # a tokenizer or chat template failing on one line's content
@@ -231,10 +230,6 @@ class _JobRun:
         if self._engine is None:
             self._engine = self._engine_source.load()
         return self._engine
-
-    @property
-    def engine_loaded(self) -> bool:
-        return self._engine is not None
 
     def stream(self, input_path: str) -> None:
         pending: list[_Runnable] = []
@@ -339,7 +334,7 @@ class _JobRun:
         if self.journal.num_changed:
             print(f"note: {self.journal.num_changed} lines of {input_path} changed since the earlier run: "
                   "answered again", file=sys.stderr)
-        if not self.engine_loaded and not self.stop.requested and self.journal.counts()[0] == 0:
+        if self._engine is None and not self.stop.requested and self.journal.counts()[0] == 0:
             print(f"warning: {input_path} has no line that can run (only errors or blank lines): "
                   "the model was not loaded", file=sys.stderr)
 

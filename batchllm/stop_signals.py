@@ -13,7 +13,6 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _SHUTDOWN = b"\x00"  # no signal has number 0
@@ -21,11 +20,10 @@ _SHUTDOWN = b"\x00"  # no signal has number 0
 
 class StopSignals:
     """A context manager: installed on entry (in the main thread only), undone on exit. `stop` is
-    a batch_job.StopRequest; `exit_now(code)` ends the process (os._exit; replaceable in tests)."""
+    a batch_job.StopRequest."""
 
-    def __init__(self, stop, exit_now: Callable[[int], None] = os._exit) -> None:
+    def __init__(self, stop) -> None:
         self.stop = stop
-        self._exit_now = exit_now
         self._previous_handlers: dict = {}
         self._previous_wakeup_fd = -1
         self._pipe: tuple[int, int] | None = None
@@ -78,7 +76,7 @@ class StopSignals:
         if self.stop.on_exit_now is not None:
             self.stop.on_exit_now()
         sys.stdout.flush()
-        self._exit_now(128 + signum)
+        os._exit(128 + signum)
 
 
 def _ignore_in_python(signum, frame) -> None:

@@ -1,9 +1,5 @@
 """`batchllm analyze`: how much prefill the global prefix plan saves on a batch (BatchLLM 4.2).
-
-Reads the same JSONL as `batchllm run`. Lines with prompt_token_ids need no model and no
-torch; text prompts and chat messages are tokenized with the tokenizer and chat template of
---model, by default the same model `batchllm run` uses.
-"""
+Reads the same JSONL as `batchllm run`; prompts are tokenized as cli/prompt_tokens.py says."""
 
 from __future__ import annotations
 

@@ -104,10 +104,7 @@ def engine_config_from_args(args):
 
 
 def run_command(args) -> int:
-    """Exit codes: 0 the job completed (per-line errors included), 2 nothing could run (unreadable
-    input, bad model, unusable output path, output locked by another job, journal of another
-    job), 130 / 143 stopped by SIGINT / SIGTERM after saving what was done (run the same command
-    again to resume)."""
+    """Exit codes: see the command's description."""
     from batchllm.batch_job import BatchJobOptions, LazyEngine, StopRequest, run_batch_file
     from batchllm.io.job_files import JobFilesError, JobLockedError
     from batchllm.io.journal import JournalMismatchError

@@ -1,7 +1,5 @@
 """`batchllm simulate`: run a scheduling policy over a batch with a cost model, no model, no GPU.
-
-Lines with prompt_token_ids run torch-free; text and chat lines are tokenized with --model's
-tokenizer (default: the model `batchllm run` uses)."""
+Prompts are tokenized as cli/prompt_tokens.py says."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from batchllm.engine.llm_engine import LLMEngine, PreparedRequest, RunStats
 from batchllm.io.batch_input import DEFAULT_MAX_LINE_BYTES, BatchError, BatchRequest, read_batch_file
 from batchllm.io.batch_output import dumps, error_line, openai_logprobs, success_line
 from batchllm.io.job_files import JobLock, check_existing_output, check_job_paths, journal_path_for
-from batchllm.io.journal import Journal, JournalHeader
+from batchllm.io.journal import Journal, JournalHeader, ResumeReport
 from batchllm.progress import Progress
 from batchllm.request_limits import EmptyPromptError, InvalidRequestError, NoTokenizerError, PromptTooLongError
 from batchllm.sampling_params import SamplingParams
@@ -202,7 +202,7 @@ def _run_locked(engine, input_path: str, output_path: str, options: BatchJobOpti
 
 def _print_resume(journal: Journal) -> None:
     resume = journal.resume
-    if not (resume.num_entries or resume.num_torn_bytes or resume.num_dropped):
+    if resume == ResumeReport(0, 0, 0):  # a fresh journal
         return
     print(f"resuming from {journal.path}: {resume.num_entries} records kept"
           + (f", a torn last line ({resume.num_torn_bytes} bytes) dropped" if resume.num_torn_bytes else "")

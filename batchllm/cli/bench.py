@@ -112,13 +112,12 @@ def resolve_model(args) -> str | None:
 
 
 def _default_gguf_hint() -> str:
-    try:
-        from batchllm.models.loader import default_model_path
+    from batchllm.default_model import default_model_path
 
-        path = default_model_path()
+    try:
+        return f" such as --model {default_model_path()}"
     except Exception:  # noqa: BLE001 -- only a hint
         return ""
-    return f" such as --model {path}" if path is not None and os.path.isfile(path) else ""
 
 
 def _cuda(device: str) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from batchllm.io.batch_input import DEFAULT_MAX_LINE_BYTES
@@ -170,8 +171,6 @@ def _ray_engine(args, config):
 
 
 def _input_problem(path: str) -> str | None:
-    import os
-
     if not os.path.exists(path):
         return f"input file {path!r} not found (fix: check the path)"
     if not os.path.isfile(path):

@@ -49,10 +49,6 @@ class ResumeReport:
     num_repeated: int = 0  # entries for a line that already had one (dropped)
     num_out_of_range: int = 0  # entries for a line number the input does not have (dropped)
 
-    @property
-    def num_dropped(self) -> int:
-        return self.num_corrupt_lines + self.num_repeated + self.num_out_of_range
-
 
 class Journal:
     """Append-only record log. Per input line it keeps one `_LINE` entry (22 bytes): where the

@@ -241,12 +241,15 @@ class _JobRun:
             if isinstance(item, BatchError):
                 self._write(item, error_line(item.custom_id, item.code, item.message, item.line_number))
                 continue
-            self._warn(item)
+            for warning in item.warnings:
+                self._print_warning(f"line {item.line_number} ({item.custom_id}): {warning}")
             prepared = self._prepare(item)
             if isinstance(prepared, dict):
                 self._write(item, prepared)
                 continue
-            pending.append((_strip_prompt(item), *prepared))
+            # the output line needs no prompt: it is held as int32 token ids
+            stripped = replace(item, messages=None, prompt=None, prompt_token_ids=None, warnings=())
+            pending.append((stripped, *prepared))
             if len(pending) == self.options.window_num_requests:
                 self._run_window(pending)
         if pending:
@@ -316,10 +319,6 @@ class _JobRun:
         self.journal.append(item.line_number, record, dumps(record), item.digest)
         self.progress.update(1, 0)
 
-    def _warn(self, item: BatchRequest) -> None:
-        for warning in item.warnings:
-            self._print_warning(f"line {item.line_number} ({item.custom_id}): {warning}")
-
     def _print_warning(self, text: str) -> None:
         self.num_warnings += 1
         if self.num_warnings <= self.options.max_printed_warnings:
@@ -337,11 +336,6 @@ class _JobRun:
         if self._engine is None and not self.stop.requested and self.journal.counts()[0] == 0:
             print(f"warning: {input_path} has no line that can run (only errors or blank lines): "
                   "the model was not loaded", file=sys.stderr)
-
-
-def _strip_prompt(request: BatchRequest) -> BatchRequest:
-    """Keep only what the output line needs (the prompt is held as int32 token ids)."""
-    return replace(request, messages=None, prompt=None, prompt_token_ids=None, warnings=())
 
 
 def _openai_logprobs(engine: LLMEngine, done, request: BatchRequest) -> dict | None:

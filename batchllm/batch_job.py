@@ -1,11 +1,5 @@
-"""Run an OpenAI-Batch JSONL file through the engine and write one output line per request.
-
-Streaming and crash-safe:
-  read a line -> parse -> tokenize (int32 array) -> window of `window_num_requests` requests
-  -> engine.run -> each finished request is appended to the journal OUTPUT.partial at once
-  -> at the end the output file is written from the journal (input or finish order), renamed
-  atomically, and the journal removed. See batchllm/io/journal.py for the journal format.
-Running the same job again after a crash resumes: lines already in the journal are skipped.
+"""Run an OpenAI-Batch JSONL file through the engine, streaming and crash-safe: one output line
+per request, journaled as it finishes (docs/design.md, "Crash-safe jobs").
 """
 
 from __future__ import annotations
@@ -15,7 +9,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -23,12 +17,16 @@ from batchllm.engine.llm_engine import LLMEngine, PreparedRequest, RunStats
 from batchllm.io.batch_input import DEFAULT_MAX_LINE_BYTES, BatchError, BatchRequest, read_batch_file
 from batchllm.io.batch_output import dumps, error_line, openai_logprobs, success_line
 from batchllm.io.job_files import JobLock, check_existing_output, check_job_paths, journal_path_for
-from batchllm.io.journal import Journal, JournalHeader
+from batchllm.io.journal import Journal, JournalHeader, ResumeReport
 from batchllm.progress import Progress
 from batchllm.request_limits import EmptyPromptError, InvalidRequestError, NoTokenizerError, PromptTooLongError
 from batchllm.sampling_params import SamplingParams
 
 ORDERS = ("input", "finish")
+_ERROR_CODES = {PromptTooLongError: "prompt_too_long", EmptyPromptError: "empty_prompt"}
+# A request of the window being filled: what its output line needs, its prompt as int32 token ids
+# (4 bytes a token until the window runs) and its checked sampling parameters.
+_Runnable = tuple[BatchRequest, np.ndarray, SamplingParams]
 
 
 @dataclass(frozen=True)
@@ -101,15 +99,6 @@ class BatchJobSummary:
     num_resumed: int = 0  # records taken from an earlier run's journal
     journal_path: str = ""
     interrupted_by: str | None = None  # signal name when stopped early (no final output yet)
-    model_loaded: bool = True  # False: no line needed the model
-
-    @property
-    def requests_per_second(self) -> float:
-        return self.num_requests / self.seconds if self.seconds else 0.0
-
-    @property
-    def output_tokens_per_second(self) -> float:
-        return self.num_output_tokens / self.seconds if self.seconds else 0.0
 
     def describe(self) -> str:
         if self.interrupted_by:
@@ -117,25 +106,13 @@ class BatchJobSummary:
                     f"{self.num_errors} errors are saved in {self.journal_path}.\n"
                     f"Run the same command again to resume (add --restart to start over).")
         resumed = f" ({self.num_resumed} resumed from an earlier run)" if self.num_resumed else ""
+        seconds = self.seconds or float("inf")  # no engine time: 0 req/s
         return (
             f"{self.num_requests} requests answered, {self.num_errors} errors -> {self.output_path}{resumed}\n"
-            f"{self.seconds:.2f} s: {self.requests_per_second:.2f} req/s, "
-            f"{self.output_tokens_per_second:.1f} generated tok/s "
+            f"{self.seconds:.2f} s: {self.num_requests / seconds:.2f} req/s, "
+            f"{self.num_output_tokens / seconds:.1f} generated tok/s "
             f"({self.num_prompt_tokens} prompt tokens, {self.num_output_tokens} generated, {self.num_steps} steps)"
         )
-
-
-@dataclass
-class _Pending:
-    """One window's runnable requests: compact token ids + what the output line needs."""
-
-    line_numbers: list[int] = field(default_factory=list)
-    requests: list[BatchRequest] = field(default_factory=list)
-    token_ids: list[np.ndarray] = field(default_factory=list)  # int32 per request
-    params: list = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.line_numbers)
 
 
 def tokenize_request(engine: LLMEngine, request: BatchRequest, max_num_tokens: int | None = None) -> list[int]:
@@ -152,9 +129,8 @@ def tokenize_request(engine: LLMEngine, request: BatchRequest, max_num_tokens: i
 
 def prepare_request(engine: LLMEngine, request: BatchRequest):
     """(int32 token ids, checked params) or an error record (prompt too long, no tokenizer, ...)."""
-    limit = engine.limits.token_limit
     try:
-        token_ids = tokenize_request(engine, request, max_num_tokens=limit)
+        token_ids = tokenize_request(engine, request, max_num_tokens=engine.limits.token_limit)
     except NoTokenizerError as error:
         return error_line(request.custom_id, "invalid_request", str(error), request.line_number)
     except Exception as error:  # a tokenizer or chat template failing on one line's content
@@ -163,12 +139,9 @@ def prepare_request(engine: LLMEngine, request: BatchRequest):
     try:
         # clamps max_tokens (README); a text prompt's tokenizing stops past the limit (cut)
         params = engine.limits.check(token_ids, request.sampling, cut=request.prompt_token_ids is None)
-    except PromptTooLongError as error:
-        return error_line(request.custom_id, "prompt_too_long", str(error), request.line_number)
-    except EmptyPromptError as error:
-        return error_line(request.custom_id, "empty_prompt", str(error), request.line_number)
     except InvalidRequestError as error:
-        return error_line(request.custom_id, "invalid_request", str(error), request.line_number)
+        code = _ERROR_CODES.get(type(error), "invalid_request")
+        return error_line(request.custom_id, code, str(error), request.line_number)
     return np.asarray(token_ids, dtype=np.int32), params
 
 
@@ -181,19 +154,13 @@ def count_lines(path: str, chunk_num_bytes: int = 1 << 20) -> int:
     return num_lines + (last != b"\n")
 
 
-def run_batch_file(
-    engine: LLMEngine | LazyEngine,
-    input_path: str,
-    output_path: str,
-    errors_path: str | None = None,
-    show_progress: bool = True,
-    options: BatchJobOptions | None = None,
-    stop: StopRequest | None = None,
-) -> BatchJobSummary:
+def run_batch_file(engine: LLMEngine | LazyEngine, input_path: str, output_path: str,
+                   options: BatchJobOptions | None = None,
+                   stop: StopRequest | None = None) -> BatchJobSummary:
     """Answer every line of input_path into output_path. Before any work it refuses unusable
     paths (JobFilesError), a job already writing this output (JobLockedError) and a journal of
     a job with other options (JournalMismatchError); see batchllm/io/job_files.py."""
-    options = options or BatchJobOptions(errors_path=errors_path, show_progress=show_progress)
+    options = options or BatchJobOptions()
     check_job_paths(input_path, output_path, options.errors_path)
     with JobLock(output_path):
         check_existing_output(output_path, options.overwrite, options.restart)
@@ -230,12 +197,12 @@ def _run_locked(engine, input_path: str, output_path: str, options: BatchJobOpti
     stats = run.stats
     return BatchJobSummary(input_path, output_path, num_answered, num_errors,
                            stats.num_prompt_tokens, stats.num_output_tokens, stats.num_steps, stats.seconds,
-                           journal.resume.num_entries, journal.path, stop.signal_name, run.engine_loaded)
+                           journal.resume.num_entries, journal.path, stop.signal_name)
 
 
 def _print_resume(journal: Journal) -> None:
     resume = journal.resume
-    if not (resume.num_entries or resume.num_torn_bytes or resume.num_dropped):
+    if resume == ResumeReport(0, 0, 0):  # a fresh journal
         return
     print(f"resuming from {journal.path}: {resume.num_entries} records kept"
           + (f", a torn last line ({resume.num_torn_bytes} bytes) dropped" if resume.num_torn_bytes else "")
@@ -264,12 +231,8 @@ class _JobRun:
             self._engine = self._engine_source.load()
         return self._engine
 
-    @property
-    def engine_loaded(self) -> bool:
-        return self._engine is not None
-
     def stream(self, input_path: str) -> None:
-        pending = _Pending()
+        pending: list[_Runnable] = []
         for item in read_batch_file(input_path, self.options.max_line_bytes):
             if self.stop.requested:
                 raise JobInterrupted
@@ -278,19 +241,18 @@ class _JobRun:
             if isinstance(item, BatchError):
                 self._write(item, error_line(item.custom_id, item.code, item.message, item.line_number))
                 continue
-            self._warn(item)
+            for warning in item.warnings:
+                self._print_warning(f"line {item.line_number} ({item.custom_id}): {warning}")
             prepared = self._prepare(item)
             if isinstance(prepared, dict):
                 self._write(item, prepared)
                 continue
-            pending.line_numbers.append(item.line_number)
-            pending.requests.append(_strip_prompt(item))
-            pending.token_ids.append(prepared[0])
-            pending.params.append(prepared[1])
+            # the output line needs no prompt: it is held as int32 token ids
+            stripped = replace(item, messages=None, prompt=None, prompt_token_ids=None, warnings=())
+            pending.append((stripped, *prepared))
             if len(pending) == self.options.window_num_requests:
                 self._run_window(pending)
-                pending = _Pending()
-        if len(pending):
+        if pending:
             self._run_window(pending)
 
     def _prepare(self, item: BatchRequest):
@@ -300,11 +262,12 @@ class _JobRun:
         except Exception as error:
             return self._internal_error(item, error)
 
-    def _run_window(self, pending: _Pending) -> None:
-        prepared = [PreparedRequest(line, ids.tolist(), params)
-                    for line, ids, params in zip(pending.line_numbers, pending.token_ids, pending.params)]
-        pending.token_ids.clear()
-        self._serve(prepared, dict(zip(pending.line_numbers, pending.requests)))
+    def _run_window(self, pending: list[_Runnable]) -> None:
+        prepared = [PreparedRequest(request.line_number, ids.tolist(), params)
+                    for request, ids, params in pending]
+        requests = {request.line_number: request for request, _, _ in pending}
+        pending.clear()
+        self._serve(prepared, requests)
         self.journal.sync()
 
     def _serve(self, prepared: list[PreparedRequest], requests: dict[int, BatchRequest]) -> None:
@@ -356,10 +319,6 @@ class _JobRun:
         self.journal.append(item.line_number, record, dumps(record), item.digest)
         self.progress.update(1, 0)
 
-    def _warn(self, item: BatchRequest) -> None:
-        for warning in item.warnings:
-            self._print_warning(f"line {item.line_number} ({item.custom_id}): {warning}")
-
     def _print_warning(self, text: str) -> None:
         self.num_warnings += 1
         if self.num_warnings <= self.options.max_printed_warnings:
@@ -374,14 +333,9 @@ class _JobRun:
         if self.journal.num_changed:
             print(f"note: {self.journal.num_changed} lines of {input_path} changed since the earlier run: "
                   "answered again", file=sys.stderr)
-        if not self.engine_loaded and not self.stop.requested and self.journal.counts()[0] == 0:
+        if self._engine is None and not self.stop.requested and self.journal.counts()[0] == 0:
             print(f"warning: {input_path} has no line that can run (only errors or blank lines): "
                   "the model was not loaded", file=sys.stderr)
-
-
-def _strip_prompt(request: BatchRequest) -> BatchRequest:
-    """Keep only what the output line needs (the prompt is held as int32 token ids)."""
-    return replace(request, messages=None, prompt=None, prompt_token_ids=None, warnings=())
 
 
 def _openai_logprobs(engine: LLMEngine, done, request: BatchRequest) -> dict | None:

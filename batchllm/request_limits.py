@@ -42,10 +42,6 @@ class RequestLimits:
     kv_memory_threshold: float | None = None  # the scheduler's M_threshold fraction (None: 1.0)
 
     @property
-    def num_kv_tokens(self) -> int:
-        return self.num_kv_blocks * self.block_size
-
-    @property
     def token_limit(self) -> int:
         """Most tokens (prompt + generated) one request may use: the context, or the KV cache the
         scheduler may fill less one block (a shared prefix that does not end on a block boundary
@@ -67,7 +63,7 @@ class RequestLimits:
             counted = f"at least {num_prompt_tokens}" if cut else str(num_prompt_tokens)
             raise PromptTooLongError(
                 f"prompt has {counted} tokens; the limit is {limit - 1} (max model length "
-                f"{self.max_model_len}, KV cache {self.num_kv_tokens} tokens): shorten the prompt"
+                f"{self.max_model_len}, KV cache {self.num_kv_blocks * self.block_size} tokens): shorten the prompt"
             )
         largest, smallest = max(prompt_token_ids), min(prompt_token_ids)
         if smallest < 0 or (self.vocab_size and largest >= self.vocab_size):

@@ -40,9 +40,6 @@ class SamplingParams:
         object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else _as_tuple(self.stop, "stop"))
         object.__setattr__(self, "stop_token_ids", _as_tuple(self.stop_token_ids, "stop_token_ids"))
         object.__setattr__(self, "logit_bias", _normalise_logit_bias(self.logit_bias))
-        self.validate()
-
-    def validate(self) -> None:
         if self.n != 1:
             raise SamplingParamsError(f"n={self.n} is not supported yet: only n=1 (one completion per request)")
         if self.max_tokens is not None and (

@@ -1,12 +1,10 @@
-"""SIGINT / SIGTERM for a running batch job.
+"""SIGINT / SIGTERM for a running batch job: the first stops it after the current step (exit
+128 + the signal number), a second exits at once after the journal is flushed.
 
-The first signal asks the job to stop after the current step (it saves what is done and exits
-128 + the signal number). A second signal exits at once, with 128 + its own number, after the
-journal is flushed. Python runs signal handlers only between bytecodes of the main thread, and
-two signals that arrive while the main thread is inside one long native call (a model step)
-reach that handler once. So the signals are counted on a watcher thread that reads the wakeup
-pipe (`signal.set_wakeup_fd`), where the C-level handler writes one byte per signal: the second
-signal is seen however long the current step takes.
+Python runs signal handlers only between bytecodes of the main thread, so two signals that
+arrive during one long native call (a model step) would reach the handler once. The C-level
+handler writes one byte per signal to the wakeup pipe (`signal.set_wakeup_fd`), and a watcher
+thread counts them there.
 """
 
 from __future__ import annotations
@@ -15,26 +13,24 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _SHUTDOWN = b"\x00"  # no signal has number 0
 
 
 class StopSignals:
-    """Install with `install()` (main thread only), undo with `restore()`. `stop` is a
-    batch_job.StopRequest; `exit_now(code)` ends the process (os._exit; replaceable in tests)."""
+    """A context manager: installed on entry (in the main thread only), undone on exit. `stop` is
+    a batch_job.StopRequest."""
 
-    def __init__(self, stop, exit_now: Callable[[int], None] = os._exit) -> None:
+    def __init__(self, stop) -> None:
         self.stop = stop
-        self._exit_now = exit_now
         self._previous_handlers: dict = {}
         self._previous_wakeup_fd = -1
         self._pipe: tuple[int, int] | None = None
         self._thread: threading.Thread | None = None
         self.num_signals = 0
 
-    def install(self) -> StopSignals:
+    def __enter__(self) -> StopSignals:
         if threading.current_thread() is not threading.main_thread():
             return self  # a library caller's thread: signals stay theirs
         read_fd, write_fd = os.pipe()
@@ -47,7 +43,7 @@ class StopSignals:
         self._thread.start()
         return self
 
-    def restore(self) -> None:
+    def __exit__(self, *exc) -> None:
         if self._pipe is None:
             return
         for signum, handler in self._previous_handlers.items():
@@ -58,12 +54,6 @@ class StopSignals:
         for fd in self._pipe:
             os.close(fd)
         self._pipe = None
-
-    def __enter__(self) -> StopSignals:
-        return self.install()
-
-    def __exit__(self, *exc) -> None:
-        self.restore()
 
     def _watch(self) -> None:
         while True:
@@ -86,7 +76,7 @@ class StopSignals:
         if self.stop.on_exit_now is not None:
             self.stop.on_exit_now()
         sys.stdout.flush()
-        self._exit_now(128 + signum)
+        os._exit(128 + signum)
 
 
 def _ignore_in_python(signum, frame) -> None:

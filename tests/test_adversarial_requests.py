@@ -153,7 +153,8 @@ def test_batch_job_writes_each_endpoint_shape(tmp_path):
 
 
 def test_input_lines_carry_logit_bias_to_the_sampler():
-    from batchllm.io.batch_input import BatchError, parse_lines
+    from batchllm.io.batch_input import BatchError
+    from io_helpers import parse_lines
 
     good = {"custom_id": "b", "prompt_token_ids": [5], "logit_bias": {"7": -100, "3": 5}}
     bad = {"custom_id": "c", "prompt_token_ids": [5], "logit_bias": {"7": 300}}

@@ -2,7 +2,9 @@
 
 import json
 
-from batchllm.io.batch_input import BatchError, BatchRequest, parse_lines
+from io_helpers import parse_lines
+
+from batchllm.io.batch_input import BatchError, BatchRequest
 
 
 def _parse(*objects):

@@ -6,7 +6,9 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchllm.io.batch_input import BatchError, BatchRequest, parse_lines
+from io_helpers import parse_lines
+
+from batchllm.io.batch_input import BatchError, BatchRequest
 from batchllm.io.batch_output import dumps, error_line
 
 _scalars = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True) | st.text(max_size=8)

@@ -1,13 +1,8 @@
 """`batchllm analyze`: how much prefill the global prefix plan saves on a batch (BatchLLM 4.2).
-
-Reads the same JSONL as `batchllm run`. Lines with prompt_token_ids need no model and no
-torch; text prompts and chat messages are tokenized with the tokenizer and chat template of
---model, by default the same model `batchllm run` uses.
-"""
+Reads the same JSONL as `batchllm run`; prompts are tokenized as cli/prompt_tokens.py says."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
@@ -24,7 +19,6 @@ def add_parser(subparsers) -> None:
             "sharing, naive first-level grouping. Lines with prompt_token_ids need no model; text\n"
             "and chat lines are tokenized with --model (default: the model `batchllm run` uses)."
         ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("input", metavar="INPUT.jsonl", help="OpenAI-Batch or short-form request lines")
     add_model_argument(parser)
@@ -34,39 +28,29 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(func=analyze_command)
 
 
-class AnalyzeError(ValueError):
-    pass
-
-
 def _read_token_ids(path: str, model: str | None):
     """(custom_ids, TokenStore of int32 prompts, error lines), streaming the file line by line.
     Text is tokenized only if some line needs it."""
-    from batchllm.cli.prompt_tokens import PromptTokenizer
-    from batchllm.io.batch_input import BatchError, read_batch_file
+    from batchllm.cli.prompt_tokens import read_prompts
+    from batchllm.io.batch_input import BatchError
     from batchllm.io.token_store import TokenStore
 
     custom_ids: list[str] = []
     prompts = TokenStore()
     errors: list[str] = []
-    tokenizer = PromptTokenizer(model)
-    for item in read_batch_file(path):
+    for item, token_ids in read_prompts(path, model):
         if isinstance(item, BatchError):
             errors.append(f"line {item.line_number}: {item.code}: {item.message}")
-            continue
-        try:
-            token_ids = tokenizer.token_ids(item)
-        except (ValueError, OSError) as error:
-            raise AnalyzeError(f"line {item.line_number}: {error}") from None
-        if not token_ids:
+        elif not token_ids:
             errors.append(f"line {item.line_number}: empty_prompt: the prompt encodes to 0 tokens")
-            continue
-        custom_ids.append(item.custom_id)
-        prompts.append(token_ids)
+        else:
+            custom_ids.append(item.custom_id)
+            prompts.append(token_ids)
     return custom_ids, prompts, errors
 
 
 def _summary(stats, num_invalid_lines: int) -> dict:
-    summary = {
+    return {
         "requests": stats.num_requests,
         "invalid_lines": num_invalid_lines,
         "logical_prefill_tokens": stats.logical_prefill_tokens,
@@ -85,7 +69,6 @@ def _summary(stats, num_invalid_lines: int) -> dict:
         "prefix_num_tokens": stats.to_dict()["prefix_num_tokens"],
         "seconds": stats.planning_seconds,
     }
-    return summary
 
 
 def _table(summary: dict) -> str:
@@ -125,7 +108,7 @@ def analyze_command(args) -> int:
 
     try:
         custom_ids, prompts, errors = _read_token_ids(args.input, args.model)
-    except (AnalyzeError, OSError) as error:
+    except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     for message in errors:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -52,14 +51,7 @@ def add_parser(subparsers) -> None:
             f"CUDA pass --model (e.g. '{CPU_SMOKE_MODEL}' or a small .gguf file)."
         ),
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_bench_arguments(parser)
-    parser.set_defaults(func=bench_command)
-
-
-def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of `batchllm bench`."""
     parser.add_argument("--model", default=None,
                         help=f"random:PRESET (random:llama-3.1-8b, random:qwen2.5-7b, random:qwen2.5-14b, "
                              f"random:tiny?vocab_size=32000 ...), a .gguf file or a HF model directory "
@@ -101,6 +93,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hf-peer", type=int, default=0, metavar="N",
                         help="also time HF transformers static `generate` (sdpa) on the first N requests of the "
                              "first workload as one batch, and scale its time to the whole workload")
+    parser.set_defaults(func=bench_command)
 
 
 def resolve_model(args) -> str | None:
@@ -119,13 +112,12 @@ def resolve_model(args) -> str | None:
 
 
 def _default_gguf_hint() -> str:
-    try:
-        from batchllm.models.loader import default_model_path
+    from batchllm.default_model import default_model_path
 
-        path = default_model_path()
+    try:
+        return f" such as --model {default_model_path()}"
     except Exception:  # noqa: BLE001 -- only a hint
         return ""
-    return f" such as --model {path}" if path is not None and os.path.isfile(path) else ""
 
 
 def _cuda(device: str) -> bool:

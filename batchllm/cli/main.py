@@ -9,33 +9,27 @@ Modules import their heavy dependencies inside `func`, so `batchllm analyze` on 
 from __future__ import annotations
 
 import argparse
-import importlib
+import functools
 import sys
 
-COMMANDS = ("run", "analyze", "simulate", "plot", "bench")
+from batchllm import __version__
+from batchllm.cli import analyze, bench, plot, run, simulate
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    # every description here is laid out by hand
+    new_parser = functools.partial(argparse.ArgumentParser, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = new_parser(
         prog="batchllm",
         description=(
             "Offline, throughput-oriented batched LLM inference with global prefix sharing.\n"
             "Feed it an OpenAI-Batch JSONL file; get one answer line per request."
         ),
         epilog="Run `batchllm COMMAND --help` for the options of one command.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    from batchllm import __version__
-
     parser.add_argument("--version", action="version", version=f"batchllm {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"batchllm.cli.{name}")
-        except ModuleNotFoundError as error:
-            if error.name == f"batchllm.cli.{name}":
-                continue  # command not built yet
-            raise
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=new_parser)
+    for module in (run, analyze, simulate, plot, bench):
         module.add_parser(subparsers)
     return parser
 

@@ -15,7 +15,6 @@ def add_parser(subparsers) -> None:
             "of every iteration stacked by kind (decode / distinct prompt / common prefix), with\n"
             "the token budget and the valley line (half the budget), like the paper's Fig. 2 / 9."
         ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("traces", metavar="TRACE.json", nargs="+")
     parser.add_argument("-o", "--output", metavar="PNG", required=True)

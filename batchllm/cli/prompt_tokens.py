@@ -1,4 +1,4 @@
-"""Prompt token ids of parsed request lines for the model-free commands (`analyze`, `simulate`).
+"""Prompt token ids of a batch file's lines for the model-free commands (`analyze`, `simulate`).
 
 Lines with prompt_token_ids need no model and no torch. Text prompts and chat messages are
 encoded with the tokenizer (and chat template) of --model, the default model when none is given,
@@ -17,26 +17,32 @@ def add_model_argument(parser: argparse.ArgumentParser) -> None:
                              "(default: SmolLM2-135M-Instruct, the default model of `batchllm run`)")
 
 
-class PromptTokenizer:
-    def __init__(self, model: str | None) -> None:
-        self.model = model
-        self._tokenizer = None
+def read_prompts(path: str, model: str | None, where: str = ""):
+    """(item, prompt token ids) for each line: a BatchRequest, or a BatchError with no ids. A text
+    that cannot be tokenized raises ValueError("{where}line N: why")."""
+    from batchllm.io.batch_input import BatchError, read_batch_file
 
-    def token_ids(self, item) -> list[int] | tuple[int, ...]:
-        """item: a BatchRequest. Raises ValueError when its text cannot be tokenized."""
-        if item.prompt_token_ids is not None:
-            return item.prompt_token_ids
-        tokenizer = self._load()
-        if item.messages is not None:
-            return tokenizer.encode_chat(item.messages)
-        return tokenizer.encode_prompt(item.prompt)
+    tokenizer = None
+    for item in read_batch_file(path):
+        if isinstance(item, BatchError):
+            yield item, ()
+        elif item.prompt_token_ids is not None:
+            yield item, item.prompt_token_ids
+        else:
+            try:
+                tokenizer = tokenizer or _load_tokenizer(model)
+                chat = item.messages is not None
+                token_ids = tokenizer.encode_chat(item.messages) if chat else tokenizer.encode_prompt(item.prompt)
+            except (ValueError, OSError) as error:
+                raise ValueError(f"{where}line {item.line_number}: {error}") from None
+            yield item, token_ids
 
-    def _load(self):
-        if self._tokenizer is None:
-            from batchllm.default_model import tokenizer_source
-            from batchllm.tokenizer import load_tokenizer
 
-            self._tokenizer = load_tokenizer(tokenizer_source(self.model))
-            if self._tokenizer is None:
-                raise ValueError(f"--model {self.model!r} has no tokenizer")
-        return self._tokenizer
+def _load_tokenizer(model: str | None):
+    from batchllm.default_model import tokenizer_source
+    from batchllm.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_source(model))
+    if tokenizer is None:
+        raise ValueError(f"--model {model!r} has no tokenizer")
+    return tokenizer

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from batchllm.io.batch_input import DEFAULT_MAX_LINE_BYTES
@@ -31,7 +32,6 @@ def add_parser(subparsers) -> None:
             "Exit codes: 0 done (per-line errors are records in the output), 2 nothing could run,\n"
             "130/143 stopped by SIGINT/SIGTERM after saving (run the same command to resume)."
         ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("input", metavar="INPUT.jsonl", help="batch input file (JSON Lines)")
     parser.add_argument("-o", "--output", metavar="OUTPUT.jsonl", required=True, help="where the answers go")
@@ -105,10 +105,7 @@ def engine_config_from_args(args):
 
 
 def run_command(args) -> int:
-    """Exit codes: 0 the job completed (per-line errors included), 2 nothing could run (unreadable
-    input, bad model, unusable output path, output locked by another job, journal of another
-    job), 130 / 143 stopped by SIGINT / SIGTERM after saving what was done (run the same command
-    again to resume)."""
+    """Exit codes: see the command's description."""
     from batchllm.batch_job import BatchJobOptions, LazyEngine, StopRequest, run_batch_file
     from batchllm.io.job_files import JobFilesError, JobLockedError
     from batchllm.io.journal import JournalMismatchError
@@ -174,8 +171,6 @@ def _ray_engine(args, config):
 
 
 def _input_problem(path: str) -> str | None:
-    import os
-
     if not os.path.exists(path):
         return f"input file {path!r} not found (fix: check the path)"
     if not os.path.isfile(path):

@@ -1,7 +1,5 @@
 """`batchllm simulate`: run a scheduling policy over a batch with a cost model, no model, no GPU.
-
-Lines with prompt_token_ids run torch-free; text and chat lines are tokenized with --model's
-tokenizer (default: the model `batchllm run` uses)."""
+Prompts are tokenized as cli/prompt_tokens.py says."""
 
 from __future__ import annotations
 
@@ -25,7 +23,6 @@ def add_parser(subparsers) -> None:
             "ratio, peak KV memory and preemptions. Text and chat lines are tokenized with --model\n"
             "(default: the model `batchllm run` uses); prompt_token_ids lines need no model."
         ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("input", metavar="INPUT.jsonl", help="request lines (+ max_tokens)")
     add_model_argument(parser)
@@ -47,19 +44,14 @@ def add_parser(subparsers) -> None:
 def read_sim_requests(path: str, model: str | None = None) -> list:
     """Requests of every line (text tokenized with model's tokenizer; None: the default model);
     raises ValueError naming the first bad line."""
-    from batchllm.cli.prompt_tokens import PromptTokenizer
-    from batchllm.io.batch_input import BatchError, read_batch_file
+    from batchllm.cli.prompt_tokens import read_prompts
+    from batchllm.io.batch_input import BatchError
     from batchllm.sched.simulator import SimRequest
 
     requests = []
-    tokenizer = PromptTokenizer(model)
-    for item in read_batch_file(path):
+    for item, token_ids in read_prompts(path, model, where=f"{path} "):
         if isinstance(item, BatchError):
             raise ValueError(f"{path} line {item.line_number}: {item.code}: {item.message}")
-        try:
-            token_ids = tokenizer.token_ids(item)
-        except (ValueError, OSError) as error:
-            raise ValueError(f"{path} line {item.line_number}: {error}") from None
         if not token_ids:
             raise ValueError(f"{path} line {item.line_number}: the prompt encodes to 0 tokens")
         max_tokens = item.sampling.max_tokens

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from batchllm.io.compact_set import Int64Set, digest64
@@ -107,17 +107,9 @@ def parse_request_object(obj: object, line_number: int = 0) -> BatchRequest:
     messages, prompt, prompt_token_ids = _parse_prompt(body, endpoint)
     sampling = _parse_sampling(body, endpoint)
     model = body.get("model") if isinstance(body.get("model"), str) else None
-    return BatchRequest(
-        custom_id=custom_id,
-        line_number=line_number,
-        endpoint=endpoint,
-        sampling=sampling,
-        messages=messages,
-        prompt=prompt,
-        prompt_token_ids=prompt_token_ids,
-        model=model,
-        warnings=tuple(warnings),
-    )
+    return BatchRequest(custom_id=custom_id, line_number=line_number, endpoint=endpoint, sampling=sampling,
+                        messages=messages, prompt=prompt, prompt_token_ids=prompt_token_ids, model=model,
+                        warnings=tuple(warnings))
 
 
 def _parse_prompt(body: dict, endpoint: str):
@@ -146,8 +138,8 @@ def _parse_prompt(body: dict, endpoint: str):
         raise RequestError("invalid_request", f"{key} must be a string or a list of token ids")
     if not value:
         raise RequestError("empty_prompt", f"{key} is empty")
-    if any(t < 0 or t > MAX_TOKEN_ID for t in value):
-        bad = next(t for t in value if t < 0 or t > MAX_TOKEN_ID)
+    bad = next((t for t in value if t < 0 or t > MAX_TOKEN_ID), None)
+    if bad is not None:
         raise RequestError("invalid_request", f"{key} holds token id {bad}, outside [0, {MAX_TOKEN_ID}]")
     return None, None, tuple(value)
 
@@ -247,15 +239,6 @@ def _parse_logprobs(body: dict, endpoint: str) -> int | None:
     return _integer(logprobs, "logprobs (on /v1/completions: the number of top tokens)", 0, 20)
 
 
-def parse_lines(lines: Iterable[bytes | str], start_line: int = 1) -> Iterator[BatchRequest | BatchError]:
-    """Parse JSONL lines; blank lines are skipped; duplicate custom_ids are errors."""
-    seen = Int64Set()
-    for line_number, raw in enumerate(lines, start=start_line):
-        item = parse_line(raw, line_number, seen)
-        if item is not None:
-            yield item
-
-
 def parse_line(raw: bytes | str, line_number: int, seen: Int64Set, digest: int = 0) -> BatchRequest | BatchError | None:
     """One line -> a request, an error, or None (blank). seen: digest64 of the custom_ids so far."""
     try:
@@ -300,19 +283,10 @@ def _parse_line(raw: bytes | str, line_number: int, seen: Int64Set, digest: int)
 
 def _has_lone_surrogate(value: object) -> bool:
     """True if any string (key or value) inside value cannot be encoded as UTF-8."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                return True
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
     return False
 
 

@@ -23,13 +23,6 @@ class Int64Set:
         self._slots = np.zeros(capacity, dtype=np.int64)
         self._num_keys = 0
 
-    def __len__(self) -> int:
-        return self._num_keys
-
-    @property
-    def nbytes(self) -> int:
-        return self._slots.nbytes
-
     def add(self, key: int) -> bool:
         """Insert key; False if it was already there."""
         key = key or 1
@@ -41,10 +34,6 @@ class Int64Set:
         if 2 * self._num_keys > self._slots.size:
             self._grow()
         return True
-
-    def __contains__(self, key: int) -> bool:
-        key = key or 1
-        return int(self._slots[self._find(self._slots, key)]) == key
 
     @staticmethod
     def _find(slots: np.ndarray, key: int) -> int:

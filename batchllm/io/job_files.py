@@ -1,13 +1,5 @@
 """The files of one batch job, checked before any work, and the lock that makes it the only
-writer of its output.
-
-`check_job_paths` refuses (JobFilesError, a one-line message naming the fix) an output or
-errors path that is the input (also through a symlink or hard link: same device and inode), a
-directory, or not writable, and an existing output file unless overwriting was asked for or a
-journal of that job exists (a resume). `JobLock` holds an exclusive flock on `OUTPUT.lock` for
-the whole job; a second job on the same output is refused at once with the running job's pid
-and start time. The kernel drops a flock when its process dies, so the lock of a killed job is
-simply taken over. Torch-free.
+writer of its output (docs/design.md, "Crash-safe jobs"). Torch-free.
 """
 
 from __future__ import annotations
@@ -129,7 +121,7 @@ class JobLock:
         return (f"another batchllm job ({who}) is writing {self.output_path!r} (lock {self.path!r}): "
                 "wait for it to finish, stop it, or choose another -o path")
 
-    def release(self) -> None:
+    def __exit__(self, *exc) -> None:
         """Remove the lock file while still holding the lock (a waiting job then retries on a
         fresh file), then unlock."""
         if self._fd is None:
@@ -143,6 +135,3 @@ class JobLock:
 
     def __enter__(self) -> JobLock:
         return self.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.release()

@@ -1,34 +1,13 @@
-"""Crash-safe journal of a batch job's output records, and the final output file built from it.
-
-The journal is `OUTPUT.partial`, beside the output file. Its format (version 2):
-
-    #batchllm-journal v2<TAB>{"job": {"model": ..., "dtype": ..., "seed": ..., ...}}
-    <input line number><TAB><line digest, 16 hex digits><TAB><output record JSON>
-    ...
-
-The header names every option that changes outputs; each entry names the input line it
-answers and a 64-bit BLAKE2b digest of that line's bytes. Entries are flushed to the OS and
-fsynced in small batches (every `sync_every_records` records or `sync_every_seconds`, and on
-close): a SIGKILL loses at most the unflushed records, a power loss at most the unsynced ones;
-both are recomputed on resume. `cut -f3- OUTPUT.partial` is a valid (finish-order) output file.
-
-On resume the header must match (else JournalMismatchError), a torn last line is cut off and a
-corrupt line elsewhere dropped (the journal is rewritten without it). Then every entry is
-checked against the input as it is streamed again (`keep`): its line must exist, be answered
-once (a repeated entry is dropped) and have the same digest; an entry whose line changed, moved
-or vanished is dropped and the line runs again. The final file holds exactly the entries
-confirmed or written in this run, in input order (by line number) or finish order (journal
-order), written to `OUTPUT.tmp`, fsynced and renamed over OUTPUT (atomic); then the journal is
-removed. Bookkeeping is a few numpy/array entries per line (no Python object per line).
-Torch-free.
+"""Crash-safe journal of a batch job's output records (`OUTPUT.partial`), and the final output
+file built from it. Format, resume rules and durability: docs/design.md, "Crash-safe jobs". Torch-free.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
-from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -37,6 +16,10 @@ import numpy as np
 MAGIC = b"#batchllm-journal v2\t"
 _OLD_MAGIC = b"#batchllm-journal v"
 _NONE, _LOADED, _KEPT = 0, 1, 2  # per-line state: no entry / from an earlier run, unchecked / confirmed
+SYNC_EVERY_RECORDS = 64  # fsync after this many records, or SYNC_EVERY_SECONDS, whichever comes first
+SYNC_EVERY_SECONDS = 1.0
+_LINE = np.dtype([("offset", np.int64), ("length", np.int32), ("error", np.bool_), ("digest", np.int64),
+                  ("state", np.uint8)])  # the byte offset and length of a line's record in the journal
 
 
 class JournalMismatchError(ValueError):
@@ -66,44 +49,16 @@ class ResumeReport:
     num_repeated: int = 0  # entries for a line that already had one (dropped)
     num_out_of_range: int = 0  # entries for a line number the input does not have (dropped)
 
-    @property
-    def num_dropped(self) -> int:
-        return self.num_corrupt_lines + self.num_repeated + self.num_out_of_range
-
-
-class _LineTable:
-    """Per input line: the journal entry that answers it, that entry's line digest, and its
-    state; numpy arrays grown by doubling (13 bytes a line)."""
-
-    def __init__(self) -> None:
-        self.entry = np.full(1024, -1, dtype=np.int32)
-        self.digest = np.zeros(1024, dtype=np.int64)
-        self.state = np.zeros(1024, dtype=np.uint8)
-
-    def ensure(self, line_number: int) -> None:
-        if line_number >= self.state.size:
-            size = max(line_number + 1, 2 * self.state.size)
-            self.entry = np.concatenate((self.entry, np.full(size - self.entry.size, -1, dtype=np.int32)))
-            self.digest = np.concatenate((self.digest, np.zeros(size - self.digest.size, dtype=np.int64)))
-            self.state = np.concatenate((self.state, np.zeros(size - self.state.size, dtype=np.uint8)))
-
-    def lines_in(self, *states: int) -> np.ndarray:
-        return np.flatnonzero(np.isin(self.state, states))
-
 
 class Journal:
-    """Append-only record log. Per entry it keeps the byte offset of its record and its length
-    (negative for an error record): array('q') + array('i'), 12 bytes."""
+    """Append-only record log. Per input line it keeps one `_LINE` entry (22 bytes): where the
+    record that answers the line is, whether it is an error record, the line's digest and state."""
 
-    def __init__(self, path: str, header: JournalHeader, restart: bool = False, num_input_lines: int | None = None,
-                 sync_every_records: int = 64, sync_every_seconds: float = 1.0) -> None:
+    def __init__(self, path: str, header: JournalHeader, restart: bool = False,
+                 num_input_lines: int | None = None) -> None:
         self.path = path
         self._num_input_lines = num_input_lines
-        self._table = _LineTable()
-        self._offsets = array("q")
-        self._lengths = array("i")
-        self._sync_every_records = sync_every_records
-        self._sync_every_seconds = sync_every_seconds
+        self._lines = np.zeros(1024, _LINE)  # indexed by line number, grown by doubling
         self._unsynced = 0
         self._last_sync = time.monotonic()
         self.num_changed = 0  # entries dropped because their input line changed
@@ -122,20 +77,10 @@ class Journal:
         with open(self.path, "rb") as handle:
             first = handle.readline()
             _check_header(self.path, first, header)
-            offset = len(first)
-            bad: list[tuple[int, int]] = []  # (offset, length) of torn or corrupt lines
-            num_repeated = num_out_of_range = 0
-            for raw in handle:
-                entry = _parse_entry(raw)
-                if entry is None:
-                    bad.append((offset, len(raw)))
-                elif not self._in_range(entry[0]):
-                    num_out_of_range += 1
-                elif not self._remember_loaded(entry, offset):
-                    num_repeated += 1
-                offset += len(raw)
+            bad, num_repeated, num_out_of_range = self._read_entries(handle, len(first))
+            end = handle.tell()
         torn, num_corrupt = 0, 0
-        if len(bad) == 1 and sum(bad[0]) == offset:  # only the last line is torn: cut it off
+        if len(bad) == 1 and sum(bad[0]) == end:  # only the last line is torn: cut it off
             torn = bad[0][1]
             with open(self.path, "r+b") as handle:
                 handle.truncate(bad[0][0])
@@ -143,36 +88,43 @@ class Journal:
                 os.fsync(handle.fileno())
         elif bad:
             num_corrupt = len(bad)
-            self._rewrite(first)
-        self.resume = ResumeReport(len(self._table.lines_in(_LOADED)), torn, num_corrupt, num_repeated,
-                                   num_out_of_range)
+            self._rewrite()
+        self.resume = ResumeReport(int(np.count_nonzero(self._lines["state"] == _LOADED)), torn, num_corrupt,
+                                   num_repeated, num_out_of_range)
 
-    def _in_range(self, line_number: int) -> bool:
-        return self._num_input_lines is None or line_number <= self._num_input_lines
+    def _read_entries(self, handle, offset: int, out=None) -> tuple[list[tuple[int, int]], int, int]:
+        """Remember the entries of the lines left in handle, the first at byte `offset`; with
+        `out`, copy the good lines there (offsets then count in the copy). Returns the (offset,
+        length) of torn or corrupt lines, and the numbers of repeated and out-of-range entries."""
+        bad: list[tuple[int, int]] = []
+        num_repeated = num_out_of_range = 0
+        for raw in handle:
+            entry = _parse_entry(raw)
+            if entry is None:
+                bad.append((offset, len(raw)))
+            elif self._num_input_lines is not None and entry[0] > self._num_input_lines:
+                num_out_of_range += 1
+            elif not self._remember_loaded(entry, offset):
+                num_repeated += 1
+            elif out is not None:
+                out.write(raw)
+            offset = offset + len(raw) if out is None else out.tell()
+        return bad, num_repeated, num_out_of_range
 
     def _remember_loaded(self, entry: tuple[int, int, bool, int, int], offset: int) -> bool:
         line_number, digest, is_error, record_start, record_length = entry
-        self._table.ensure(line_number)
-        if self._table.state[line_number] != _NONE:
+        if line_number < self._lines.size and self._lines["state"][line_number] != _NONE:
             return False  # answered twice: the first entry stands
-        self._add_entry(line_number, offset + record_start, record_length, is_error)
-        self._table.state[line_number] = _LOADED
-        self._table.digest[line_number] = digest
+        self._set_line(line_number, (offset + record_start, record_length, is_error, digest, _LOADED))
         return True
 
-    def _rewrite(self, first: bytes) -> None:
-        """Drop corrupt lines: reread the good entries and write them to a fresh file."""
+    def _rewrite(self) -> None:
+        """Drop corrupt lines: copy the good entries to a fresh file (and remember them anew)."""
         tmp_path = self.path + ".tmp"
-        self._table, self._offsets, self._lengths = _LineTable(), array("q"), array("i")
+        self._lines = np.zeros(1024, _LINE)
         with open(self.path, "rb") as handle, open(tmp_path, "wb") as out:
-            handle.readline()
-            out.write(first)
-            offset = len(first)
-            for raw in handle:
-                entry = _parse_entry(raw)
-                if entry is not None and self._in_range(entry[0]) and self._remember_loaded(entry, offset):
-                    out.write(raw)
-                    offset += len(raw)
+            out.write(handle.readline())
+            self._read_entries(handle, out.tell(), out)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp_path, self.path)
@@ -180,22 +132,24 @@ class Journal:
     def keep(self, line_number: int, digest: int) -> bool:
         """The job reached input line `line_number` (with this digest): True if an earlier run's
         entry answers it (the line is skipped); an entry for a changed line is dropped."""
-        table = self._table
-        if line_number >= table.state.size or table.state[line_number] == _NONE:
+        state = self._lines["state"]
+        if line_number >= state.size or state[line_number] == _NONE:
             return False
-        if table.state[line_number] == _KEPT:
+        if state[line_number] == _KEPT:
             return True
-        if int(table.digest[line_number]) == digest:
-            table.state[line_number] = _KEPT
+        if int(self._lines["digest"][line_number]) == digest:
+            state[line_number] = _KEPT
             return True
-        table.state[line_number] = _NONE
+        state[line_number] = _NONE
         self.num_changed += 1
         return False
 
-    def _add_entry(self, line_number: int, offset: int, length: int, is_error: bool) -> None:
-        self._table.entry[line_number] = len(self._offsets)
-        self._offsets.append(offset)
-        self._lengths.append(-length - 1 if is_error else length)
+    def _set_line(self, line_number: int, entry: tuple) -> None:
+        if line_number >= self._lines.size:
+            grown = np.zeros(max(line_number + 1, 2 * self._lines.size), _LINE)
+            grown[:self._lines.size] = self._lines
+            self._lines = grown
+        self._lines[line_number] = entry
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -206,16 +160,13 @@ class Journal:
         data = record_json.encode("utf-8")
         offset = self._handle.tell() + len(prefix)
         self._handle.write(prefix + data + b"\n")
-        self._table.ensure(line_number)
-        self._add_entry(line_number, offset, len(data), record.get("error") is not None)
-        self._table.state[line_number] = _KEPT
-        self._table.digest[line_number] = digest
+        self._set_line(line_number, (offset, len(data), record.get("error") is not None, digest, _KEPT))
         self._unsynced += 1
         self.maybe_sync()
 
     def maybe_sync(self) -> None:
-        if self._unsynced and (self._unsynced >= self._sync_every_records
-                               or time.monotonic() - self._last_sync >= self._sync_every_seconds):
+        if self._unsynced and (self._unsynced >= SYNC_EVERY_RECORDS
+                               or time.monotonic() - self._last_sync >= SYNC_EVERY_SECONDS):
             self.sync()
 
     def sync(self) -> None:
@@ -226,10 +177,8 @@ class Journal:
 
     def flush_for_exit(self) -> None:
         """Best effort, from any thread, before the process exits at once (a second signal)."""
-        try:
+        with contextlib.suppress(OSError, ValueError):
             self.sync()
-        except (OSError, ValueError):
-            pass
 
     def close(self) -> None:
         if not self._handle.closed:
@@ -238,58 +187,50 @@ class Journal:
 
     # -- counts and the final file ----------------------------------------------------------
 
-    def _answered_lines(self, confirmed_only: bool) -> np.ndarray:
-        return self._table.lines_in(_KEPT) if confirmed_only else self._table.lines_in(_KEPT, _LOADED)
-
     def counts(self, confirmed_only: bool = True) -> tuple[int, int]:
         """(answered, errors): one per input line, confirmed in this run (or, with
         confirmed_only=False, also the earlier run's entries not checked yet)."""
-        lengths = np.frombuffer(self._lengths, dtype=np.int32) if self._lengths else np.zeros(0, np.int32)
-        is_error = lengths[self._table.entry[self._answered_lines(confirmed_only)]] < 0
+        states = (_KEPT,) if confirmed_only else (_KEPT, _LOADED)
+        is_error = self._lines["error"][np.isin(self._lines["state"], states)]
         return int(is_error.size - is_error.sum()), int(is_error.sum())
 
     def finalize(self, output_path: str, order: str = "input", errors_path: str | None = None) -> None:
-        """Write the output file (order "input" or "finish") atomically, then remove the journal."""
+        """Write the output file (order "input" or "finish") and the errors file, if any,
+        atomically; then remove the journal."""
         self.close()
-        tmp_path = output_path + ".tmp"
-        errors_tmp = errors_path + ".tmp" if errors_path else None
+        paths = [output_path] + ([errors_path] if errors_path else [])
+        tmp_paths = [path + ".tmp" for path in paths]
         try:
-            with open(tmp_path, "wb") as out, open(self.path, "rb") as journal:
-                errors_out = open(errors_tmp, "wb") if errors_tmp else None
-                try:
-                    for record, is_error in self._records(journal, order):
+            with contextlib.ExitStack() as stack:
+                journal = stack.enter_context(open(self.path, "rb"))
+                outs = [stack.enter_context(open(tmp_path, "wb")) for tmp_path in tmp_paths]
+                for record, is_error in self._records(journal, order):
+                    for out in outs[:1 + is_error]:  # an error record goes to the errors file too
                         out.write(record + b"\n")
-                        if errors_out is not None and is_error:
-                            errors_out.write(record + b"\n")
-                finally:
-                    if errors_out is not None:
-                        errors_out.flush()
-                        os.fsync(errors_out.fileno())
-                        errors_out.close()
-                out.flush()
-                os.fsync(out.fileno())
-            if errors_tmp:
-                os.replace(errors_tmp, errors_path)
-            os.replace(tmp_path, output_path)
+                for out in outs:
+                    out.flush()
+                    os.fsync(out.fileno())
+            for tmp_path, path in reversed(list(zip(tmp_paths, paths))):  # the output last
+                os.replace(tmp_path, path)
         except BaseException:
-            for path in (tmp_path, errors_tmp):
-                if path and os.path.exists(path):
-                    os.remove(path)
+            for tmp_path in tmp_paths:
+                if os.path.exists(tmp_path):
+                    os.remove(tmp_path)
             raise
         _fsync_directory(output_path)
         os.remove(self.path)
 
     def _records(self, journal, order: str) -> Iterator[tuple[bytes, bool]]:
         """(record bytes, is_error) of each confirmed line, in the chosen order."""
-        entries = self._table.entry[self._answered_lines(confirmed_only=True)]
-        if order == "finish":
-            entries = np.sort(entries)
+        lines = self._lines[self._lines["state"] == _KEPT]  # in input order
+        if order == "finish":  # journal order
+            lines = lines[np.argsort(lines["offset"], kind="stable")]
         elif order != "input":
             raise ValueError(f"order must be 'input' or 'finish', got {order!r}")
-        for entry in entries.tolist():
-            length = self._lengths[entry]
-            journal.seek(self._offsets[entry])
-            yield journal.read(length if length >= 0 else -length - 1), length < 0
+        for offset, length, is_error in zip(lines["offset"].tolist(), lines["length"].tolist(),
+                                            lines["error"].tolist()):
+            journal.seek(offset)
+            yield journal.read(length), is_error
 
 
 def _check_header(path: str, first: bytes, header: JournalHeader) -> None:
@@ -334,13 +275,9 @@ def _parse_entry(raw: bytes) -> tuple[int, int, bool, int, int] | None:
 
 def _fsync_directory(path: str) -> None:
     """Make the rename durable (POSIX); a no-op where directories cannot be opened."""
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

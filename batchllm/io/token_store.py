@@ -20,8 +20,8 @@ class TokenStore:
         self._starts = np.zeros(1024, dtype=np.int64)  # start of prompt i; starts[n] = end
         self._num_prompts = 0
 
-    def append(self, token_ids: Sequence[int] | np.ndarray) -> int:
-        """Store one prompt; returns its index. Ids must fit int32 (the parser checks)."""
+    def append(self, token_ids: Sequence[int] | np.ndarray) -> None:
+        """Store one prompt. Ids must fit int32 (the parser checks)."""
         array = np.asarray(token_ids, dtype=np.int32)
         end = self._num_tokens + array.size
         if end > self._tokens.size:
@@ -34,23 +34,6 @@ class TokenStore:
         self._num_tokens = end
         self._num_prompts += 1
         self._starts[self._num_prompts] = end
-        return self._num_prompts - 1
-
-    def __len__(self) -> int:
-        return self._num_prompts
-
-    def __getitem__(self, index: int) -> np.ndarray:
-        if not 0 <= index < self._num_prompts:
-            raise IndexError(index)
-        return self._tokens[self._starts[index]:self._starts[index + 1]]
-
-    @property
-    def num_tokens(self) -> int:
-        return self._num_tokens
-
-    @property
-    def nbytes(self) -> int:
-        return self._tokens.nbytes + self._starts.nbytes
 
     def views(self) -> list[np.ndarray]:
         """Every prompt as an int32 view into the buffer (for the prefix planner)."""

@@ -183,8 +183,8 @@ KERNEL_SCENARIOS = {
 
 def _kernel_case(name, dtype, window, device, tile=None, kv_split_tokens=16):
     from batchllm.ops.prefix_attention import prefix_shared_attention
-    from batchllm.ops.synthetic_batch import SeqSpec, make_batch
     from batchllm.ops.work_list import build_prefix_shared_plan, device_num_sms
+    from synthetic_batch import SeqSpec, make_batch
 
     seqs = []
     for spec in KERNEL_SCENARIOS[name]:

@@ -9,5 +9,4 @@ TRITON_INTERPRET first):
   prefix_attention.py  prefix_shared_attention (BatchLLM section 5)
   paged_attention.py   paged_attention / build_paged_plan (no sharing knowledge)
   attention_kernels.py the Triton kernels; tile_config.py per-part tile sizes
-  synthetic_batch.py   paged batches for tests and benchmarks
 """

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from batchllm.ops.paged_attention import build_paged_plan, paged_attention
+from batchllm.ops.paged_attention import build_paged_plan
 from batchllm.ops.reference import paged_attention_reference
+from op_references import paged_attention
 from synthetic_batch import SeqSpec, make_batch
 
 CASES = {

@@ -10,7 +10,7 @@ from transformers.masking_utils import sliding_window_overlay
 
 from batchllm import LLM, SamplingParams
 from batchllm.models.hf_loader import hf_arch_config
-from batchllm.ops.reference import paged_attention_reference, store_kv_reference, visible_kv
+from batchllm.ops.reference import paged_attention_reference, visible_kv
 from op_references import dense_causal_attention, prefix_shared_attention_reference
 
 WINDOW = 16

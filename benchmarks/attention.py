@@ -41,10 +41,10 @@ import torch
 from batchllm.ops.paged_attention import build_paged_plan
 from batchllm.ops.prefix_attention import prefix_shared_attention
 from batchllm.ops.reference import paged_attention_reference
-from batchllm.ops.synthetic_batch import SeqSpec, make_batch
 from batchllm.ops.tile_config import TileConfig, default_tile_config
 from batchllm.ops.validation import next_power_of_2
 from batchllm.ops.work_list import DEFAULT_WORK_ORDER, build_prefix_shared_plan, device_num_sms
+from tests.synthetic_batch import SeqSpec, make_batch
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16  # Llama-3.1-8B
 NUM_DECODE, NUM_CHUNKS, CHUNK_TOKENS = 256, 7, 512

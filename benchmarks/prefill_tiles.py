@@ -35,10 +35,10 @@ from attention import BLOCK_SIZE, HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, SETTINGS, b
 from batchllm.ops.paged_attention import build_paged_plan  # noqa: E402
 from batchllm.ops.prefix_attention import prefix_shared_attention  # noqa: E402
 from batchllm.ops.reference import paged_attention_reference  # noqa: E402
-from batchllm.ops.synthetic_batch import SeqSpec, make_batch  # noqa: E402
 from batchllm.ops.tile_config import TileConfig, decode_tile_config, default_tile_config  # noqa: E402
 from batchllm.ops.validation import next_power_of_2  # noqa: E402
 from batchllm.ops.work_list import build_prefix_shared_plan, device_num_sms  # noqa: E402
+from tests.synthetic_batch import SeqSpec, make_batch  # noqa: E402
 
 
 def tile_candidates(head_dim: int, group_size: int) -> dict[str, TileConfig]:

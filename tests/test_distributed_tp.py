@@ -17,12 +17,12 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from batchllm.config import EngineConfig
-from batchllm.distributed.sharding import UnsupportedShardingError, shard_layout, shard_model
+from batchllm.distributed.sharding import UnsupportedShardingError, empty_shard, fill_shard, shard_layout
 from batchllm.distributed.step_broadcast import pack_step_inputs, unpack_step_inputs
 from batchllm.distributed.tp_engine import free_tcp_port
 from batchllm.engine.llm_engine import LLMEngine, PreparedRequest
 from batchllm.engine.step_inputs import build_step_inputs
-from batchllm.models.build import empty_model
+from batchllm.models.llama import LlamaForCausalLM
 from batchllm.models.presets import PRESETS
 from batchllm.sampling_params import SamplingParams
 from batchllm.sched.interface import SchedulerOutput, ScheduledChunk
@@ -37,9 +37,18 @@ LAYOUTS = {
 }
 
 
+def shard_model(model: LlamaForCausalLM, rank: int, world_size: int) -> LlamaForCausalLM:
+    """A loaded full model -> rank's shard on the model's device (the default process group)."""
+    first = next(model.parameters())
+    layout = shard_layout(model.config, rank, world_size)
+    shard = empty_shard(layout, first.dtype, first.device, None)
+    fill_shard(shard, layout, iter(model.named_parameters()))
+    return shard
+
+
 def _full_model(config, seed: int = 0):
     """A float32 model with weights large enough that logits differ visibly between tokens."""
-    model = empty_model(config, torch.float32, torch.device("cpu"))
+    model = LlamaForCausalLM.empty(config, torch.float32, torch.device("cpu"))
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from batchllm import SamplingParams
-from batchllm.ops.reference import dense_causal_attention, paged_attention_reference, store_kv_reference
+from batchllm.ops.reference import paged_attention_reference, store_kv_reference
+from op_references import dense_causal_attention
 
 
 pytest_plugins = ["model_fixtures"]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from batchllm.ops.fused_layers import rms_norm, rope_inplace, silu_and_mul
-from batchllm.ops.reference import rms_norm_reference, rope_reference, silu_and_mul_reference
+from op_references import rms_norm_reference, rope_reference, silu_and_mul_reference
 
 
 def _dtypes(device):

@@ -5,7 +5,7 @@ import torch
 
 from batchllm.ops.kv_store import store_kv
 from batchllm.ops.reference import store_kv_reference
-from batchllm.ops.synthetic_batch import SeqSpec, make_batch
+from synthetic_batch import SeqSpec, make_batch
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from batchllm.ops.paged_attention import build_paged_plan, paged_attention
+from batchllm.ops.paged_attention import build_paged_plan
 from batchllm.ops.reference import paged_attention_reference
-from batchllm.ops.synthetic_batch import SeqSpec, make_batch
+from op_references import paged_attention
+from synthetic_batch import SeqSpec, make_batch
 
 CASES = {
     "decode": [SeqSpec(1, 1), SeqSpec(1, 16), SeqSpec(1, 17), SeqSpec(1, 70)],

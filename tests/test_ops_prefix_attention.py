@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from batchllm.ops.prefix_attention import prefix_shared_attention
-from batchllm.ops.reference import paged_attention_reference, prefix_shared_attention_reference
-from batchllm.ops.synthetic_batch import SeqSpec, make_batch
+from batchllm.ops.reference import paged_attention_reference
 from batchllm.ops.work_list import build_prefix_shared_plan, device_num_sms
+from op_references import prefix_shared_attention_reference
+from synthetic_batch import SeqSpec, make_batch
 
 P = 21  # prefix not a multiple of the block size
 SCENARIOS = {

@@ -10,13 +10,8 @@ from transformers.masking_utils import sliding_window_overlay
 
 from batchllm import LLM, SamplingParams
 from batchllm.models.hf_loader import hf_arch_config
-from batchllm.ops.reference import (
-    dense_causal_attention,
-    paged_attention_reference,
-    prefix_shared_attention_reference,
-    store_kv_reference,
-    visible_kv,
-)
+from batchllm.ops.reference import paged_attention_reference, visible_kv
+from op_references import dense_causal_attention, prefix_shared_attention_reference
 
 WINDOW = 16
 COMMON = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -183,8 +178,8 @@ KERNEL_SCENARIOS = {
 
 def _kernel_case(name, dtype, window, device, tile=None, kv_split_tokens=16):
     from batchllm.ops.prefix_attention import prefix_shared_attention
-    from batchllm.ops.synthetic_batch import SeqSpec, make_batch
     from batchllm.ops.work_list import build_prefix_shared_plan, device_num_sms
+    from synthetic_batch import SeqSpec, make_batch
 
     seqs = []
     for spec in KERNEL_SCENARIOS[name]:
@@ -228,7 +223,7 @@ def test_window_with_unmasked_kv_steps(name, device):
 
 
 def test_paged_kernel_window_matches_reference(device):
-    from batchllm.ops.paged_attention import paged_attention
+    from op_references import paged_attention
 
     generator = torch.Generator().manual_seed(4)
     case = tuple(t.to(device) for t in _paged_case(generator, [45, 30, 60, 9], [1, 30, 5, 9], [24, 24, 24, 0],

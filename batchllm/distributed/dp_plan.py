@@ -1,15 +1,9 @@
 """Data-parallel plan: global prefix groups first, then whole groups to replicas (torch-free).
 
-1. plan_prefix_arrays over the WHOLE batch (BatchLLM 4.2): the optimal single-level groups.
-2. token cost of a group = its processed prefill tokens (prefix once + every member's distinct
-   tokens) + decode_token_weight * its members' max_tokens.
-3. longest-processing-time first (LPT): groups by cost, largest first, each to the replica with
-   the least cost so far (Graham: makespan <= 4/3 of the optimum; with many small groups ~1.0).
-A group is never split unless it alone costs more than one replica's fair share (total / replicas):
-such a group (in practice an instruction template shared by hundreds of requests with no longer
-common prefix) is cut into the fewest pieces of consecutive members that fit, each piece
-recomputing the prefix once: (pieces - 1) * prefix tokens of sharing lost, reported as
-sharing_kept (1.0 when nothing is cut; split_oversized_groups=False forbids cutting).
+The steps and the group cost are in docs/scale-out.md. Longest-processing-time first keeps the
+makespan within 4/3 of the optimum (Graham; ~1.0 with many small groups). A group alone costing
+more than a replica's fair share is cut into the fewest pieces of consecutive members that fit,
+each recomputing the prefix once: the sharing lost is reported as sharing_kept.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""Tensor-parallel layers (Megatron-LM style) and the sharded Llama model.
+"""Tensor-parallel layers (Megatron-LM style) and the sharded Llama model (docs/scale-out.md).
 
-A shard of LlamaForCausalLM is the same module tree built from the *shard* architecture
-(num_heads / tp, num_kv_heads / tp, intermediate_size / tp, vocab / tp), so the column-parallel
-layers (fused qkv_proj, fused gate_up_proj) are plain nn.Linear of the shard's width. Three
-modules differ:
-- o_proj, down_proj: RowParallelLinear (input features split, partial sums all-reduced);
-- embed_tokens: VocabParallelEmbedding (rows of one vocabulary slice, others zero, all-reduced);
-- compute_logits: the local vocabulary slice of the logits, all-gathered along the vocabulary.
-Parameter names are unchanged, so checkpoint tensors map onto the shard by name.
+A shard is LlamaForCausalLM built from the shard's architecture, so the column-parallel layers
+(qkv_proj, gate_up_proj) are plain nn.Linear of the shard's width and parameter names are
+unchanged; o_proj / down_proj, embed_tokens and compute_logits differ.
 """
 
 from __future__ import annotations

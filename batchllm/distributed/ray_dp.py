@@ -1,21 +1,9 @@
 """Data parallelism on Ray Data (optional extra: pip install 'batchllm[ray]').
 
-The driver plans prefix groups over the WHOLE batch, assigns whole groups to shards by balanced
-token cost (dp_plan: longest-processing-time first), and Ray Data runs one LLMEngine per replica
-in an actor pool (map_batches with a class UDF, `concurrency=num_replicas`, `num_gpus` each).
-One input row = one shard = a list of whole groups; the UDF is a generator that yields finished
-requests every `stream_every` outputs, so results stream to the driver while replicas run.
-
-Why pre-bucketed shards and not Ray's own grouping (groupby(key).map_groups / repartition by key):
-- the grouping key does not exist before planning: the optimal groups come from the global
-  prefix tree (a request's group depends on every other prompt), so it has to be computed on the
-  whole batch first anyway, and then the balanced assignment is already known;
-- Ray's groupby hash-partitions keys: partitions are balanced by count of keys, not by token
-  cost, and one map_groups call per group would hand the engine a few requests at a time (mean
-  sharing degree ~3), losing cross-group token batching, the point of BatchLLM 4.3;
-- a shard per replica keeps the engine's own scheduler whole (it re-plans its shard and finds
-  the same groups), and the pre-bucketed rows are small (token ids), so no shuffle is needed.
-Ray Data still gives the actor pool, GPU placement, back-pressure and streaming output.
+The driver plans prefix groups over the WHOLE batch and assigns whole groups to shards
+(dp_plan); Ray Data runs one LLMEngine per replica over one shard per input row and streams the
+finished requests back. Why pre-bucketed shards rather than Ray's own grouping:
+docs/scale-out.md ("Data parallelism on Ray Data").
 """
 
 from __future__ import annotations

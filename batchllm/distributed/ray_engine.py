@@ -1,10 +1,8 @@
 """The batch job's engine interface, backed by Ray replicas (`batchllm run --ray`).
 
-The job itself is the single-process one (batch_job.run_batch_file: streaming parse, windows, the
-crash-safe journal, resume, the input-order rewrite), so a Ray run resumes exactly like a local
-one, and either can resume the other's journal. Only the engine differs: the driver tokenizes and
-checks lengths without loading any weights, and each window is planned globally and split over
-the replicas by whole prefix groups (dp_plan, run_on_ray).
+The job itself is the single-process one, so a Ray run resumes like a local one and either can
+resume the other's journal (docs/scale-out.md). Only the engine differs: the driver tokenizes and
+checks lengths without loading any weights, and the replicas run whole prefix groups (run_on_ray).
 """
 
 from __future__ import annotations

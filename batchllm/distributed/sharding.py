@@ -6,9 +6,8 @@ Split (rank r of tp):
   o_proj        columns: this rank's q heads; down_proj columns: this rank's I slice
   embed_tokens, lm_head  rows: vocabulary slice r of ceil(V/tp) (the last one zero-padded)
   norms         replicated
-KV heads: with num_kv_heads >= tp each rank holds num_kv_heads/tp of them (and of the KV cache);
-with num_kv_heads < tp (tp a multiple of it) each KV head is replicated on tp/num_kv_heads ranks,
-rank r holding head r*num_kv_heads//tp, which its q heads use.
+KV heads (docs/scale-out.md): num_kv_heads/tp per rank, or with num_kv_heads < tp head
+r*num_kv_heads//tp on rank r (each replicated on tp/num_kv_heads ranks).
 """
 
 from __future__ import annotations
@@ -36,10 +35,6 @@ class ShardLayout:
     full: ModelArchConfig
     shard: ModelArchConfig  # num_heads, num_kv_heads, intermediate_size, vocab_size per rank
     kv_head_start: int  # first KV head (of the full model) this rank holds
-
-    @property
-    def vocab_per_rank(self) -> int:
-        return self.shard.vocab_size
 
 
 def shard_layout(full: ModelArchConfig, rank: int, world_size: int) -> ShardLayout:
@@ -71,7 +66,7 @@ def shard_tensor(name: str, full_tensor: Tensor, layout: ShardLayout) -> Tensor:
     arch, shard, rank = layout.full, layout.shard, layout.rank
     head_dim = arch.head_dim
     if name in ("embed_tokens.weight", "lm_head.weight"):
-        rows = layout.vocab_per_rank
+        rows = shard.vocab_size
         piece = full_tensor[rank * rows : (rank + 1) * rows]
         if piece.shape[0] < rows:  # the last rank's padding rows: never looked up, logits cut off
             pad = full_tensor.new_zeros((rows - piece.shape[0],) + tuple(full_tensor.shape[1:]))
@@ -101,10 +96,8 @@ def shard_tensor(name: str, full_tensor: Tensor, layout: ShardLayout) -> Tensor:
 
 def empty_shard(layout: ShardLayout, dtype: torch.dtype, device: torch.device, group) -> TensorParallelLlama:
     """The shard's modules with uninitialised storage on `device` (nothing of the full size)."""
-    with torch.device("meta"):
-        model = TensorParallelLlama(layout.shard, layout.full.vocab_size, layout.rank, layout.world_size, group)
-    model = model.to(dtype=dtype).to_empty(device=device)
-    return model.eval().requires_grad_(False)
+    return TensorParallelLlama.empty(layout.shard, dtype, device, layout.full.vocab_size, layout.rank,
+                                     layout.world_size, group)
 
 
 @torch.no_grad()
@@ -125,34 +118,19 @@ def fill_shard(model: TensorParallelLlama, layout: ShardLayout, full_params: Ite
         raise ValueError(f"shard parameters left unfilled: {missing[:8]}")
 
 
-def shard_model(model: LlamaForCausalLM, rank: int, world_size: int, group=None,
-                device: torch.device | str | None = None) -> TensorParallelLlama:
-    """A loaded full model -> rank's shard on `device` (default: the model's device). Collectives
-    of the shard run on `group` (None: the default process group)."""
-    first = next(model.parameters())
-    device = torch.device(device) if device is not None else first.device
-    layout = shard_layout(model.config, rank, world_size)
-    shard = empty_shard(layout, first.dtype, device, group)
-    fill_shard(shard, layout, iter(model.named_parameters()))
-    return shard
-
-
 def random_full_params(config: ModelArchConfig, seed: int, dtype: torch.dtype,
                        device: torch.device) -> Iterator[tuple[str, Tensor]]:
     """The random preset's parameters one at a time, drawn exactly as presets.random_model draws
     them (same order, same generator): a shard of these equals the slice of the full random model,
     and only one full parameter exists at a time."""
-    from batchllm.models.presets import WEIGHT_STD
+    from batchllm.models.presets import fill_random_
 
     with torch.device("meta"):
         skeleton = LlamaForCausalLM(config)
     generator = torch.Generator(device=device).manual_seed(seed)
     for name, meta_param in skeleton.named_parameters():
         full = torch.empty(meta_param.shape, dtype=dtype, device=device)
-        if name.endswith("norm.weight"):
-            full.fill_(1.0)
-        else:
-            full.normal_(0.0, WEIGHT_STD, generator=generator)
+        fill_random_(name, full, generator)
         yield name, full
         del full
 

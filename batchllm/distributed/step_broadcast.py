@@ -31,11 +31,16 @@ def pack_step_inputs(inputs: StepInputs) -> tuple[np.ndarray, np.ndarray]:
     return header, body
 
 
+def _body_sizes(header: np.ndarray) -> list[int]:
+    """Lengths of the body's arrays, in pack order, from the header."""
+    _, num_tokens, num_seqs, max_blocks, num_samples = (int(x) for x in header[:5])
+    return [num_tokens] * 3 + [num_seqs + 1] + [num_seqs] * 4 + [num_seqs * max_blocks, num_samples]
+
+
 def unpack_step_inputs(header: np.ndarray, body: np.ndarray) -> StepInputs:
     """Inverse of pack_step_inputs; sample_seq_ids is empty (only rank 0 samples)."""
-    _, num_tokens, num_seqs, max_blocks, num_samples = (int(x) for x in header[:5])
-    sizes = [num_tokens, num_tokens, num_tokens, num_seqs + 1, num_seqs, num_seqs, num_seqs, num_seqs,
-             num_seqs * max_blocks, num_samples]
+    num_seqs, max_blocks = int(header[2]), int(header[3])
+    sizes = _body_sizes(header)
     if body.size != sum(sizes):
         raise ValueError(f"step body has {body.size} ints, the header says {sum(sizes)}")
     parts = np.split(body, np.cumsum(sizes)[:-1])
@@ -73,7 +78,6 @@ class StepBroadcaster:
             return None
         if int(header_np[0]) != COMMAND_STEP:
             raise RuntimeError(f"unknown control command {int(header_np[0])} from rank 0")
-        _, num_tokens, num_seqs, max_blocks, num_samples = (int(x) for x in header_np[:5])
-        body = torch.empty(3 * num_tokens + 5 * num_seqs + 1 + num_seqs * max_blocks + num_samples, dtype=torch.int64)
+        body = torch.empty(sum(_body_sizes(header_np)), dtype=torch.int64)
         dist.broadcast(body, src=self.src_rank, group=self.group)
         return unpack_step_inputs(header_np, body.numpy())

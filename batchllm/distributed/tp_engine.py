@@ -1,16 +1,5 @@
-"""Tensor-parallel engine: one process per GPU on one host; this process is rank 0.
-
-Rank 0 is an LLMEngine (scheduler, stop checks, sampling, outputs unchanged) whose model is its
-shard and whose runner broadcasts each step's inputs before running the forward. Ranks 1..N-1
-are spawned processes (torch.multiprocessing, "spawn") that load their shard, allocate their
-slice of the KV cache and run the same forward on every step they receive. Collectives: NCCL
-(GPU) or gloo (CPU) for activations, a gloo group for the per-step control messages.
-
-    from batchllm.engine.factory import create_engine
-
-    engine = create_engine(EngineConfig(model="random:qwen2.5-14b"), tensor_parallel_size=2)
-    for out in engine.run(requests): ...
-    engine.shutdown()  # or `with engine:`; also done at interpreter exit
+"""Tensor-parallel engine: one process per GPU on one host; this process is rank 0
+(docs/scale-out.md). Build it with `engine.factory.create_engine(config, tensor_parallel_size=N)`.
 
 A script that builds a TPEngine must guard its top level with `if __name__ == "__main__":`
 (spawned workers import the main module).
@@ -31,7 +20,7 @@ import torch.multiprocessing as mp
 
 from batchllm.config import EngineConfig
 from batchllm.distributed.config import TensorParallelConfig
-from batchllm.distributed.sharding import LoadedShard, ShardLayout, load_shard
+from batchllm.distributed.sharding import LoadedShard, load_shard
 from batchllm.distributed.step_broadcast import StepBroadcaster
 from batchllm.distributed.tp_runner import TPModelRunner
 from batchllm.engine.kv_cache import KVCache, choose_num_kv_tokens, kv_bytes_per_token
@@ -66,12 +55,7 @@ class RankState:
     shard: LoadedShard
     kv_cache: KVCache
     max_model_len: int
-    tensor_group: object  # None: the default group
-    control_group: object
-
-    @property
-    def layout(self) -> ShardLayout:
-        return self.shard.layout
+    control_group: object  # None: the default group (gloo)
 
 
 def start_rank(config: EngineConfig, tp: TensorParallelConfig, rank: int, port: int) -> RankState:
@@ -99,14 +83,14 @@ def start_rank(config: EngineConfig, tp: TensorParallelConfig, rank: int, port: 
     num_blocks = max(1, int(agreed.item()) // config.scheduler.block_size)
     kv_cache = KVCache.allocate(local.num_layers, num_blocks, config.scheduler.block_size, local.num_kv_heads,
                                 local.head_dim, dtype, device)
-    return RankState(device, dtype, shard, kv_cache, max_model_len, None, control_group)
+    return RankState(device, dtype, shard, kv_cache, max_model_len, control_group)
 
 
 def make_runner(state: RankState, config: EngineConfig) -> TPModelRunner:
     # No CUDA graphs across ranks yet: the all-reduces would have to be captured too.
-    return TPModelRunner(state.shard.model, state.layout.shard, state.kv_cache, config.scheduler.block_size,
-                         state.device, config.attention_backend, cuda_graphs=False,
-                         broadcaster=StepBroadcaster(state.control_group, src_rank=0))
+    return TPModelRunner(state.shard.model, state.shard.layout.shard, state.kv_cache,
+                         config.scheduler.block_size, state.device, config.attention_backend,
+                         cuda_graphs=False, broadcaster=StepBroadcaster(state.control_group, src_rank=0))
 
 
 def _worker_main(rank: int, port: int, config: EngineConfig, tp: TensorParallelConfig) -> None:
@@ -150,7 +134,7 @@ class TPEngine(LLMEngine):
         state = start_rank(config, tp, 0, port)
         runner = make_runner(state, config)
         # Workers receive host inputs; placeholder ids would need the sampled tokens on every rank.
-        super().__init__(config, EngineParts(state.device, state.dtype, state.layout.full,
+        super().__init__(config, EngineParts(state.device, state.dtype, state.shard.layout.full,
                                              state.shard.name, state.shard.tokenizer_source, state.max_model_len,
                                              state.kv_cache, runner, supports_async_scheduling=False))
         self._finalizer = weakref.finalize(self, _stop, runner.broadcaster, self._workers, 60.0)

@@ -41,10 +41,7 @@ class TPModelRunner(ModelRunner):
             return StepResult((), None)
         return StepResult(inputs.sample_seq_ids, sample(logits, SamplingBatch.build(sampling_rows, self.device)))
 
-    def serve(self) -> int:
-        """Workers: run steps until rank 0 says stop; returns the number of steps run."""
-        num_steps = 0
+    def serve(self) -> None:
+        """Workers: run steps until rank 0 says stop."""
         while (inputs := self.broadcaster.receive()) is not None:
             self.forward_logits(inputs)
-            num_steps += 1
-        return num_steps

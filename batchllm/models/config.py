@@ -66,12 +66,10 @@ class ModelArchConfig:
 
     @property
     def q_size(self) -> int:
-        """Width of the query projection output (num_heads * head_dim)."""
         return self.num_heads * self.head_dim
 
     @property
     def kv_size(self) -> int:
-        """Width of each of the key and value projection outputs (num_kv_heads * head_dim)."""
         return self.num_kv_heads * self.head_dim
 
     def num_params(self, include_embeddings: bool = False) -> int:

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from batchllm.models.build import empty_model
 from batchllm.models.config import ModelArchConfig
 from batchllm.models.gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
 from batchllm.models.llama import LlamaForCausalLM
@@ -174,6 +173,6 @@ def _as_tensor(array: np.ndarray) -> torch.Tensor:
 def load_gguf(path: Path, dtype: torch.dtype, device: torch.device) -> tuple[LlamaForCausalLM, ModelArchConfig]:
     gguf = read_gguf(path)
     config = gguf_arch_config(gguf)
-    model = empty_model(config, dtype, device)
+    model = LlamaForCausalLM.empty(config, dtype, device)
     model.load_hf_weights(iter_gguf_weights(gguf, config, str(gguf.metadata["general.architecture"])))
     return model, config

@@ -9,7 +9,6 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from batchllm.models.build import empty_model
 from batchllm.models.config import SUPPORTED_ARCHITECTURES, ModelArchConfig
 from batchllm.models.llama import LlamaForCausalLM
 
@@ -31,7 +30,8 @@ def hf_arch_config(model_dir: Path) -> ModelArchConfig:
     num_heads = raw["num_attention_heads"]
     rope_theta, rope_scaling = _rope(raw)
     max_positions = raw.get("max_position_embeddings", 2048)
-    generation = _read_json(model_dir / "generation_config.json")
+    generation_file = model_dir / "generation_config.json"
+    generation = json.loads(generation_file.read_text()) if generation_file.is_file() else {}
     eos: list[int] = []
     for source in (raw, generation):
         value = source.get("eos_token_id")
@@ -88,10 +88,6 @@ def _rope(raw: dict) -> tuple[float, dict | None]:
     return theta, parameters
 
 
-def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
 def safetensors_files(model_dir: Path) -> list[Path]:
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
@@ -112,6 +108,6 @@ def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
 
 def load_hf_dir(model_dir: Path, dtype: torch.dtype, device: torch.device) -> tuple[LlamaForCausalLM, ModelArchConfig]:
     config = hf_arch_config(model_dir)
-    model = empty_model(config, dtype, device)
+    model = LlamaForCausalLM.empty(config, dtype, device)
     model.load_hf_weights(iter_safetensors(safetensors_files(model_dir)))
     return model, config

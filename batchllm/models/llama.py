@@ -84,7 +84,6 @@ class LlamaAttention(nn.Module):
         else:
             query, key = apply_rope(query, rope.cos, rope.sin), apply_rope(key, rope.cos, rope.sin)
         value = value.view(num_tokens, self.num_kv_heads, self.head_dim)
-        # query: [T, num_heads, head_dim]; key, value: [T, num_kv_heads, head_dim]
         output = attention(layer_index, query, key, value)  # [T, num_heads, head_dim]
         return self.o_proj(output.reshape(num_tokens, self.q_size))
 
@@ -144,6 +143,14 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(config)
         # Fused Triton kernels for norm / RoPE / SwiGLU (the engine turns them on for CUDA).
         self.fused_kernels = False
+
+    @classmethod
+    def empty(cls, config: ModelArchConfig, dtype: torch.dtype, device: torch.device, *args):
+        """An eval-mode model whose parameters are uninitialised storage on `device` in `dtype`
+        (built on "meta": no CPU float32 init); `args` follow the config to the constructor."""
+        with torch.device("meta"):
+            model = cls(config, *args)
+        return model.to(dtype=dtype).to_empty(device=device).eval().requires_grad_(False)
 
     def forward(self, input_ids: Tensor, positions: Tensor, attention: AttentionFn) -> Tensor:
         """input_ids, positions: [T] int64 -> hidden [T, hidden_size] after the final norm."""

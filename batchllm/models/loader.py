@@ -34,27 +34,23 @@ class LoadedModel:
     name: str
 
 
-def default_dtype(device: torch.device) -> torch.dtype:
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
-
-
 def load_model(
     spec: str | None, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
 ) -> LoadedModel:
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    dtype = dtype if dtype is not None else default_dtype(device)
-    if spec is not None and spec.startswith(RANDOM_PREFIX):
+    if dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    kind, path, tokenizer_source, name = _resolve(spec)
+    if kind == "random":
         random_spec = parse_random_spec(spec)
-        model = random_model(random_spec, dtype, device)
-        return LoadedModel(model, random_spec.config, {"kind": "none"}, spec)
-    kind, path = _resolve_file(spec)
-    if kind == "gguf":
+        model, config = random_model(random_spec, dtype, device), random_spec.config
+    elif kind == "gguf":
         model, config = load_gguf(path, dtype, device)
-        return LoadedModel(model, config, {"kind": "gguf", "path": str(path)}, path.stem)
-    model, config = load_hf_dir(path, dtype, device)
-    return LoadedModel(model, config, {"kind": "hf_dir", "path": str(path)}, path.name)
+    else:
+        model, config = load_hf_dir(path, dtype, device)
+    return LoadedModel(model, config, tokenizer_source, name)
 
 
 @dataclass(frozen=True)
@@ -67,21 +63,25 @@ class ModelDescription:
 
 
 def describe_model(spec: str | None) -> ModelDescription:
+    kind, path, tokenizer_source, name = _resolve(spec)
+    if kind == "random":
+        config = parse_random_spec(spec).config
+    elif kind == "gguf":
+        config = gguf_arch_config(read_gguf(path))
+    else:
+        config = hf_arch_config(path)
+    return ModelDescription(config, tokenizer_source, name)
+
+
+def _resolve(spec: str | None) -> tuple[str, Path | None, dict, str]:
+    """(kind: "random" | "gguf" | "hf_dir", path, tokenizer_source, name) of a spec."""
     if spec is not None and spec.startswith(RANDOM_PREFIX):
-        return ModelDescription(parse_random_spec(spec).config, {"kind": "none"}, spec)
-    kind, path = _resolve_file(spec)
-    if kind == "gguf":
-        return ModelDescription(gguf_arch_config(read_gguf(path)), {"kind": "gguf", "path": str(path)}, path.stem)
-    return ModelDescription(hf_arch_config(path), {"kind": "hf_dir", "path": str(path)}, path.name)
-
-
-def _resolve_file(spec: str | None) -> tuple[str, Path]:
-    """("gguf" | "hf_dir", path) of a spec that is not a random preset."""
+        return "random", None, {"kind": "none"}, spec
     path = default_model_path() if spec is None else Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return "gguf", path
+        return "gguf", path, {"kind": "gguf", "path": str(path)}, path.stem
     if is_hf_dir(path):
-        return "hf_dir", path
+        return "hf_dir", path, {"kind": "hf_dir", "path": str(path)}, path.name
     if not path.exists():
         raise FileNotFoundError(
             f"model {spec!r} not found: expected a HF model directory, a .gguf file or random:<preset>"

@@ -15,7 +15,6 @@ import typing
 import torch
 
 from batchllm.default_model import RANDOM_PREFIX
-from batchllm.models.build import empty_model
 from batchllm.models.config import ModelArchConfig
 from batchllm.models.llama import LlamaForCausalLM
 
@@ -112,14 +111,19 @@ def _parse_value(key: str, raw: str, annotation: object) -> object:
     raise ValueError(f"override {key} cannot be set from the spec string")
 
 
+def fill_random_(name: str, param: torch.Tensor, generator: torch.Generator) -> None:
+    """Draw one parameter as the presets do: norm weights 1, the rest N(0, WEIGHT_STD)."""
+    if name.endswith("norm.weight"):
+        param.fill_(1.0)
+    else:
+        param.normal_(0.0, WEIGHT_STD, generator=generator)
+
+
 @torch.no_grad()
 def random_model(spec: RandomSpec, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
     """Allocate on `device` in `dtype` and draw weights there with a seeded generator."""
-    model = empty_model(spec.config, dtype, device)
+    model = LlamaForCausalLM.empty(spec.config, dtype, device)
     generator = torch.Generator(device=device).manual_seed(spec.seed)
     for name, param in model.named_parameters():
-        if name.endswith("norm.weight"):
-            param.fill_(1.0)
-        else:
-            param.normal_(0.0, WEIGHT_STD, generator=generator)
+        fill_random_(name, param, generator)
     return model

@@ -19,9 +19,7 @@ def rope_inverse_frequencies(config: ModelArchConfig) -> torch.Tensor:
     # explicit CPU: the model may be built under a torch.device("meta") context
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").to(torch.float32) / head_dim
     inv_freq = 1.0 / (config.rope_theta**exponents)
-    scaling = config.rope_scaling
-    if scaling is None:
-        return inv_freq
+    scaling = config.rope_scaling or {}
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type == "default":
         return inv_freq
@@ -93,12 +91,9 @@ class RotaryEmbedding:
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, head_dim]; cos/sin: [T, 1, head_dim] float32 -> rotated x in x.dtype."""
+    """x: [T, heads, head_dim]; cos/sin: [T, 1, head_dim] float32 -> rotate-half RoPE in x.dtype."""
     x32 = x.float()
-    return (x32 * cos + rotate_half(x32) * sin).to(x.dtype)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x32[..., half:], x32[..., :half]), dim=-1)
+    return (x32 * cos + rotated * sin).to(x.dtype)

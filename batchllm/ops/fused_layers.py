@@ -3,7 +3,7 @@
 Eager PyTorch spends ~25 launches per layer on RMSNorm, RoPE and SwiGLU; at 8B with a few hundred
 decode rows the step is bound by launching them (measured: benchmarks/profile_engine.py). Each kernel
 here replaces one of those chains with a single launch and keeps the exact rounding of the
-PyTorch path (references in ops/reference.py):
+PyTorch path (the model's own code in models/):
   rms_norm:      (x [+ residual]) -> normalised in float32, cast to x.dtype, times weight
   silu_and_mul:  [T, 2I] -> silu(gate) * up, [T, I]
   rope_inplace:  rotate-half RoPE on q and k rows, float32 math, written back in place

@@ -1,10 +1,6 @@
-"""Where the int32 arrays of an attention plan live in its ONE device buffer.
-
-A step's plan reaches the device in a single host-to-device copy: every array (the work list,
-block tables, row limits, merge lists, ...) is a view of one int32 buffer. `PrefixSharedPlan.to`
-lays out a step's arrays at their own sizes; the decode CUDA graphs (engine/cuda_graphs.py) lay
-out static buffers of fixed capacities. Both describe the buffer with a PlanBufferLayout, so the
-views the kernels read are cut the same way on either path.
+"""Where the int32 arrays of an attention plan live in its ONE device buffer: a step's plan
+(`PrefixSharedPlan.to`) and the decode CUDA graphs' static buffers are cut into views the same
+way (docs/design.md, "Prefix-shared attention").
 """
 
 from __future__ import annotations

@@ -11,9 +11,7 @@ import torch
 
 from batchllm.ops.attention_kernels import merge_partials_kernel, work_list_attention_kernel
 from batchllm.ops.validation import check, next_power_of_2
-from batchllm.ops.work_list import WORK_FIELDS, PrefixSharedPlan, PrefixSharedPlanOnDevice, build_prefix_shared_plan
-
-__all__ = ["build_prefix_shared_plan", "PrefixSharedPlan", "PrefixSharedPlanOnDevice", "prefix_shared_attention"]
+from batchllm.ops.work_list import WORK_FIELDS, PrefixSharedPlanOnDevice
 
 LOG2_E = 1.4426950408889634
 
@@ -112,7 +110,7 @@ def prefix_shared_attention(
               f"sliding_window must be an integer >= 1, got {sliding_window!r}")
         check(positions is not None and positions.shape == (query.shape[0],) and positions.dtype == torch.int64,
               "a sliding window needs positions: [num_tokens] int64")
-    out = torch.empty_like(query)  # out: [num_tokens, num_heads, head_dim]
+    out = torch.empty_like(query)
     slots = max(plan.num_partial_slots, 1)
     part_out = torch.empty((slots, plan.num_heads, query.shape[2]), dtype=torch.float32, device=query.device)
     part_lse = torch.empty((slots, plan.num_heads), dtype=torch.float32, device=query.device)

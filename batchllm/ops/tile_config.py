@@ -1,15 +1,11 @@
-"""Per-part tile sizes of the attention kernels: a small hand table keyed on shapes.
-
-Two tile classes live in one launch (BatchLLM section 5, "per-part tile sizes"): SMALL tiles
-for decode-like work (a request's single row x its KV: GQA heads packed into M = 16) and BIG
-tiles for MatMul-like work (a group's rows x its shared prefix, prefill chunks). The host
-assigns each work item a class from its packed row count.
+"""Per-part tile sizes of the attention kernels (BatchLLM section 5): a small hand table keyed on
+shapes, for the SMALL (decode-like) and BIG (MatMul-like) tiles of one launch.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from batchllm.ops.validation import next_power_of_2
 
@@ -23,16 +19,12 @@ class TileConfig:
     num_warps: int
     num_stages: int
     min_kv_split_tokens: int  # never split a KV range into pieces shorter than this
-    # CUDA graphs freeze the launch grid at capture while a decode step's item count varies, so
-    # graph launches are persistent: this many programs per SM stride over the step's items
-    # (before: one program per item of the graph's padded capacity; on micro 2000/200 sd16 a
-    # tail decode step of 96 rows ran 12,288 programs for 960 real ones)
+    # Persistent launches in CUDA graphs (docs/design.md): this many programs per SM stride over
+    # the step's items (a grid of the graph's padded capacity ran 12,288 programs for 960 real
+    # ones on a tail decode step of micro 2000/200 sd16)
     graph_programs_per_sm: int = 4
-    # run BIG and SMALL items as two launches of class-specialised kernel variants (CLASSES 2
-    # then 1), each compiled for one tile class only, so the SMALL (decode) launch gets the
-    # registers and shared memory of a SMALL tile (more programs per SM) and its own warps /
-    # stages (None: num_warps / num_stages); persistent in CUDA graphs, where the fused kernel
-    # would spill (decode_tile_config)
+    # BIG and SMALL items as two launches of class-specialised kernel variants (CLASSES 2, then
+    # 1), the SMALL one with its own warps / stages (None: num_warps / num_stages)
     split_classes: bool = False
     small_num_warps: int | None = None
     small_num_stages: int | None = None
@@ -42,14 +34,10 @@ class TileConfig:
         return max(self.small_n, self.big_n)
 
 
-def running_in_interpreter() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def default_tile_config(head_dim: int, group_size: int, interpret: bool | None = None) -> TileConfig:
     """Hand-tuned table; the interpreter (CPU tests) always gets one small config."""
     if interpret is None:
-        interpret = running_in_interpreter()
+        interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
     packed_min = max(16, next_power_of_2(group_size))
     if interpret:
         return TileConfig(small_m=packed_min, small_n=16, big_m=max(32, packed_min), big_n=16,
@@ -72,8 +60,6 @@ def decode_tile_config(head_dim: int, group_size: int, interpret: bool | None = 
     took 4-14% less time than the persistent fused launch for batchllm's steps and 11-16% less
     for plain paged plans. On steps with prefill chunks (eager) the split was 1% slower for
     batchllm on geometric mean (-7% to +5%), so those keep the fused launch (default_tile_config)."""
-    from dataclasses import replace
-
     base = default_tile_config(head_dim, group_size, interpret)
     if base.small_n < 64:  # the interpreter's tiny config (CPU tests): only the split
         return replace(base, split_classes=True)

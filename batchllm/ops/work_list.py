@@ -1,40 +1,8 @@
 """Host side of the fused prefix-shared attention: the int32 work list (BatchLLM section 5).
 
 Built once per step with vectorised numpy from CPU copies of the step metadata (the same for
-all layers). Each work item is one tile of one of two kinds, run for every KV head:
-
-  prefix tile:   all query rows of a group in this step x the group's shared prefix KV
-                 (a MatMul: rows x GQA heads packed into M); masked per row only where a row
-                 sees less than the whole prefix (prefix-chunk rows being prefilled).
-  distinct tile: one request's rows x its own KV range, causal by position.
-
-Long KV ranges are split into pieces (split-KV) so the grid fills the GPU. Rows with several
-parts (prefix + distinct, or split pieces) write float32 partials that a merge kernel combines
-by log-sum-exp; rows with one part are written directly.
-
-Work order (the launch grid runs items roughly in list order, KV head fastest):
-  "cost"        all items by estimated cost, largest first (shortens the tail). In practice
-                every BIG tile comes before every SMALL one: a compute phase, then a memory
-                phase, close to two separate launches.
-  "interleave"  BIG and SMALL items each by cost, largest first, then merged proportionally
-                to their cumulative cost (key = cost of the class's items before this one /
-                the class's total cost; stable, BIG first on ties). Every stretch of the grid
-                holds both kinds in the ratio of their total work, so tensor-core tiles co-run
-                with KV-streaming tiles on the same SMs (HFuse-style horizontal fusion), and
-                both classes still end with their smallest items.
-  "auto"        (the default) "interleave" when the step has BIG distinct tiles (prefill
-                chunks: real compute to overlap with the decode rows' KV streaming), else
-                "cost". Measured on the H200 (benchmarks/attention.py, 16 settings): interleave
-                beat cost order on 7 of the 8 mixed settings (up to 5%, at most 1% worse on the
-                8th) and lost up to 15% on pure decode, where the BIG tiles are light prefix
-                tiles.
-Estimated cost of an item (`item_cost`, one model for both classes, time units of one
-KV token streamed): kv_len * (1 + m_pad / 128): the 1 is the KV read (the same bytes per
-token for either tile), m_pad / 128 the MMA + softmax work of the padded packed rows (a BIG
-tile, m_pad 64, does 4x the MMA work per KV token of a SMALL one, m_pad 16). Per KV token the
-classes are thus weighted 1.5 : 1.125 rather than by raw FLOPs (4 : 1): at 64 packed rows a
-BIG tile is still near the H200's memory/compute ridge, so neither term dominates. A rough
-model on purpose; benchmarks/attention.py (fused vs fused_interleave) measures the orders.
+all layers). The tiles, split-KV pieces, merges, work orders and the cost model of `item_cost`:
+docs/design.md ("Prefix-shared attention").
 """
 
 from __future__ import annotations
@@ -56,7 +24,7 @@ MASK_NONE, MASK_CAUSAL, MASK_ROW_LIMIT = 0, 1, 2
 KIND_PREFIX, KIND_DISTINCT = 0, 1
 SIZE_SMALL, SIZE_BIG = 0, 1
 WORK_ORDERS = ("cost", "interleave", "auto")
-# Order used when build_prefix_shared_plan gets no `order` (the engine's); see the docstring.
+# Order used when build_prefix_shared_plan gets no `order` (the engine's).
 DEFAULT_WORK_ORDER = "auto"
 
 
@@ -96,7 +64,7 @@ def _ceil_div(a, b):
 
 
 def item_cost(kv_len, size_class, tile: TileConfig) -> np.ndarray:
-    """Estimated cost of work items (see the module docstring): kv_len * (1 + m_pad / 128)."""
+    """Estimated cost of work items (docs/design.md): kv_len * (1 + m_pad / 128)."""
     m_pad = np.where(np.asarray(size_class) == SIZE_SMALL, tile.small_m, tile.big_m)
     return np.asarray(kv_len, np.int64) * (1.0 + m_pad / 128.0)
 
@@ -111,7 +79,7 @@ def resolve_order(order: str, size_class: np.ndarray, kind: np.ndarray) -> str:
 
 
 def order_items(cost: np.ndarray, size_class: np.ndarray, order: str) -> np.ndarray:
-    """Permutation of work items for `order` ("cost" or "interleave", see the module docstring)."""
+    """Permutation of work items for `order` ("cost" or "interleave", docs/design.md)."""
     check(order in ("cost", "interleave"), f"order must be 'cost' or 'interleave' here, got {order!r}")
     by_cost = np.argsort(-cost, kind="stable")
     if order == "cost":
@@ -194,9 +162,6 @@ class PrefixSharedPlan:
         return PrefixSharedPlanOnDevice(
             **layout.views(buffer), num_partial_slots=self.num_partial_slots, num_tokens=self.num_tokens,
             num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, block_size=self.block_size, tile=self.tile)
-
-
-# --- the stages of build_prefix_shared_plan -------------------------------------------------
 
 
 class _Columns:
@@ -448,7 +413,6 @@ def build_prefix_shared_plan(
     programs_per_sm: int = 4,
     order: str | None = None,  # "cost" | "interleave" | "auto"; None = DEFAULT_WORK_ORDER
 ) -> PrefixSharedPlan:
-    """Build the step's work list (numpy in, numpy out). See the module docstring."""
     order = DEFAULT_WORK_ORDER if order is None else order
     check(order in WORK_ORDERS, f"order must be one of {WORK_ORDERS}, got {order!r}")
     check(num_heads % num_kv_heads == 0, f"num_heads {num_heads} not a multiple of num_kv_heads {num_kv_heads}")

@@ -1,0 +1,185 @@
+"""Ops that only the tests use: PyTorch oracles (dense and prefix-shared attention, the LSE merge,
+the element-wise layers of the fused kernels) and `paged_attention`, plain paged attention in one
+call. The engine's own references (its CPU path) stay in batchllm/ops/reference.py.
+
+    from op_references import paged_attention, prefix_shared_attention_reference
+"""
+
+from __future__ import annotations
+
+import torch
+
+from batchllm.ops.paged_attention import build_paged_plan
+from batchllm.ops.prefix_attention import prefix_shared_attention
+from batchllm.ops.reference import kv_slots_of_seq, visible_kv
+from batchllm.ops.validation import check
+from batchllm.ops.work_list import PrefixSharedPlanOnDevice, device_num_sms
+
+
+def dense_causal_attention(
+    query: torch.Tensor,  # [q_len, num_heads, d]
+    key: torch.Tensor,  # [kv_len, num_kv_heads, d]
+    value: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Contiguous causal attention (the last q_len of kv_len positions): an oracle for the paged one."""
+    group_size = query.shape[1] // key.shape[1]
+    k = key.float().repeat_interleave(group_size, dim=1)
+    v = value.float().repeat_interleave(group_size, dim=1)
+    q_len, kv_len = query.shape[0], key.shape[0]
+    scores = torch.einsum("qhd,khd->hqk", query.float(), k) * scale
+    mask = visible_kv(torch.arange(kv_len), torch.arange(kv_len - q_len, kv_len), sliding_window)
+    scores = scores.masked_fill(~mask.to(scores.device), float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(query.dtype)
+
+
+def merge_attention_states_reference(
+    out_a: torch.Tensor,  # [num_tokens, num_heads, d]
+    lse_a: torch.Tensor,  # [num_tokens, num_heads] natural log; -inf = empty part
+    out_b: torch.Tensor,
+    lse_b: torch.Tensor,
+):
+    """Merge two partial attentions over disjoint KV sets by log-sum-exp (natural log)."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    w_a = torch.exp(lse_a - safe).nan_to_num(0.0)[..., None]
+    w_b = torch.exp(lse_b - safe).nan_to_num(0.0)[..., None]
+    out = (out_a.float() * w_a + out_b.float() * w_b).to(out_a.dtype)
+    return out, lse
+
+
+def prefix_shared_attention_reference(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,  # [num_seqs + 1]
+    seq_lens: torch.Tensor,  # [num_seqs]
+    shared_kv_lens: torch.Tensor,  # [num_seqs]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks]
+    group_ids: torch.Tensor,  # [num_seqs] int, -1 = no group (groups are contiguous)
+    is_prefix: torch.Tensor,  # [num_seqs] bool: the seq is its group's common-prefix chunk
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Prefix-shared attention as two parts merged by log-sum-exp (BatchLLM section 5), float32 math.
+
+    Group g's prefix length P_g = max over its seqs of (seq_len if is_prefix else shared_kv_len),
+    stored in the first ceil(P_g / B) blocks of any member's table. A grouped row at position
+    pos sees prefix positions [0, min(P_g, pos + 1 if is_prefix else shared_kv_len)) there,
+    plus its own KV [shared_kv_len, pos] (none for a prefix seq). Ungrouped seqs: plain paged.
+    Equals paged_attention_reference when the block tables honour the addressing rule.
+    """
+    num_tokens, num_heads, head_dim = query.shape
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    group_size = num_heads // num_kv_heads
+    flat_k = k_cache.view(-1, num_kv_heads, head_dim)
+    flat_v = v_cache.view(-1, num_kv_heads, head_dim)
+    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
+    shared, groups, prefix = shared_kv_lens.tolist(), group_ids.tolist(), is_prefix.tolist()
+    prefix_len: dict[int, int] = {}
+    rep_seq: dict[int, int] = {}
+    for s, g in enumerate(groups):
+        if g >= 0:
+            prefix_len[g] = max(prefix_len.get(g, 0), lens[s] if prefix[s] else shared[s])
+            rep_seq.setdefault(g, s)
+    out = torch.empty_like(query)
+
+    def part(q, slots, positions, q_pos, visible_end):
+        # q: [q_len, H, d]; slots/positions: [kv]; visible: positions < visible_end[row], <= q_pos[row]
+        k = flat_k[slots].float().repeat_interleave(group_size, dim=1)
+        v = flat_v[slots].float().repeat_interleave(group_size, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        mask = visible_kv(positions, q_pos, sliding_window) & (positions[None, :] < visible_end[:, None])
+        scores = scores.masked_fill(~mask, float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)  # [H, q_len]
+        probs = torch.exp(scores - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))[..., None])
+        return torch.einsum("hqk,khd->qhd", probs, v), lse.transpose(0, 1)
+
+    device = query.device
+    for s in range(len(lens)):
+        q_begin, q_end = starts[s], starts[s + 1]
+        q_len = q_end - q_begin
+        if q_len == 0:
+            continue
+        q = query[q_begin:q_end].float()
+        q_pos = torch.arange(lens[s] - q_len, lens[s], device=device)
+        outs, lses = [], []
+        g = groups[s]
+        own_start = shared[s] if g >= 0 else 0
+        if g >= 0 and prefix_len[g] > 0:
+            p_len = prefix_len[g]
+            positions = torch.arange(p_len, device=device)
+            slots = kv_slots_of_seq(block_tables[rep_seq[g]], p_len, 0, block_size)
+            end = q_pos + 1 if prefix[s] else torch.full_like(q_pos, shared[s])
+            o, lse = part(q, slots, positions, q_pos, end.clamp(max=p_len))
+            outs.append(o)
+            lses.append(lse)
+        if not (g >= 0 and prefix[s]) and lens[s] > own_start:
+            slots = kv_slots_of_seq(block_tables[s], lens[s], shared[s], block_size)[own_start:]
+            positions = torch.arange(own_start, lens[s], device=device)
+            o, lse = part(q, slots, positions, q_pos, torch.full_like(q_pos, lens[s]))
+            outs.append(o)
+            lses.append(lse)
+        merged, merged_lse = outs[0], lses[0]
+        for o, lse in zip(outs[1:], lses[1:]):
+            merged, merged_lse = merge_attention_states_reference(merged, merged_lse, o, lse)
+        out[q_begin:q_end] = merged.to(query.dtype)
+    return out
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """(normed, new_residual) with the rounding of HF's LlamaRMSNorm after `x + residual`."""
+    if residual is not None:
+        x = x + residual
+    x32 = x.float()
+    normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return weight * normed, x
+
+
+def silu_and_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+def rope_reference(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D]; cos/sin [max_positions, D] float32 -> rotate-half RoPE in float32, cast back."""
+    c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+    x32 = x.float()
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x32[..., half:], x32[..., :half]), dim=-1)
+    return (x32 * c + rotated * s).to(x.dtype)
+
+
+def paged_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
+    seq_lens: torch.Tensor,  # [num_seqs] int32
+    shared_kv_lens: torch.Tensor,  # [num_seqs] int32
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+    scale: float,
+    *,
+    plan: PrefixSharedPlanOnDevice | None = None,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Causal paged attention of every row over its seq's KV; out [num_tokens, num_heads, head_dim].
+    With a sliding window W, a row at position p sees KV positions in (p - W, p] only.
+
+    Pass a prebuilt `plan` (build_paged_plan(...).to(device), once per step) to avoid the
+    metadata copy to the host on every layer.
+    """
+    if plan is None:
+        check(query.dim() == 3 and k_cache.dim() == 4, "query must be [T, H, D] and k_cache [N, B, Hkv, D]")
+        plan = build_paged_plan(query_start_loc, seq_lens, shared_kv_lens, block_tables,
+                                block_size=k_cache.shape[1], num_kv_heads=k_cache.shape[2],
+                                num_heads=query.shape[1], head_dim=query.shape[2],
+                                num_sms=device_num_sms(query.device)).to(query.device)
+    positions = None
+    if sliding_window is not None:  # row i of seq s sits at seq_len - q_len + i
+        q_lens = query_start_loc[1:] - query_start_loc[:-1]
+        first = (seq_lens - q_lens).long().repeat_interleave(q_lens.long(), output_size=query.shape[0])
+        seq_start = query_start_loc[:-1].long().repeat_interleave(q_lens.long(), output_size=query.shape[0])
+        positions = first + torch.arange(query.shape[0], device=query.device) - seq_start
+    return prefix_shared_attention(query, k_cache, v_cache, plan, scale, sliding_window, positions)

@@ -15,11 +15,14 @@ about 12 s of CPU):
     tiny_engine                    random:tiny, float32 on CPU, 4096 KV tokens
 
 These are function-scoped views of the session objects: whatever settings a test rebinds on the
-engine (`engine.configure_scheduler(...)`, `engine.async_scheduling`, ...) are restored after it,
+engine (`engine.configure_scheduler(...)`, `engine.config`, ...) are restored after it,
 so tests reconfigure them freely between runs. `session_default_llm` and `session_tiny_engine`
 are the session objects themselves, for module- or session-scoped fixtures that only run them
 (never reconfigure). A test that needs another model, KV cache size or attention backend builds
 its own engine.
+
+For the CLI called in-process: cli_default_engine (`batchllm run` without --model gets the session's
+default engine) and cli_default_tokenizer (`analyze` / `simulate` get its tokenizer).
 """
 
 from __future__ import annotations
@@ -98,3 +101,61 @@ def tiny_engine(session_tiny_engine):
     """The session's LLMEngine of random:tiny (float32, CPU, 4096 KV tokens); settings restored after."""
     with _settings_restored(session_tiny_engine):
         yield session_tiny_engine
+
+
+def _is_default_model_on_cpu(config) -> bool:
+    """An EngineConfig that asks for what the session's default engine is: the default model, float32
+    on the CPU (auto means float32 and the CPU on a machine without CUDA)."""
+    cpu = config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available())
+    return (config.model is None and cpu and config.dtype in ("auto", "float32") and config.max_model_len is None
+            and config.attention_backend == "auto")
+
+
+@pytest.fixture
+def cli_default_engine(default_engine, monkeypatch):
+    """`batchllm run` called in this process (batchllm.cli.main.main) gets the session's engine of the
+    default model instead of loading the model again, when it asks for the default model in float32
+    on the CPU (any other request loads as usual). The engine takes the scheduler settings the
+    command asked for (policy, step token budget, sequence cap, seed, asynchronous scheduling); its
+    KV cache, and so its token limit, stays the session's.
+    Returns the EngineConfigs served this way, so a test can check what the command asked for."""
+    import dataclasses
+
+    import batchllm.engine.factory as factory
+
+    create_engine, served = factory.create_engine, []
+
+    def create_or_share(config, tensor_parallel_size=1, **tp_options):
+        if tensor_parallel_size != 1 or not _is_default_model_on_cpu(config):
+            return create_engine(config, tensor_parallel_size, **tp_options)
+        assert config.scheduler.block_size == default_engine.scheduler_config.block_size
+        default_engine.configure_scheduler(**{name: getattr(config.scheduler, name) for name in (
+            "policy", "max_num_batched_tokens", "max_num_seqs")})
+        default_engine.config = dataclasses.replace(default_engine.config, seed=config.seed,
+                                                    async_scheduling=config.async_scheduling)
+        served.append(dataclasses.replace(config))
+        return default_engine
+
+    monkeypatch.setattr(factory, "create_engine", create_or_share)
+    return served
+
+
+@pytest.fixture
+def cli_default_tokenizer(session_default_llm, monkeypatch):
+    """The default model's tokenizer, as loaded by the session's default engine; the CLI commands
+    that only tokenize (`analyze`, `simulate`) get it too when they ask for the default model's
+    tokenizer, instead of loading it again (seconds each time). Returns (tokenizer, sources): the
+    tokenizer sources those commands asked for, to check."""
+    import batchllm.tokenizer
+    from batchllm.default_model import default_model_path
+
+    load_tokenizer, sources = batchllm.tokenizer.load_tokenizer, []
+    tokenizer = session_default_llm.engine.tokenizer
+    default_source = {"kind": "gguf", "path": str(default_model_path())}
+
+    def load_or_share(source):
+        sources.append(source)
+        return tokenizer if source == default_source else load_tokenizer(source)
+
+    monkeypatch.setattr(batchllm.tokenizer, "load_tokenizer", load_or_share)
+    return tokenizer, sources

@@ -27,6 +27,7 @@ default engine) and cli_default_tokenizer (`analyze` / `simulate` get its tokeni
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -39,10 +40,23 @@ DEFAULT_KV_CACHE_TOKENS = 4096  # the shared default engine's KV cache (token li
 
 @pytest.fixture(scope="session")
 def default_model():
-    """Our LoadedModel of the default GGUF (SmolLM2-135M-Instruct Q4_1), float32 on CPU."""
+    """Our LoadedModel of the default GGUF (SmolLM2-135M-Instruct Q4_1), float32 on CPU; the
+    seconds its load took are in default_model_load_seconds."""
     from batchllm.models import load_model
 
-    return load_model(str(default_gguf_path()), dtype=torch.float32, device="cpu")
+    start = time.perf_counter()
+    model = load_model(str(default_gguf_path()), dtype=torch.float32, device="cpu")
+    _load_seconds["default_model"] = time.perf_counter() - start
+    return model
+
+
+_load_seconds: dict[str, float] = {}
+
+
+@pytest.fixture(scope="session")
+def default_model_load_seconds(default_model) -> float:
+    """Wall seconds that loading default_model took (GGUF read, dequantized, moved to the device)."""
+    return _load_seconds["default_model"]
 
 
 @pytest.fixture(scope="session")

@@ -61,11 +61,31 @@ def default_model_load_seconds(default_model) -> float:
 
 @pytest.fixture(scope="session")
 def hf_default_model():
-    """transformers' AutoModelForCausalLM of the same GGUF, float32 on CPU, eval mode."""
+    """transformers' AutoModelForCausalLM of the same GGUF, float32 on CPU, eval mode.
+
+    transformers reads the GGUF with the gguf package: it parses the file twice (config, then
+    weights) and builds gguf's tensor-name table once per module of the model, about 9 s of CPU
+    together. While it loads, both are memoized (same file, same table); the weights are the
+    ones transformers itself dequantizes."""
+    import functools
+
+    import gguf
     from transformers import AutoModelForCausalLM
 
     path = default_gguf_path()
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    readers = {}
+
+    def shared_reader(file_path, *args, **kwargs):
+        key = (str(file_path), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = gguf_reader(file_path, *args, **kwargs)
+        return readers[key]
+
+    gguf_reader = gguf.GGUFReader
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", shared_reader)
+        patch.setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map))
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     return model.eval()
 
 

@@ -1,4 +1,4 @@
-"""Test configuration: Triton runs in its interpreter on CPU-only machines."""
+"""Test configuration: on CPU-only machines, Triton runs in its interpreter and torch uses one thread."""
 
 import importlib.util
 import os
@@ -8,6 +8,13 @@ import torch
 if not torch.cuda.is_available():
     # Must be set before anything imports triton.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # The tests run small matmuls (one model step at a time, a few rows). On a small CPU machine
+    # that other work shares, intra-op threads spend more time waiting for each other than they
+    # save: a decode step of the default model took 8x longer with 2 threads than with 1 on a
+    # busy 2-core machine. One thread unless OMP_NUM_THREADS says otherwise; the subprocesses
+    # that tests start (CLI runs, tensor-parallel workers) inherit the setting.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 import pytest  # noqa: E402
 

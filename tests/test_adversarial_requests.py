@@ -11,6 +11,8 @@ from batchllm.engine.sampler import SamplingBatch, sample, sampling_row
 from batchllm.io.batch_output import openai_logprobs
 from batchllm.sampling_params import SamplingParams, SamplingParamsError
 
+pytest_plugins = ["model_fixtures"]
+
 JSON_VALUES = [None, True, False, 0, 1, -1, 7, 2**40, 0.5, -0.5, 1.5, 1e308, "", "5", "x", [], [1], ["a"],
                {}, {"1": 2}]
 FIELDS = ["max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
@@ -119,7 +121,7 @@ def test_logit_bias_is_held_hashable_and_sorted():
 
 
 @pytest.mark.default_model
-def test_batch_job_writes_each_endpoint_shape(tmp_path):
+def test_batch_job_writes_each_endpoint_shape(tmp_path, cli_default_engine):
     """The default model end to end: completions shape for /v1/completions, chat shape with
     exactly top_logprobs entries for chat."""
     from batchllm.cli.main import main
@@ -134,6 +136,7 @@ def test_batch_job_writes_each_endpoint_shape(tmp_path):
     source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert main(["run", str(source), "-o", str(output), "--dtype", "float32", "--device", "cpu"]) == 0
+    assert len(cli_default_engine) == 1  # the default model ran
     records = {r["custom_id"]: r for r in map(json.loads, output.read_text().splitlines())}
     completion = records["c"]["response"]["body"]["choices"][0]
     lp = completion["logprobs"]

@@ -8,6 +8,8 @@ import pytest
 
 from batchllm.cli.main import main
 
+pytest_plugins = ["model_fixtures"]
+
 
 def _write(path, records):
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
@@ -90,16 +92,16 @@ def test_text_prompts_of_a_random_model_fail_clearly(tmp_path, capsys):
 
 
 @pytest.mark.default_model
-def test_chat_lines_use_the_default_model_of_run(capsys):
+def test_chat_lines_use_the_default_model_of_run(capsys, cli_default_tokenizer):
     """No --model: the example's chat and text lines are tokenized with the model `batchllm run` loads."""
     from batchllm.default_model import default_model_path
     from batchllm.io.batch_input import read_batch_file
-    from batchllm.tokenizer import load_tokenizer
 
+    tokenizer, sources = cli_default_tokenizer
     example = "examples/batch.jsonl"
     assert main(["analyze", example, "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    tokenizer = load_tokenizer({"kind": "gguf", "path": str(default_model_path())})
+    assert sources == [{"kind": "gguf", "path": str(default_model_path())}]
     lengths = [len(tokenizer.encode_chat(item.messages) if item.messages else tokenizer.encode_prompt(item.prompt))
                for item in read_batch_file(example)]
     assert summary["requests"] == len(lengths) == 10

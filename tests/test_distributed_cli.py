@@ -5,11 +5,14 @@ import subprocess
 import sys
 
 
+ARGS = ["--model", "random:tiny?vocab_size=512", "--device", "cpu", "--kv-cache-tokens", "1024", "--no-progress"]
+
+
 def _run(tmp_path, name, *extra):
+    """`batchllm run` as its own process (the tensor-parallel workers are processes of their own)."""
     output = tmp_path / f"{name}.jsonl"
     result = subprocess.run(
-        [sys.executable, "-m", "batchllm.cli.main", "run", str(tmp_path / "in.jsonl"), "-o", str(output),
-         "--model", "random:tiny?vocab_size=512", "--device", "cpu", "--kv-cache-tokens", "1024", "--no-progress",
+        [sys.executable, "-m", "batchllm.cli.main", "run", str(tmp_path / "in.jsonl"), "-o", str(output), *ARGS,
          *extra],
         capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
@@ -17,10 +20,13 @@ def _run(tmp_path, name, *extra):
 
 
 def test_tensor_parallel_cli_matches_single_process(tmp_path):
+    from batchllm.cli.main import main
+
     lines = [{"custom_id": f"r{i}", "prompt_token_ids": [7 + i, 9, 11, 13 + i], "max_tokens": 6, "temperature": 0,
               "ignore_eos": True} for i in range(4)]
     (tmp_path / "in.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
-    single = _run(tmp_path, "single")
+    assert main(["run", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "single.jsonl"), *ARGS]) == 0
+    single = [json.loads(line) for line in (tmp_path / "single.jsonl").read_text().splitlines()]
     split = _run(tmp_path, "tp2", "--tensor-parallel-size", "2")
     texts = lambda records: [(r["custom_id"], r["response"]["body"]["usage"]) for r in records]  # noqa: E731
     assert texts(split) == texts(single)

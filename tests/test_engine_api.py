@@ -1,8 +1,6 @@
 """Python API and CLI round trip on the default model; sampling determinism with seeds."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -79,7 +77,9 @@ def test_paged_reference_equals_dense_attention():
 
 
 @pytest.mark.default_model
-def test_cli_round_trip(tmp_path):
+def test_cli_round_trip(tmp_path, capsys, cli_default_engine):
+    from batchllm.cli.main import main
+
     lines = [
         {"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
          "body": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "temperature": 0}},
@@ -90,12 +90,11 @@ def test_cli_round_trip(tmp_path):
     input_path = tmp_path / "in.jsonl"
     input_path.write_text("\n".join(json.dumps(line) for line in lines) + "\n{broken\n")
     output_path = tmp_path / "out.jsonl"
-    result = subprocess.run(
-        [sys.executable, "-m", "batchllm.cli.main", "run", str(input_path), "-o", str(output_path), "--no-progress",
-         "--kv-cache-tokens", "2048"],
-        capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr
-    assert "3 requests answered, 2 errors" in result.stdout
+    code = main(["run", str(input_path), "-o", str(output_path), "--no-progress", "--kv-cache-tokens", "2048"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "3 requests answered, 2 errors" in out
+    assert [config.model for config in cli_default_engine] == [None]  # the default model ran
     records = [json.loads(line) for line in output_path.read_text().splitlines()]
     assert [r["custom_id"] for r in records] == ["chat", "bad", "comp", "ids", None]
     chat, bad, comp, ids, broken = records

@@ -119,11 +119,12 @@ def test_stop_strings_and_eos_async_equals_sync(default_llm):
     params = [SamplingParams(temperature=0, max_tokens=20, stop=[" 8"]),
               SamplingParams(temperature=0, max_tokens=24),
               SamplingParams(temperature=0, max_tokens=16, stop=["."], include_stop_str_in_output=True),
-              SamplingParams(temperature=0.7, max_tokens=12, seed=5, logprobs=1)]
+              SamplingParams(temperature=0.7, max_tokens=8, seed=5, logprobs=1)]
     llm = default_llm
     sync = llm.generate(prompts, params, use_tqdm=False, options=RunOptions(async_scheduling=False))
     asynchronous = llm.generate(prompts, params, use_tqdm=False, options=RunOptions(async_scheduling=True))
     assert sync[0].outputs[0].finish_reason == "stop" and sync[0].outputs[0].text == " 6, 7,"
+    assert sync[1].outputs[0].finish_reason == "stop" and len(sync[1].outputs[0].token_ids) < 24  # EOS
     for x, y in zip(sync, asynchronous):
         assert x.outputs[0].token_ids == y.outputs[0].token_ids
         assert x.outputs[0].text == y.outputs[0].text

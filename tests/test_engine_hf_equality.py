@@ -18,11 +18,11 @@ DOCUMENT = (
     "kilometres. The reef is located in the Coral Sea, off the coast of Queensland, Australia. It can be seen "
     "from outer space and is the world's biggest single structure made by living organisms."
 )
+# Two prefix groups (three completions on DOCUMENT, two chats with it as the system message)
+# and three prompts that share nothing beyond the chat template.
 COMPLETIONS = [
     "The capital of France is",
     "def fibonacci(n):\n    ",
-    "Once upon a time, in a small village by the sea, there lived",
-    "1, 2, 3, 4,",
     DOCUMENT + "\n\nQuestion: Where is the reef located?\nAnswer:",
     DOCUMENT + "\n\nQuestion: How many islands does it have?\nAnswer:",
     DOCUMENT + "\n\nQuestion: Can it be seen from space?\nAnswer:",
@@ -31,10 +31,8 @@ CHATS = [
     [{"role": "user", "content": "What is 2 + 2?"}],
     [{"role": "system", "content": "Use the document.\n" + DOCUMENT}, {"role": "user", "content": "Summarise it."}],
     [{"role": "system", "content": "Use the document.\n" + DOCUMENT}, {"role": "user", "content": "How long is it?"}],
-    [{"role": "system", "content": "Use the document.\n" + DOCUMENT}, {"role": "user", "content": "Who made it?"}],
-    [{"role": "user", "content": "Name three colours."}],
 ]
-MAX_TOKENS = 16
+MAX_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +76,10 @@ def _engine_outputs(llm, prompt_token_ids, policy):
 
 
 def test_prompts_really_share_prefixes(prompt_token_ids):
-    assert len(prompt_token_ids) >= 10
-    assert prompt_token_ids[4][:60] == prompt_token_ids[5][:60] == prompt_token_ids[6][:60]
-    assert prompt_token_ids[8][:60] == prompt_token_ids[9][:60] == prompt_token_ids[10][:60]
+    assert len(prompt_token_ids) == 8
+    assert prompt_token_ids[2][:60] == prompt_token_ids[3][:60] == prompt_token_ids[4][:60]
+    assert prompt_token_ids[6][:60] == prompt_token_ids[7][:60]
+    assert prompt_token_ids[2][:60] != prompt_token_ids[6][:60]
     lengths = sorted(len(ids) for ids in prompt_token_ids)
     assert lengths[0] < 10 and lengths[-1] > 100
 

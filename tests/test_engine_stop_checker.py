@@ -7,6 +7,8 @@ import pytest
 from batchllm.engine.stop_checker import IncrementalText, StopChecker
 from batchllm.sampling_params import SamplingParams
 
+pytest_plugins = ["model_fixtures"]
+
 
 def _letters(ids):
     return "".join(chr(ord("a") + i) for i in ids)
@@ -110,11 +112,10 @@ def _full_decode_stop(token_ids, params, decode):
 
 
 @pytest.fixture(scope="module")
-def default_tokenizer():
-    from batchllm.models.loader import describe_model
-    from batchllm.tokenizer import load_tokenizer
-
-    return load_tokenizer(describe_model(None).tokenizer_source)
+def default_tokenizer(session_default_llm):
+    # The default model's tokenizer (load_tokenizer(describe_model(None).tokenizer_source)), as the
+    # session's default engine loaded it.
+    return session_default_llm.engine.tokenizer
 
 
 @pytest.mark.default_model

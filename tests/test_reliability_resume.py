@@ -13,15 +13,28 @@ import time
 
 import pytest
 
+from batchllm.cli.main import main
 from model_helpers import normalized_records
 
 NUM_REQUESTS = 10
 TIMEOUT_S = 600
 
 
+def _argv(input_path, output_path):
+    return ["run", str(input_path), "-o", str(output_path), "--no-progress", "--window", "1", "--model",
+            "random:tiny", "--kv-cache-tokens", "4096"]
+
+
 def _command(input_path, output_path):
-    return [sys.executable, "-m", "batchllm.cli.main", "run", str(input_path), "-o", str(output_path),
-            "--no-progress", "--window", "1", "--model", "random:tiny", "--kv-cache-tokens", "4096"]
+    """The job as a process of its own, to be killed."""
+    return [sys.executable, "-m", "batchllm.cli.main", *_argv(input_path, output_path)]
+
+
+def _run_in_process(capsys, input_path, output_path):
+    """The same command run again, here (a resume needs no process of its own): (exit code, stdout, stderr)."""
+    code = main(_argv(input_path, output_path))
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 
@@ -36,8 +49,7 @@ def job(tmp_path_factory):
     lines.insert(3, "{broken json")
     input_path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
     reference = root / "reference.jsonl"
-    result = subprocess.run(_command(input_path, reference), capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert result.returncode == 0, result.stderr
+    assert main(_argv(input_path, reference)) == 0
     return input_path, normalized_records(reference)
 
 
@@ -54,7 +66,7 @@ def _start_and_wait_for_records(command, partial_path, num_records):
     pytest.fail(f"the job ended or stalled before journaling {num_records} records: {process.communicate()}")
 
 
-def test_sigkill_then_resume_equals_an_uninterrupted_run(job, tmp_path):
+def test_sigkill_then_resume_equals_an_uninterrupted_run(job, tmp_path, capsys):
     input_path, reference = job
     output_path = tmp_path / "out.jsonl"
     partial_path = str(output_path) + ".partial"
@@ -66,15 +78,15 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(job, tmp_path):
     assert 2 <= journaled < len(reference)
     with open(partial_path, "ab") as handle:  # as if killed in the middle of a write
         handle.write(b'9\t00000000000000ab\t{"custom_id": "q7", "response": {"sta')
-    result = subprocess.run(_command(input_path, output_path), capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert result.returncode == 0, result.stderr
-    assert f"resuming from {partial_path}: {journaled} records kept, a torn last line (56 bytes) dropped" in result.stderr
-    assert f"({journaled} resumed from an earlier run)" in result.stdout
+    code, out, err = _run_in_process(capsys, input_path, output_path)
+    assert code == 0, err
+    assert f"resuming from {partial_path}: {journaled} records kept, a torn last line (56 bytes) dropped" in err
+    assert f"({journaled} resumed from an earlier run)" in out
     assert normalized_records(output_path) == reference
     assert not os.path.exists(partial_path)
 
 
-def test_sigterm_saves_what_is_done_exits_143_and_resumes(job, tmp_path):
+def test_sigterm_saves_what_is_done_exits_143_and_resumes(job, tmp_path, capsys):
     input_path, reference = job
     output_path = tmp_path / "out.jsonl"
     partial_path = str(output_path) + ".partial"
@@ -84,6 +96,6 @@ def test_sigterm_saves_what_is_done_exits_143_and_resumes(job, tmp_path):
     assert process.returncode == 128 + signal.SIGTERM, stderr
     assert "interrupted by SIGTERM" in stderr and "Run the same command again to resume" in stderr
     assert not output_path.exists() and os.path.exists(partial_path)
-    result = subprocess.run(_command(input_path, output_path), capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert result.returncode == 0, result.stderr
+    code, _, err = _run_in_process(capsys, input_path, output_path)
+    assert code == 0, err
     assert normalized_records(output_path) == reference

@@ -15,6 +15,8 @@ from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.simulator import SimRequest, simulate
 from batchllm.workloads import micro_workload
 
+pytest_plugins = ["model_fixtures"]
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -92,7 +94,7 @@ def _write_input(path, envelope: bool) -> None:
             file.write(json.dumps(line) + "\n")
 
 
-def test_simulate_json_and_plot(tmp_path):
+def test_simulate_json_and_plot(tmp_path, capsys):
     from batchllm.cli.main import main
 
     traces = []
@@ -100,12 +102,9 @@ def test_simulate_json_and_plot(tmp_path):
         source = tmp_path / f"in{index}.jsonl"
         _write_input(source, envelope=bool(index % 2))
         trace = tmp_path / f"{policy}.json"
-        result = subprocess.run(
-            [sys.executable, "-m", "batchllm.cli.main", "simulate", str(source), "--policy", policy,
-             "--kv-cache-tokens", "4096", "--max-num-batched-tokens", "256", "--json", "--trace", str(trace)],
-            check=True, capture_output=True, text=True, cwd=REPO,
-        )
-        report = json.loads(result.stdout)
+        assert main(["simulate", str(source), "--policy", policy, "--kv-cache-tokens", "4096",
+                     "--max-num-batched-tokens", "256", "--json", "--trace", str(trace)]) == 0
+        report = json.loads(capsys.readouterr().out)
         for key in ("policy", "steps", "mean_tokens_per_step", "valley_steps", "saving_ratio",
                     "processed_prefill_tokens", "peak_kv_tokens", "finished_requests"):
             assert key in report
@@ -126,16 +125,16 @@ def test_simulate_reports_bad_input(tmp_path, capsys):
 
 
 @pytest.mark.default_model
-def test_simulate_tokenizes_text_and_chat_lines_with_the_default_model(capsys):
+def test_simulate_tokenizes_text_and_chat_lines_with_the_default_model(capsys, cli_default_tokenizer):
     from batchllm.cli.main import main
     from batchllm.default_model import default_model_path
     from batchllm.io.batch_input import read_batch_file
-    from batchllm.tokenizer import load_tokenizer
 
+    tokenizer, sources = cli_default_tokenizer
     example = "examples/batch.jsonl"
     assert main(["simulate", example, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    tokenizer = load_tokenizer({"kind": "gguf", "path": str(default_model_path())})
+    assert sources == [{"kind": "gguf", "path": str(default_model_path())}]
     items = list(read_batch_file(example))
     assert report["finished_requests"] == len(items) == 10
     assert report["logical_prefill_tokens"] == sum(

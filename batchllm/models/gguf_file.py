@@ -16,10 +16,8 @@ import numpy as np
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 
-# metadata value type -> struct format (scalars)
+# metadata value type -> struct format of a scalar (also the numpy dtype of an array of them)
 _SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_NUMPY_DTYPES = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
-                 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
 _STRING, _ARRAY = 8, 9
 
 
@@ -35,9 +33,6 @@ class GGUFTensorInfo:
 class GGUFFile:
     metadata: dict[str, object]  # scalars as Python values, strings as str, arrays as list / np.ndarray
     tensors: list[GGUFTensorInfo]
-
-    def tensor_names(self) -> set[str]:
-        return {tensor.name for tensor in self.tensors}
 
 
 class _Cursor:
@@ -67,7 +62,7 @@ class _Cursor:
                 return [self.string() for _ in range(count)]
             if element_type == _ARRAY:
                 return [self.value(_ARRAY) for _ in range(count)]
-            dtype = np.dtype(_NUMPY_DTYPES[element_type])
+            dtype = np.dtype(_SCALAR_FORMATS[element_type])
             array = np.frombuffer(self.buffer, dtype=dtype, count=count, offset=self.offset)
             self.offset += count * dtype.itemsize
             return array

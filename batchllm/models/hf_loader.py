@@ -13,10 +13,6 @@ from batchllm.models.config import SUPPORTED_ARCHITECTURES, ModelArchConfig
 from batchllm.models.llama import LlamaForCausalLM
 
 
-def is_hf_dir(path: Path) -> bool:
-    return path.is_dir() and (path / "config.json").is_file()
-
-
 def hf_arch_config(model_dir: Path) -> ModelArchConfig:
     """Translate config.json (transformers v4 `rope_scaling`/`rope_theta` or v5 `rope_parameters`)."""
     raw = json.loads((model_dir / "config.json").read_text())
@@ -33,11 +29,8 @@ def hf_arch_config(model_dir: Path) -> ModelArchConfig:
     generation_file = model_dir / "generation_config.json"
     generation = json.loads(generation_file.read_text()) if generation_file.is_file() else {}
     eos: list[int] = []
-    for source in (raw, generation):
-        value = source.get("eos_token_id")
-        for token in value if isinstance(value, list) else ([] if value is None else [value]):
-            if token not in eos:
-                eos.append(int(token))
+    for value in (raw.get("eos_token_id"), generation.get("eos_token_id")):
+        eos += value if isinstance(value, list) else [] if value is None else [value]
     bos = raw.get("bos_token_id", generation.get("bos_token_id"))
     return ModelArchConfig(
         architecture=model_type,

@@ -92,12 +92,9 @@ def _parse_value(key: str, raw: str, annotation: object) -> object:
         if raw.lower() not in ("true", "false", "1", "0"):
             raise ValueError(f"override {key}={raw!r}: expected true/false")
         return raw.lower() in ("true", "1")
-    if int in options:
-        return int(raw)
-    if float in options:
-        return float(raw)
-    if str in options:
-        return raw
+    for kind in (int, float, str):
+        if kind in options:
+            return kind(raw)
     raise ValueError(f"override {key} cannot be set from the spec string")
 
 

@@ -39,10 +39,8 @@ class BenchOptions:
     trace_dir: str | None = None
     git_commit: str | None = None
     hf_peer: int = 0  # time HF generate on the first N requests of the first workload
-    # An untimed pass of the first policy over the first workload before any timed run: the one-time
-    # costs (CUDA graph captures per row bucket and block-table width, Triton specialisations,
-    # pinned host pool growth; about 1 s on the 8B micro set) would otherwise fall on whichever
-    # policy runs first.
+    # An untimed pass of the first policy over the first workload before any timed run, so that the
+    # one-time costs (docs/design.md; about 1 s on the 8B micro set) fall on no policy.
     warm_pass: bool = True
 
 
@@ -146,7 +144,6 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
     engine = llm.engine
     prompts = case.prompts
     engine.configure_scheduler(**{**base_settings, **policy.changes})
-    # '+eager': no CUDA graphs; '+sync': no asynchronous scheduling.
     options = RunOptions(cuda_graphs="eager" not in policy.flags, async_scheduling="sync" not in policy.flags)
     llm.generate(prompts[:8], params[:8], use_tqdm=False, options=options)  # warm-up: compile kernels
     if engine.device.type == "cuda":

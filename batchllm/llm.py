@@ -41,16 +41,13 @@ class LLM:
         enforce_eager: bool = False,
         async_scheduling: bool = True,
         tensor_parallel_size: int = 1,
-        config: EngineConfig | None = None,
     ) -> None:
-        if config is None:
-            scheduler = SchedulerConfig(policy=policy, block_size=block_size,
-                                        max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
-            config = EngineConfig(model=model, dtype=dtype, device=device, max_model_len=max_model_len,
-                                  kv_cache_tokens=kv_cache_tokens, gpu_memory_utilization=gpu_memory_utilization,
-                                  attention_backend=attention_backend, seed=seed, fused_kernels=fused_kernels,
-                                  enforce_eager=enforce_eager, async_scheduling=async_scheduling,
-                                  scheduler=scheduler)
+        scheduler = SchedulerConfig(policy=policy, block_size=block_size,
+                                    max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
+        config = EngineConfig(model=model, dtype=dtype, device=device, max_model_len=max_model_len,
+                              kv_cache_tokens=kv_cache_tokens, gpu_memory_utilization=gpu_memory_utilization,
+                              attention_backend=attention_backend, seed=seed, fused_kernels=fused_kernels,
+                              enforce_eager=enforce_eager, async_scheduling=async_scheduling, scheduler=scheduler)
         # One process per GPU above 1 (this one is rank 0); call llm.engine.shutdown() or let exit do it.
         self.engine = create_engine(config, tensor_parallel_size)
         self.last_run_stats: RunStats | None = None

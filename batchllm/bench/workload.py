@@ -12,7 +12,6 @@ from batchllm.io.batch_input import BatchError, read_batch_file
 from batchllm.workloads import Workload, industrial_workload, micro_workload
 
 DEFAULT_WORKLOAD = "micro:2000:200:16"
-DEFAULT_INPUT_MAX_TOKENS = 100  # an --input line without max_tokens
 
 
 def make_workload(spec: str, num_requests: int, output_tokens: int, vocab_size: int, seed: int) -> Workload:
@@ -40,8 +39,7 @@ def split_workload_spec(text: str, default_requests: int) -> tuple[str, int]:
         raise SystemExit(f"bad workload {text!r}: the request count after '#' must be an integer")
 
 
-def read_input_workload(path: str, engine, default_max_tokens: int = DEFAULT_INPUT_MAX_TOKENS
-                        ) -> tuple[Workload, list[BatchError]]:
+def read_input_workload(path: str, engine, default_max_tokens: int) -> tuple[Workload, list[BatchError]]:
     """The requests of an OpenAI-Batch (or short-form) JSONL file, tokenized as `batchllm run` does
     (chat template / prompt through the model's tokenizer, prompt_token_ids as they are), and the
     skipped lines: a line that does not parse, cannot be tokenized (e.g. text on a random: preset,

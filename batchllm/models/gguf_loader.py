@@ -11,14 +11,12 @@ import warnings
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from batchllm.models.config import SUPPORTED_ARCHITECTURES, ModelArchConfig
-from batchllm.models.gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
-from batchllm.models.llama import LlamaForCausalLM
+from batchllm.models.gguf_file import GGUFFile, GGUFTensorInfo
 
 # Architectures whose q/k rows llama.cpp permuted at conversion (it writes Mistral models as "llama").
 _PERMUTED_QK = {"llama", "mistral"}
@@ -160,10 +158,3 @@ def _finished(name: str, future: Future) -> tuple[str, torch.Tensor]:
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         return name, torch.from_numpy(np.ascontiguousarray(future.result()))
 
-
-def load_gguf(path: Path, dtype: torch.dtype, device: torch.device) -> tuple[LlamaForCausalLM, ModelArchConfig]:
-    gguf = read_gguf(path)
-    config = gguf_arch_config(gguf)
-    model = LlamaForCausalLM.empty(config, dtype, device)
-    model.load_hf_weights(iter_gguf_weights(gguf, config))
-    return model, config

@@ -10,7 +10,6 @@ import torch
 from safetensors import safe_open
 
 from batchllm.models.config import SUPPORTED_ARCHITECTURES, ModelArchConfig
-from batchllm.models.llama import LlamaForCausalLM
 
 
 def hf_arch_config(model_dir: Path) -> ModelArchConfig:
@@ -98,9 +97,3 @@ def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
             for name in handle.keys():
                 yield name, handle.get_tensor(name)
 
-
-def load_hf_dir(model_dir: Path, dtype: torch.dtype, device: torch.device) -> tuple[LlamaForCausalLM, ModelArchConfig]:
-    config = hf_arch_config(model_dir)
-    model = LlamaForCausalLM.empty(config, dtype, device)
-    model.load_hf_weights(iter_safetensors(safetensors_files(model_dir)))
-    return model, config

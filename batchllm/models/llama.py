@@ -186,9 +186,8 @@ class LlamaForCausalLM(nn.Module):
             name, row_start = target
             if name not in params:
                 raise KeyError(f"checkpoint tensor {hf_name!r} maps to unknown parameter {name!r}")
-            param = params[name]
             rows = tensor.shape[0]
-            destination = param.data[row_start : row_start + rows]
+            destination = params[name].data[row_start : row_start + rows]
             if destination.shape != tensor.shape:
                 raise ValueError(
                     f"checkpoint tensor {hf_name!r} has shape {tuple(tensor.shape)}, "

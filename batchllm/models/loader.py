@@ -17,8 +17,8 @@ import torch
 from batchllm.default_model import default_model_path
 from batchllm.models.config import ModelArchConfig
 from batchllm.models.gguf_file import read_gguf
-from batchllm.models.gguf_loader import gguf_arch_config, load_gguf
-from batchllm.models.hf_loader import hf_arch_config, load_hf_dir
+from batchllm.models.gguf_loader import gguf_arch_config, iter_gguf_weights
+from batchllm.models.hf_loader import hf_arch_config, iter_safetensors, safetensors_files
 from batchllm.models.llama import LlamaForCausalLM
 from batchllm.models.presets import RANDOM_PREFIX, parse_random_spec, random_model
 
@@ -52,11 +52,16 @@ def load_model(
     kind, path, tokenizer_source, name = _resolve(spec)
     if kind == "random":
         random_spec = parse_random_spec(spec)
-        model, config = random_model(random_spec, dtype, device), random_spec.config
-    elif kind == "gguf":
-        model, config = load_gguf(path, dtype, device)
+        return LoadedModel(random_spec.config, tokenizer_source, name, random_model(random_spec, dtype, device))
+    if kind == "gguf":
+        gguf = read_gguf(path)
+        config = gguf_arch_config(gguf)
+        weights = iter_gguf_weights(gguf, config)
     else:
-        model, config = load_hf_dir(path, dtype, device)
+        config = hf_arch_config(path)
+        weights = iter_safetensors(safetensors_files(path))
+    model = LlamaForCausalLM.empty(config, dtype, device)
+    model.load_hf_weights(weights)
     return LoadedModel(config, tokenizer_source, name, model)
 
 

@@ -67,7 +67,6 @@ def parse_random_spec(spec: str) -> RandomSpec:
     name, _, query = spec[len(RANDOM_PREFIX) :].partition("?")
     if name not in PRESETS:
         raise ValueError(f"unknown random preset {name!r}; known: {sorted(PRESETS)}")
-    config = PRESETS[name]
     seed = 0
     overrides: dict[str, object] = {}
     field_types = typing.get_type_hints(ModelArchConfig)
@@ -81,7 +80,7 @@ def parse_random_spec(spec: str) -> RandomSpec:
             overrides[key] = _parse_value(key, raw, field_types[key])
         else:
             raise ValueError(f"unknown override {key!r} in {spec!r}; use a ModelArchConfig field or seed")
-    return RandomSpec(name=name, config=dataclasses.replace(config, **overrides), seed=seed)
+    return RandomSpec(name=name, config=dataclasses.replace(PRESETS[name], **overrides), seed=seed)
 
 
 def _parse_value(key: str, raw: str, annotation: object) -> object:

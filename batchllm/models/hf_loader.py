@@ -24,7 +24,6 @@ def hf_arch_config(model_dir: Path) -> ModelArchConfig:
         raise ValueError(f"{model_dir}: mlp_bias=True is not supported")
     num_heads = raw["num_attention_heads"]
     rope_theta, rope_scaling = _rope(raw)
-    max_positions = raw.get("max_position_embeddings", 2048)
     generation_file = model_dir / "generation_config.json"
     generation = json.loads(generation_file.read_text()) if generation_file.is_file() else {}
     eos: list[int] = []
@@ -43,7 +42,7 @@ def hf_arch_config(model_dir: Path) -> ModelArchConfig:
         rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
-        max_position_embeddings=max_positions,
+        max_position_embeddings=raw.get("max_position_embeddings", 2048),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         qkv_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),
         bos_token_id=None if bos is None else int(bos),

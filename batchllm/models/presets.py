@@ -55,7 +55,6 @@ WEIGHT_STD = 0.02
 
 @dataclasses.dataclass(frozen=True)
 class RandomSpec:
-    name: str  # preset name, e.g. "llama-3.1-8b"
     config: ModelArchConfig  # with overrides applied
     seed: int
 
@@ -80,7 +79,7 @@ def parse_random_spec(spec: str) -> RandomSpec:
             overrides[key] = _parse_value(key, raw, field_types[key])
         else:
             raise ValueError(f"unknown override {key!r} in {spec!r}; use a ModelArchConfig field or seed")
-    return RandomSpec(name=name, config=dataclasses.replace(PRESETS[name], **overrides), seed=seed)
+    return RandomSpec(config=dataclasses.replace(PRESETS[name], **overrides), seed=seed)
 
 
 def _parse_value(key: str, raw: str, annotation: object) -> object:

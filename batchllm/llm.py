@@ -41,16 +41,13 @@ class LLM:
         enforce_eager: bool = False,
         async_scheduling: bool = True,
         tensor_parallel_size: int = 1,
-        config: EngineConfig | None = None,
     ) -> None:
-        if config is None:
-            scheduler = SchedulerConfig(policy=policy, block_size=block_size,
-                                        max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
-            config = EngineConfig(model=model, dtype=dtype, device=device, max_model_len=max_model_len,
-                                  kv_cache_tokens=kv_cache_tokens, gpu_memory_utilization=gpu_memory_utilization,
-                                  attention_backend=attention_backend, seed=seed, fused_kernels=fused_kernels,
-                                  enforce_eager=enforce_eager, async_scheduling=async_scheduling,
-                                  scheduler=scheduler)
+        scheduler = SchedulerConfig(policy=policy, block_size=block_size,
+                                    max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
+        config = EngineConfig(model=model, dtype=dtype, device=device, max_model_len=max_model_len,
+                              kv_cache_tokens=kv_cache_tokens, gpu_memory_utilization=gpu_memory_utilization,
+                              attention_backend=attention_backend, seed=seed, fused_kernels=fused_kernels,
+                              enforce_eager=enforce_eager, async_scheduling=async_scheduling, scheduler=scheduler)
         # One process per GPU above 1 (this one is rank 0); call llm.engine.shutdown() or let exit do it.
         self.engine = create_engine(config, tensor_parallel_size)
         self.last_run_stats: RunStats | None = None
@@ -64,7 +61,7 @@ class LLM:
     ) -> list[RequestOutput]:
         """prompts: text, token-id lists, or {"prompt": ...} / {"prompt_token_ids": [...]} dicts.
         options: per-run execution switches (benchmarks, debugging)."""
-        if isinstance(prompts, str) or isinstance(prompts, dict):
+        if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         if prompts and isinstance(prompts[0], int):
             prompts = [prompts]  # a single token-id prompt
@@ -83,27 +80,6 @@ class LLM:
             else:
                 texts.append(None)
                 token_lists.append(list(prompt))
-        return self._run(texts, token_lists, sampling_params, use_tqdm, options)
-
-    def chat(
-        self,
-        messages: Sequence[dict] | Sequence[Sequence[dict]],
-        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-        use_tqdm: bool = True,
-        options: RunOptions | None = None,
-    ) -> list[RequestOutput]:
-        """messages: one conversation (list of {"role", "content"}) or a list of them."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        tokenizer = self._tokenizer_or_error()
-        token_lists = [tokenizer.encode_chat(conversation) for conversation in conversations]
-        return self._run([None] * len(token_lists), token_lists, sampling_params, use_tqdm, options)
-
-    def _tokenizer_or_error(self):
-        if self.engine.tokenizer is None:
-            raise NoTokenizerError(f"model {self.engine.model_name} has no tokenizer: pass prompt token ids")
-        return self.engine.tokenizer
-
-    def _run(self, texts, token_lists, sampling_params, use_tqdm, options: RunOptions | None) -> list[RequestOutput]:
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
@@ -125,6 +101,24 @@ class LLM:
             progress.close()
         self.last_run_stats = stats
         return [_to_request_output(str(i), texts[i], finished[i]) for i in range(len(requests))]
+
+    def chat(
+        self,
+        messages: Sequence[dict] | Sequence[Sequence[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        options: RunOptions | None = None,
+    ) -> list[RequestOutput]:
+        """messages: one conversation (list of {"role", "content"}) or a list of them."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        tokenizer = self._tokenizer_or_error()
+        prompts = [{"prompt_token_ids": tokenizer.encode_chat(conversation)} for conversation in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm, options)
+
+    def _tokenizer_or_error(self):
+        if self.engine.tokenizer is None:
+            raise NoTokenizerError(f"model {self.engine.model_name} has no tokenizer: pass prompt token ids")
+        return self.engine.tokenizer
 
 
 def _to_request_output(request_id: str, prompt: str | None, done: FinishedOutput) -> RequestOutput:

@@ -154,18 +154,13 @@ def token_ids_to_text(token_ids: np.ndarray) -> str:
 def write_jsonl(workload: Workload, stream: TextIO, text: bool = False) -> int:
     """Short-form request lines: {"custom_id", "prompt_token_ids" | "prompt", "max_tokens"}."""
     for custom_id, prompt, max_tokens in zip(workload.custom_ids, workload.prompts, workload.max_tokens):
-        record: dict = {"custom_id": custom_id}
-        if text:
-            record["prompt"] = token_ids_to_text(prompt)
-        else:
-            record["prompt_token_ids"] = prompt.tolist()
-        record["max_tokens"] = max_tokens
-        stream.write(json.dumps(record, separators=(",", ":")))
-        stream.write("\n")
+        key, value = ("prompt", token_ids_to_text(prompt)) if text else ("prompt_token_ids", prompt.tolist())
+        record = {"custom_id": custom_id, key: value, "max_tokens": max_tokens}
+        stream.write(json.dumps(record, separators=(",", ":")) + "\n")
     return workload.num_requests
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m batchllm.workloads", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="kind", required=True)
@@ -181,11 +176,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.add_argument("--max-tokens", type=int, default=100, help="output tokens per request")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--text", action="store_true", help="write text prompts instead of token ids")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parse_args(argv)
+    args = parser.parse_args(argv)
     if args.kind == "micro":
         workload = micro_workload(args.prefix, args.distinct, args.sd, args.num_requests,
                                   output_num_tokens=args.max_tokens, seed=args.seed)

@@ -10,29 +10,21 @@ from collections.abc import Sequence
 H200_BF16_PEAK_FLOPS = 790e12  # a bf16 8192^3 matmul in PyTorch on an H200 ran at 780-810 TFLOP/s
 
 
-def attention_flops(arch, num_queries_at: Sequence[tuple[int, int]]) -> float:
-    """(first_position, num_tokens) runs of query rows -> QK^T and PV FLOPs over all layers."""
-    # a row at position p attends p + 1 keys
-    total_positions = sum(count * first + count * (count + 1) // 2 for first, count in num_queries_at)
-    return 4.0 * arch.num_layers * arch.num_heads * arch.head_dim * total_positions
-
-
 def flop_bound_seconds(arch, groups, output_num_tokens: Sequence[int]) -> float:
     """groups: (prefix_num_tokens, [distinct_num_tokens per member], [member request indices]).
     Counts every prefix once (optimal sharing), every distinct prompt and every decode step: the
     dense layers (2 x parameters per token), attention and the LM head of the rows that sample."""
-    dense_per_token = 2.0 * arch.num_params(include_embeddings=False)
-    lm_head_per_row = 2.0 * arch.vocab_size * arch.hidden_size
-    processed_tokens = 0
-    runs: list[tuple[int, int]] = []
+    runs: list[tuple[int, int]] = []  # (first_position, num_tokens) of the rows computed
     num_sampled_rows = 0
     for prefix_num_tokens, distinct_lengths, members in groups:
-        processed_tokens += prefix_num_tokens
         runs.append((0, prefix_num_tokens))
         for distinct, request in zip(distinct_lengths, members):
-            out = output_num_tokens[request]
-            processed_tokens += distinct + max(out - 1, 0)
-            runs.append((prefix_num_tokens, distinct + max(out - 1, 0)))
-            num_sampled_rows += out
-    flops = dense_per_token * processed_tokens + attention_flops(arch, runs)
-    return (flops + lm_head_per_row * num_sampled_rows) / H200_BF16_PEAK_FLOPS
+            runs.append((prefix_num_tokens, distinct + max(output_num_tokens[request] - 1, 0)))
+            num_sampled_rows += output_num_tokens[request]
+    processed_tokens = sum(count for _, count in runs)
+    # a row at position p attends p + 1 keys (QK^T and PV in every layer)
+    attended_keys = sum(count * first + count * (count + 1) // 2 for first, count in runs)
+    flops = 2.0 * arch.num_params(include_embeddings=False) * processed_tokens
+    flops += 4.0 * arch.num_layers * arch.num_heads * arch.head_dim * attended_keys
+    flops += 2.0 * arch.vocab_size * arch.hidden_size * num_sampled_rows
+    return flops / H200_BF16_PEAK_FLOPS

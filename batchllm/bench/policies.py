@@ -31,16 +31,13 @@ def parse_policy(text: str) -> PolicySpec:
                          "optionally @TOKENS or @SEQS/TOKENS and +eager / +sync")
     changes: dict = {"policy": name}
     if setting:
-        parts = setting.split("/")
         try:
-            if len(parts) == 2:
-                changes["max_num_seqs"], changes["max_num_batched_tokens"] = int(parts[0]), int(parts[1])
-            elif len(parts) == 1:
-                changes["max_num_batched_tokens"] = int(parts[0])
-            else:
-                raise ValueError
+            numbers = [int(part) for part in setting.split("/")]
         except ValueError:
-            raise ValueError(f"bad policy setting in {text!r}: NAME@TOKENS or NAME@SEQS/TOKENS") from None
+            numbers = []
+        if not 1 <= len(numbers) <= 2:
+            raise ValueError(f"bad policy setting in {text!r}: NAME@TOKENS or NAME@SEQS/TOKENS")
+        changes.update(zip(("max_num_seqs", "max_num_batched_tokens")[-len(numbers):], numbers))
     return PolicySpec(text, name, changes, frozenset(flags))
 
 

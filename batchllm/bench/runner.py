@@ -4,6 +4,7 @@ row per (workload, policy), as docs/design.md ("Benchmark harness") describes.""
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import subprocess
 import time
@@ -38,16 +39,9 @@ class BenchOptions:
     trace_dir: str | None = None
     git_commit: str | None = None
     hf_peer: int = 0  # time HF generate on the first N requests of the first workload
-    # An untimed pass of the first policy over the first workload before any timed run: the one-time
-    # costs (CUDA graph captures per row bucket and block-table width, Triton specialisations,
-    # pinned host pool growth; about 1 s on the 8B micro set) would otherwise fall on whichever
-    # policy runs first.
+    # An untimed pass of the first policy over the first workload before any timed run, so that the
+    # one-time costs (docs/design.md; about 1 s on the 8B micro set) fall on no policy.
     warm_pass: bool = True
-
-    def workload_specs(self) -> list[str]:
-        if self.workloads:
-            return list(self.workloads)
-        return [] if self.inputs else [DEFAULT_WORKLOAD]
 
 
 @dataclass
@@ -112,14 +106,6 @@ def compiled_kernel_variants() -> dict[str, int]:
     return counts
 
 
-def device_name(engine) -> str:
-    import torch
-
-    if engine.device.type == "cuda":
-        return torch.cuda.get_device_name(engine.device)
-    return engine.device.type
-
-
 def load_llm(options: BenchOptions):
     from batchllm import LLM
 
@@ -150,7 +136,7 @@ def _input_case(path: str, engine, options: BenchOptions, log: Callable[[str], N
 
 
 def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float, model: str,
-               base_settings: dict, trace_dir: str | None = None, traces: list | None = None) -> dict:
+               base_settings: dict) -> dict:
     """One (workload, policy) row. base_settings: the scheduler settings a label does not set.
     Raises what the run raises (the caller turns it into a row)."""
     import torch
@@ -158,7 +144,6 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
     engine = llm.engine
     prompts = case.prompts
     engine.configure_scheduler(**{**base_settings, **policy.changes})
-    # '+eager': no CUDA graphs; '+sync': no asynchronous scheduling.
     options = RunOptions(cuda_graphs="eager" not in policy.flags, async_scheduling="sync" not in policy.flags)
     llm.generate(prompts[:8], params[:8], use_tqdm=False, options=options)  # warm-up: compile kernels
     if engine.device.type == "cuda":
@@ -202,34 +187,27 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
         row["graph_replays"] = engine.runner.graphs.num_replays
     if case.skipped_lines is not None:
         row["skipped_lines"] = case.skipped_lines
-    if trace_dir:
-        trace = save_trace(trace_dir, case.label, policy.label, engine, steps)
-        if traces is not None:
-            traces.append(trace)
     return row
 
 
-def run_bench(options: BenchOptions, llm=None, log: Callable[[str], None] = print,
-              on_row: Callable[[dict], None] | None = None) -> dict:
-    """Run every workload under every policy; returns {device, date, git_commit, model, rows, ...}.
-    llm: an already loaded batchllm.LLM (default: load options.model)."""
-    import json
+def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print) -> dict:
+    """Run every workload under every policy on `llm` (a loaded batchllm.LLM); returns {device, date,
+    git_commit, model, rows, ...}."""
+    import torch
 
     from batchllm import SamplingParams
     from batchllm.prefix.planner import plan_prefix_groups
 
     policies = parse_policies(options.policies)
-    if llm is None:
-        llm = load_llm(options)
     engine = llm.engine
     arch = engine.arch
     log(f"model {options.model}: {arch.num_layers} layers, hidden {arch.hidden_size}, "
         f"KV cache {engine.num_kv_tokens} tokens, device {engine.device}")
     base_settings = {name: getattr(engine.scheduler_config, name) for name in SCHEDULER_SETTINGS}
-    on_row = on_row or (lambda row: log(json.dumps(row)))
     rows: list[dict] = []
     inputs: list[dict] = []
-    sources = [("workload", spec) for spec in options.workload_specs()] + [("input", p) for p in options.inputs]
+    specs = options.workloads or ([] if options.inputs else [DEFAULT_WORKLOAD])
+    sources = [("workload", spec) for spec in specs] + [("input", p) for p in options.inputs]
     for index, (kind, source) in enumerate(sources):
         if kind == "workload":
             case = _generated_case(source, options, arch.vocab_size)
@@ -245,7 +223,7 @@ def run_bench(options: BenchOptions, llm=None, log: Callable[[str], None] = prin
                   for g in plan.groups]
         bound = flop_bound_seconds(arch, groups, case.max_tokens)
         params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in case.max_tokens]
-        if options.warm_pass and index == 0 and policies:
+        if options.warm_pass and index == 0:
             started = time.perf_counter()
             engine.configure_scheduler(**{**base_settings, **policies[0].changes})
             llm.generate(case.prompts, params, use_tqdm=False, options=RunOptions())
@@ -253,13 +231,15 @@ def run_bench(options: BenchOptions, llm=None, log: Callable[[str], None] = prin
         traces: list = []
         for policy in policies:
             try:
-                row = run_policy(llm, case, policy, params, plan, bound, options.model, base_settings,
-                                 options.trace_dir, traces)
+                row = run_policy(llm, case, policy, params, plan, bound, options.model, base_settings)
+                if options.trace_dir:
+                    steps = llm.last_run_stats.step_records
+                    traces.append(save_trace(options.trace_dir, case.label, policy.label, engine, steps))
             except Exception as error:  # noqa: BLE001 -- keep measuring the other policies; the row says what failed
                 traceback.print_exc()
                 row = {"workload": case.label, "policy": policy.label, "error": repr(error)}
             rows.append(row)
-            on_row(row)
+            log(json.dumps(row))
         engine.configure_scheduler(**base_settings)
         if traces:
             from batchllm.bench.plot import plot_timelines
@@ -271,8 +251,9 @@ def run_bench(options: BenchOptions, llm=None, log: Callable[[str], None] = prin
 
             row = hf_peer_row(engine, case.label, options.model, case.prompts, case.max_tokens, options.hf_peer, bound)
             rows.append(row)
-            on_row(row)
-    result = {"device": device_name(engine), "date": datetime.date.today().isoformat(),
+            log(json.dumps(row))
+    device = torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else engine.device.type
+    result = {"device": device, "date": datetime.date.today().isoformat(),
               "git_commit": options.git_commit or git_commit(), "model": options.model,
               "kv_bytes_per_token": engine_kv_bytes_per_token(engine),
               "compiled_kernel_variants": compiled_kernel_variants(), "rows": rows}

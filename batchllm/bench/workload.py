@@ -8,10 +8,10 @@ import os
 
 import numpy as np
 
+from batchllm.io.batch_input import BatchError, read_batch_file
 from batchllm.workloads import Workload, industrial_workload, micro_workload
 
 DEFAULT_WORKLOAD = "micro:2000:200:16"
-DEFAULT_INPUT_MAX_TOKENS = 100  # an --input line without max_tokens
 
 
 def make_workload(spec: str, num_requests: int, output_tokens: int, vocab_size: int, seed: int) -> Workload:
@@ -39,15 +39,7 @@ def split_workload_spec(text: str, default_requests: int) -> tuple[str, int]:
         raise SystemExit(f"bad workload {text!r}: the request count after '#' must be an integer")
 
 
-@dataclasses.dataclass(frozen=True)
-class SkippedLine:
-    line_number: int
-    code: str
-    message: str
-
-
-def read_input_workload(path: str, engine, default_max_tokens: int = DEFAULT_INPUT_MAX_TOKENS
-                        ) -> tuple[Workload, list[SkippedLine]]:
+def read_input_workload(path: str, engine, default_max_tokens: int) -> tuple[Workload, list[BatchError]]:
     """The requests of an OpenAI-Batch (or short-form) JSONL file, tokenized as `batchllm run` does
     (chat template / prompt through the model's tokenizer, prompt_token_ids as they are), and the
     skipped lines: a line that does not parse, cannot be tokenized (e.g. text on a random: preset,
@@ -56,20 +48,19 @@ def read_input_workload(path: str, engine, default_max_tokens: int = DEFAULT_INP
     default_max_tokens on a chat line rather than the whole context); outputs are forced to that
     length by the caller (ignore_eos). The workload is named after the file."""
     from batchllm.batch_job import prepare_request
-    from batchllm.io.batch_input import BatchError, read_batch_file
 
     prompts: list[np.ndarray] = []
     max_tokens: list[int] = []
     custom_ids: list[str] = []
-    skipped: list[SkippedLine] = []
+    skipped: list[BatchError] = []
     for item in read_batch_file(path):
         if isinstance(item, BatchError):
-            skipped.append(SkippedLine(item.line_number, item.code, item.message))
+            skipped.append(item)
             continue
         if item.prompt_token_ids is None and engine.tokenizer is None:
-            skipped.append(SkippedLine(item.line_number, "invalid_request",
-                                       f"model {engine.model_name} has no tokenizer (random: presets have none): "
-                                       "this line needs prompt_token_ids"))
+            skipped.append(BatchError(item.line_number, "invalid_request",
+                                      f"model {engine.model_name} has no tokenizer (random: presets have none): "
+                                      "this line needs prompt_token_ids"))
             continue
         sampling = item.sampling
         if sampling.max_tokens is None:
@@ -78,8 +69,8 @@ def read_input_workload(path: str, engine, default_max_tokens: int = DEFAULT_INP
         prepared = prepare_request(engine, item)
         if isinstance(prepared, dict):  # an error record
             error = prepared.get("error") or {}
-            skipped.append(SkippedLine(item.line_number, error.get("code", "invalid_request"),
-                                       error.get("message", "cannot run")))
+            skipped.append(BatchError(item.line_number, error.get("code", "invalid_request"),
+                                      error.get("message", "cannot run")))
             continue
         token_ids, params = prepared
         prompts.append(np.asarray(token_ids, dtype=np.int32))

@@ -1,7 +1,5 @@
 """Model code (Llama-family decoder on a flat token batch) and weight loaders."""
 
-from batchllm.models.config import ModelArchConfig
-from batchllm.models.llama import AttentionFn, LlamaForCausalLM
-from batchllm.models.loader import LoadedModel, load_model
+from batchllm.models.loader import load_model
 
-__all__ = ["AttentionFn", "LlamaForCausalLM", "LoadedModel", "ModelArchConfig", "load_model"]
+__all__ = ["load_model"]

@@ -16,28 +16,24 @@ import numpy as np
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 
-# metadata value type -> struct format (scalars)
+# metadata value type -> struct format of a scalar (also the numpy dtype of an array of them)
 _SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_NUMPY_DTYPES = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
-                 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
 _STRING, _ARRAY = 8, 9
 
 
 @dataclass(frozen=True)
 class GGUFTensorInfo:
     name: str
-    shape: tuple[int, ...]  # torch order: [rows (out), ..., cols (in)] (GGUF dims reversed)
     ggml_type: int  # gguf.GGMLQuantizationType value
-    data: np.ndarray  # memory-mapped: float arrays for F32/F16/F64, uint8 [rows, row_bytes] otherwise
+    # Memory-mapped, in torch order ([rows (out), ..., cols (in)]: GGUF dims reversed): float arrays
+    # for F32/F16/F64, uint8 [rows, row_bytes] otherwise.
+    data: np.ndarray
 
 
 @dataclass(frozen=True)
 class GGUFFile:
     metadata: dict[str, object]  # scalars as Python values, strings as str, arrays as list / np.ndarray
     tensors: list[GGUFTensorInfo]
-
-    def tensor_names(self) -> set[str]:
-        return {tensor.name for tensor in self.tensors}
 
 
 class _Cursor:
@@ -67,7 +63,7 @@ class _Cursor:
                 return [self.string() for _ in range(count)]
             if element_type == _ARRAY:
                 return [self.value(_ARRAY) for _ in range(count)]
-            dtype = np.dtype(_NUMPY_DTYPES[element_type])
+            dtype = np.dtype(_SCALAR_FORMATS[element_type])
             array = np.frombuffer(self.buffer, dtype=dtype, count=count, offset=self.offset)
             self.offset += count * dtype.itemsize
             return array
@@ -97,11 +93,8 @@ def read_gguf(path: str | Path) -> GGUFFile:
     raw_infos = []
     for _ in range(tensor_count):
         name = cursor.string()
-        num_dims = cursor.scalar("<I")
-        dims = tuple(cursor.scalar("<Q") for _ in range(num_dims))
-        ggml_type = cursor.scalar("<I")
-        offset = cursor.scalar("<Q")
-        raw_infos.append((name, dims, ggml_type, offset))
+        dims = tuple(cursor.scalar("<Q") for _ in range(cursor.scalar("<I")))
+        raw_infos.append((name, dims, cursor.scalar("<I"), cursor.scalar("<Q")))  # + type, offset
     alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
     data_start = -(-cursor.offset // alignment) * alignment
     float_types = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16,
@@ -110,14 +103,10 @@ def read_gguf(path: str | Path) -> GGUFFile:
     for name, dims, ggml_type, offset in raw_infos:
         shape = tuple(reversed(dims))
         start = data_start + offset
+        block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+        row_bytes = shape[-1] // block_size * type_size
+        data = buffer[start : start + int(np.prod(shape[:-1])) * row_bytes].reshape(*shape[:-1], row_bytes)
         if ggml_type in float_types:
-            dtype = np.dtype(float_types[ggml_type])
-            count = int(np.prod(shape))
-            data = np.frombuffer(buffer, dtype=dtype, count=count, offset=start).reshape(shape)
-        else:
-            block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
-            row_bytes = shape[-1] // block_size * type_size
-            rows = int(np.prod(shape[:-1]))
-            data = buffer[start : start + rows * row_bytes].reshape(*shape[:-1], row_bytes)
-        tensors.append(GGUFTensorInfo(name, shape, ggml_type, data))
+            data = data.view(float_types[ggml_type])
+        tensors.append(GGUFTensorInfo(name, ggml_type, data))
     return GGUFFile(metadata, tensors)

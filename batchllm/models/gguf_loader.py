@@ -10,19 +10,15 @@ import re
 import warnings
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
 
-from batchllm.models.config import ModelArchConfig
-from batchllm.models.gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
-from batchllm.models.llama import LlamaForCausalLM
+from batchllm.models.config import SUPPORTED_ARCHITECTURES, ModelArchConfig
+from batchllm.models.gguf_file import GGUFFile, GGUFTensorInfo
 
-# GGUF general.architecture -> ours. llama.cpp writes Mistral models as "llama".
-GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral"}
-# Architectures whose q/k rows llama.cpp permuted at conversion.
+# Architectures whose q/k rows llama.cpp permuted at conversion (it writes Mistral models as "llama").
 _PERMUTED_QK = {"llama", "mistral"}
 
 _LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
@@ -47,9 +43,10 @@ _GLOBAL_RENAMES = {
 def gguf_arch_config(gguf: GGUFFile) -> ModelArchConfig:
     metadata = gguf.metadata
     gguf_arch = metadata.get("general.architecture")
-    if gguf_arch not in GGUF_ARCHITECTURES:
-        raise ValueError(f"GGUF architecture {gguf_arch!r} is not supported; supported: {sorted(GGUF_ARCHITECTURES)}")
-    tensor_names = gguf.tensor_names()
+    if gguf_arch not in SUPPORTED_ARCHITECTURES:
+        supported = sorted(SUPPORTED_ARCHITECTURES)
+        raise ValueError(f"GGUF architecture {gguf_arch!r} is not supported; supported: {supported}")
+    tensor_names = {tensor.name for tensor in gguf.tensors}
 
     def key(name: str, default: object = None) -> object:
         value = metadata.get(f"{gguf_arch}.{name}", default)
@@ -62,16 +59,12 @@ def gguf_arch_config(gguf: GGUFFile) -> ModelArchConfig:
     vocab_size = metadata.get(f"{gguf_arch}.vocab_size")
     if vocab_size is None:
         vocab_size = len(metadata["tokenizer.ggml.tokens"])
-    eos_token_ids = []
-    for name in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
-        token = metadata.get(name)
-        if token is not None and int(token) not in eos_token_ids:
-            eos_token_ids.append(int(token))
+    eos_names = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
     bos = metadata.get("tokenizer.ggml.bos_token_id")
     head_dim = int(metadata.get(f"{gguf_arch}.attention.key_length") or hidden_size // num_heads)
     window = metadata.get(f"{gguf_arch}.attention.sliding_window")  # llama.cpp's key, when the converter wrote it
     return ModelArchConfig(
-        architecture=GGUF_ARCHITECTURES[gguf_arch],
+        architecture=gguf_arch,
         vocab_size=int(vocab_size),
         hidden_size=hidden_size,
         intermediate_size=int(key("feed_forward_length")),
@@ -86,7 +79,7 @@ def gguf_arch_config(gguf: GGUFFile) -> ModelArchConfig:
         tie_word_embeddings="output.weight" not in tensor_names,
         qkv_bias="blk.0.attn_q.bias" in tensor_names,
         bos_token_id=None if bos is None else int(bos),
-        eos_token_ids=tuple(eos_token_ids),
+        eos_token_ids=tuple(metadata[name] for name in eos_names if metadata.get(name) is not None),
         sliding_window=None if window is None else int(window),
     )
 
@@ -142,37 +135,26 @@ def _dequantized(tensor: GGUFTensorInfo, config: ModelArchConfig, permute_qk: bo
 
 
 def iter_gguf_weights(
-    gguf: GGUFFile, config: ModelArchConfig, gguf_arch: str, num_threads: int = 4
+    gguf: GGUFFile, config: ModelArchConfig, num_threads: int = 4
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, float32 tensor) pairs in file order. Dequantization runs on a thread pool (numpy
     frees the GIL); at most 2 * num_threads tensors are in flight, so memory stays bounded."""
-    permute_qk = gguf_arch in _PERMUTED_QK
+    permute_qk = config.architecture in _PERMUTED_QK
     tensors = [(tensor, _hf_name(tensor.name)) for tensor in gguf.tensors]
     pending: deque = deque()
     with ThreadPoolExecutor(max_workers=num_threads) as pool:
         for tensor, name in tensors:
-            if name is None:
-                continue
-            pending.append((name, pool.submit(_dequantized, tensor, config, permute_qk)))
+            if name is not None:
+                pending.append((name, pool.submit(_dequantized, tensor, config, permute_qk)))
             if len(pending) >= 2 * num_threads:
-                name, future = pending.popleft()
-                yield name, _as_tensor(future.result())
+                yield _finished(*pending.popleft())
         while pending:
-            name, future = pending.popleft()
-            yield name, _as_tensor(future.result())
+            yield _finished(*pending.popleft())
 
 
-def _as_tensor(array: np.ndarray) -> torch.Tensor:
-    array = np.ascontiguousarray(array)
+def _finished(name: str, future: Future) -> tuple[str, torch.Tensor]:
     with warnings.catch_warnings():
         # F32 tensors are read-only memmap views; torch only reads them (copy_ into the parameter).
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.from_numpy(array)
+        return name, torch.from_numpy(np.ascontiguousarray(future.result()))
 
-
-def load_gguf(path: Path, dtype: torch.dtype, device: torch.device) -> tuple[LlamaForCausalLM, ModelArchConfig]:
-    gguf = read_gguf(path)
-    config = gguf_arch_config(gguf)
-    model = LlamaForCausalLM.empty(config, dtype, device)
-    model.load_hf_weights(iter_gguf_weights(gguf, config, str(gguf.metadata["general.architecture"])))
-    return model, config

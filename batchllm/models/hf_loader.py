@@ -10,11 +10,6 @@ import torch
 from safetensors import safe_open
 
 from batchllm.models.config import SUPPORTED_ARCHITECTURES, ModelArchConfig
-from batchllm.models.llama import LlamaForCausalLM
-
-
-def is_hf_dir(path: Path) -> bool:
-    return path.is_dir() and (path / "config.json").is_file()
 
 
 def hf_arch_config(model_dir: Path) -> ModelArchConfig:
@@ -29,15 +24,11 @@ def hf_arch_config(model_dir: Path) -> ModelArchConfig:
         raise ValueError(f"{model_dir}: mlp_bias=True is not supported")
     num_heads = raw["num_attention_heads"]
     rope_theta, rope_scaling = _rope(raw)
-    max_positions = raw.get("max_position_embeddings", 2048)
     generation_file = model_dir / "generation_config.json"
     generation = json.loads(generation_file.read_text()) if generation_file.is_file() else {}
     eos: list[int] = []
-    for source in (raw, generation):
-        value = source.get("eos_token_id")
-        for token in value if isinstance(value, list) else ([] if value is None else [value]):
-            if token not in eos:
-                eos.append(int(token))
+    for value in (raw.get("eos_token_id"), generation.get("eos_token_id")):
+        eos += value if isinstance(value, list) else [] if value is None else [value]
     bos = raw.get("bos_token_id", generation.get("bos_token_id"))
     return ModelArchConfig(
         architecture=model_type,
@@ -51,7 +42,7 @@ def hf_arch_config(model_dir: Path) -> ModelArchConfig:
         rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
-        max_position_embeddings=max_positions,
+        max_position_embeddings=raw.get("max_position_embeddings", 2048),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         qkv_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),
         bos_token_id=None if bos is None else int(bos),
@@ -105,9 +96,3 @@ def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
             for name in handle.keys():
                 yield name, handle.get_tensor(name)
 
-
-def load_hf_dir(model_dir: Path, dtype: torch.dtype, device: torch.device) -> tuple[LlamaForCausalLM, ModelArchConfig]:
-    config = hf_arch_config(model_dir)
-    model = LlamaForCausalLM.empty(config, dtype, device)
-    model.load_hf_weights(iter_safetensors(safetensors_files(model_dir)))
-    return model, config

@@ -71,7 +71,7 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
 
-    def forward(self, layer_index: int, hidden: Tensor, rope: "RopeInputs", attention: AttentionFn) -> Tensor:
+    def forward(self, layer_index: int, hidden: Tensor, rope: RopeInputs, attention: AttentionFn) -> Tensor:
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)  # [T, q_size + 2 * kv_size]
         query, key, value = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
@@ -91,7 +91,6 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, config: ModelArchConfig):
         super().__init__()
-        self.intermediate_size = config.intermediate_size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
@@ -114,7 +113,7 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config)
 
     def forward(
-        self, layer_index: int, hidden: Tensor, residual: Tensor | None, rope: "RopeInputs", attention: AttentionFn
+        self, layer_index: int, hidden: Tensor, residual: Tensor | None, rope: RopeInputs, attention: AttentionFn
     ) -> tuple[Tensor, Tensor]:
         """The residual stream is carried separately so each norm can fuse the add before it:
         returns (this layer's MLP output, the residual stream before adding it)."""
@@ -187,9 +186,8 @@ class LlamaForCausalLM(nn.Module):
             name, row_start = target
             if name not in params:
                 raise KeyError(f"checkpoint tensor {hf_name!r} maps to unknown parameter {name!r}")
-            param = params[name]
             rows = tensor.shape[0]
-            destination = param.data[row_start : row_start + rows]
+            destination = params[name].data[row_start : row_start + rows]
             if destination.shape != tensor.shape:
                 raise ValueError(
                     f"checkpoint tensor {hf_name!r} has shape {tuple(tensor.shape)}, "
@@ -207,17 +205,14 @@ _LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
 def _hf_name_to_target(hf_name: str, config: ModelArchConfig) -> tuple[str, int] | None:
     """HF tensor name -> (our parameter name, first row it fills), or None to skip it."""
-    if hf_name == "model.embed_tokens.weight":
-        return "embed_tokens.weight", 0
-    if hf_name == "model.norm.weight":
-        return "norm.weight", 0
-    if hf_name == "lm_head.weight":
-        return None if config.tie_word_embeddings else ("lm_head.weight", 0)
+    if hf_name == "lm_head.weight" and config.tie_word_embeddings:
+        return None
+    if hf_name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
+        return hf_name.removeprefix("model."), 0
     match = _LAYER_NAME.match(hf_name)
     if match is None:
         raise KeyError(f"unexpected checkpoint tensor {hf_name!r}")
-    layer, rest = match.group(1), match.group(2)
-    prefix = f"layers.{layer}."
+    layer, rest = match.groups()
     if rest.endswith("rotary_emb.inv_freq"):
         return None
     q_size, kv_size = config.q_size, config.kv_size
@@ -231,5 +226,5 @@ def _hf_name_to_target(hf_name: str, config: ModelArchConfig) -> tuple[str, int]
     module, _, kind = rest.rpartition(".")  # kind: "weight" | "bias"
     if module in fused:
         target_module, row_start = fused[module]
-        return prefix + target_module + "." + kind, row_start
-    return prefix + rest, 0
+        return f"layers.{layer}.{target_module}.{kind}", row_start
+    return f"layers.{layer}.{rest}", 0

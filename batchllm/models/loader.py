@@ -17,14 +17,16 @@ import torch
 from batchllm.default_model import default_model_path
 from batchllm.models.config import ModelArchConfig
 from batchllm.models.gguf_file import read_gguf
-from batchllm.models.gguf_loader import gguf_arch_config, load_gguf
-from batchllm.models.hf_loader import hf_arch_config, is_hf_dir, load_hf_dir
+from batchllm.models.gguf_loader import gguf_arch_config, iter_gguf_weights
+from batchllm.models.hf_loader import hf_arch_config, iter_safetensors, safetensors_files
 from batchllm.models.llama import LlamaForCausalLM
 from batchllm.models.presets import RANDOM_PREFIX, parse_random_spec, random_model
 
-@dataclass
-class LoadedModel:
-    model: LlamaForCausalLM  # eval mode, on the requested device, in the requested dtype
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """What a model spec is, without its weights (for a driver that never loads them)."""
+
     config: ModelArchConfig
     # How the tokenizer code loads the tokenizer:
     #   {"kind": "gguf", "path": str}    tokenizer embedded in the GGUF metadata
@@ -32,6 +34,11 @@ class LoadedModel:
     #   {"kind": "none"}                 random presets: prompts must be prompt_token_ids
     tokenizer_source: dict
     name: str
+
+
+@dataclass(frozen=True)
+class LoadedModel(ModelDescription):
+    model: LlamaForCausalLM  # eval mode, on the requested device, in the requested dtype
 
 
 def load_model(
@@ -45,21 +52,17 @@ def load_model(
     kind, path, tokenizer_source, name = _resolve(spec)
     if kind == "random":
         random_spec = parse_random_spec(spec)
-        model, config = random_model(random_spec, dtype, device), random_spec.config
-    elif kind == "gguf":
-        model, config = load_gguf(path, dtype, device)
+        return LoadedModel(random_spec.config, tokenizer_source, name, random_model(random_spec, dtype, device))
+    if kind == "gguf":
+        gguf = read_gguf(path)
+        config = gguf_arch_config(gguf)
+        weights = iter_gguf_weights(gguf, config)
     else:
-        model, config = load_hf_dir(path, dtype, device)
-    return LoadedModel(model, config, tokenizer_source, name)
-
-
-@dataclass(frozen=True)
-class ModelDescription:
-    """What a model spec is, without its weights (for a driver that never loads them)."""
-
-    config: ModelArchConfig
-    tokenizer_source: dict
-    name: str
+        config = hf_arch_config(path)
+        weights = iter_safetensors(safetensors_files(path))
+    model = LlamaForCausalLM.empty(config, dtype, device)
+    model.load_hf_weights(weights)
+    return LoadedModel(config, tokenizer_source, name, model)
 
 
 def describe_model(spec: str | None) -> ModelDescription:
@@ -80,7 +83,7 @@ def _resolve(spec: str | None) -> tuple[str, Path | None, dict, str]:
     path = default_model_path() if spec is None else Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return "gguf", path, {"kind": "gguf", "path": str(path)}, path.stem
-    if is_hf_dir(path):
+    if path.is_dir() and (path / "config.json").is_file():
         return "hf_dir", path, {"kind": "hf_dir", "path": str(path)}, path.name
     if not path.exists():
         raise FileNotFoundError(

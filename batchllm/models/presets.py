@@ -18,40 +18,30 @@ from batchllm.default_model import RANDOM_PREFIX
 from batchllm.models.config import ModelArchConfig
 from batchllm.models.llama import LlamaForCausalLM
 
-_LLAMA3_ROPE_SCALING = {
-    "rope_type": "llama3",
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 8192,
-}
-
-
-def _llama31(hidden_size: int, intermediate_size: int, num_layers: int, num_heads: int) -> ModelArchConfig:
-    return ModelArchConfig(
-        architecture="llama", vocab_size=128256, hidden_size=hidden_size, intermediate_size=intermediate_size,
-        num_layers=num_layers, num_heads=num_heads, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5,
-        rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE_SCALING, max_position_embeddings=131072,
-        tie_word_embeddings=False, qkv_bias=False, bos_token_id=128000, eos_token_ids=(128001, 128008, 128009),
-    )
-
-
-def _qwen25(hidden_size: int, intermediate_size: int, num_layers: int, num_heads: int,
-            num_kv_heads: int) -> ModelArchConfig:
-    return ModelArchConfig(
-        architecture="qwen2", vocab_size=152064, hidden_size=hidden_size, intermediate_size=intermediate_size,
-        num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=128, rms_norm_eps=1e-6,
-        rope_theta=1000000.0, rope_scaling=None, max_position_embeddings=32768,
-        tie_word_embeddings=False, qkv_bias=True, bos_token_id=151643, eos_token_ids=(151645, 151643),
-    )
-
-
 # Shapes from the public config.json / generation_config.json of the Instruct checkpoints.
+_LLAMA_31_8B = ModelArchConfig(
+    architecture="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+    num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0,
+    rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192},
+    max_position_embeddings=131072, tie_word_embeddings=False, qkv_bias=False,
+    bos_token_id=128000, eos_token_ids=(128001, 128008, 128009),
+)
+_QWEN_25_7B = ModelArchConfig(
+    architecture="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
+    num_layers=28, num_heads=28, num_kv_heads=4, head_dim=128, rms_norm_eps=1e-6, rope_theta=1000000.0,
+    rope_scaling=None, max_position_embeddings=32768, tie_word_embeddings=False, qkv_bias=True,
+    bos_token_id=151643, eos_token_ids=(151645, 151643),
+)
 PRESETS: dict[str, ModelArchConfig] = {
-    "llama-3.1-8b": _llama31(hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32),
-    "llama-3.1-70b": _llama31(hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64),
-    "qwen2.5-7b": _qwen25(hidden_size=3584, intermediate_size=18944, num_layers=28, num_heads=28, num_kv_heads=4),
-    "qwen2.5-14b": _qwen25(hidden_size=5120, intermediate_size=13824, num_layers=48, num_heads=40, num_kv_heads=8),
+    "llama-3.1-8b": _LLAMA_31_8B,
+    "llama-3.1-70b": dataclasses.replace(
+        _LLAMA_31_8B, hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64
+    ),
+    "qwen2.5-7b": _QWEN_25_7B,
+    "qwen2.5-14b": dataclasses.replace(
+        _QWEN_25_7B, hidden_size=5120, intermediate_size=13824, num_layers=48, num_heads=40, num_kv_heads=8
+    ),
     "tiny": ModelArchConfig(
         architecture="llama", vocab_size=512, hidden_size=64, intermediate_size=128,
         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5,
@@ -65,7 +55,6 @@ WEIGHT_STD = 0.02
 
 @dataclasses.dataclass(frozen=True)
 class RandomSpec:
-    name: str  # preset name, e.g. "llama-3.1-8b"
     config: ModelArchConfig  # with overrides applied
     seed: int
 
@@ -77,7 +66,6 @@ def parse_random_spec(spec: str) -> RandomSpec:
     name, _, query = spec[len(RANDOM_PREFIX) :].partition("?")
     if name not in PRESETS:
         raise ValueError(f"unknown random preset {name!r}; known: {sorted(PRESETS)}")
-    config = PRESETS[name]
     seed = 0
     overrides: dict[str, object] = {}
     field_types = typing.get_type_hints(ModelArchConfig)
@@ -91,7 +79,7 @@ def parse_random_spec(spec: str) -> RandomSpec:
             overrides[key] = _parse_value(key, raw, field_types[key])
         else:
             raise ValueError(f"unknown override {key!r} in {spec!r}; use a ModelArchConfig field or seed")
-    return RandomSpec(name=name, config=dataclasses.replace(config, **overrides), seed=seed)
+    return RandomSpec(config=dataclasses.replace(PRESETS[name], **overrides), seed=seed)
 
 
 def _parse_value(key: str, raw: str, annotation: object) -> object:
@@ -102,12 +90,9 @@ def _parse_value(key: str, raw: str, annotation: object) -> object:
         if raw.lower() not in ("true", "false", "1", "0"):
             raise ValueError(f"override {key}={raw!r}: expected true/false")
         return raw.lower() in ("true", "1")
-    if int in options:
-        return int(raw)
-    if float in options:
-        return float(raw)
-    if str in options:
-        return raw
+    for kind in (int, float, str):
+        if kind in options:
+            return kind(raw)
     raise ValueError(f"override {key} cannot be set from the spec string")
 
 

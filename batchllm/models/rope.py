@@ -61,15 +61,12 @@ class RotaryEmbedding:
         self.cos: torch.Tensor | None = None  # [cached_positions, head_dim] float32
         self.sin: torch.Tensor | None = None
 
-    @property
-    def cached_positions(self) -> int:
-        return 0 if self.cos is None else self.cos.shape[0]
-
     def ensure_capacity(self, num_positions: int, device: torch.device) -> None:
         """Grow (at least doubling) the table to cover positions [0, num_positions) on `device`."""
-        if self.cos is not None and self.cos.device == device and self.cached_positions >= num_positions:
+        cached_positions = 0 if self.cos is None else self.cos.shape[0]
+        if self.cos is not None and self.cos.device == device and cached_positions >= num_positions:
             return
-        size = max(num_positions, self.initial_positions, 2 * self.cached_positions)
+        size = max(num_positions, self.initial_positions, 2 * cached_positions)
         inv_freq = self.inv_freq.to(device)
         positions = torch.arange(size, device=device, dtype=torch.int64).to(torch.float32)
         angles = torch.outer(positions, inv_freq)  # [size, head_dim // 2]

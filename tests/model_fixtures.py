@@ -152,7 +152,8 @@ def cli_default_engine(default_engine, monkeypatch):
     on the CPU (any other request loads as usual). The engine takes the scheduler settings the
     command asked for (policy, step token budget, sequence cap, seed, asynchronous scheduling); its
     KV cache, and so its token limit, stays the session's.
-    Returns the EngineConfigs served this way, so a test can check what the command asked for."""
+    Gives the EngineConfigs served this way, so a test can check what the command asked for; the
+    engine's settings are restored afterwards."""
     import dataclasses
 
     import batchllm.engine.factory as factory
@@ -171,7 +172,9 @@ def cli_default_engine(default_engine, monkeypatch):
         return default_engine
 
     monkeypatch.setattr(factory, "create_engine", create_or_share)
-    return served
+    saved = default_engine.scheduler_config, default_engine.config
+    yield served
+    default_engine.scheduler_config, default_engine.config = saved  # later tests see the session's settings
 
 
 @pytest.fixture

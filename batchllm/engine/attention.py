@@ -1,9 +1,5 @@
-"""The engine's AttentionFn: store the step's K/V in the paged cache, then attend.
-
-Backends (chosen once per engine): `reference` (PyTorch oracle, one seq at a time), `torch`
-(the same math batched: the CPU default), `triton` (plain paged
-attention kernel) and `fused` (BatchLLM section 5: prefix tiles and distinct tiles in one launch).
-"""
+"""The engine's AttentionFn: store the step's K/V in the paged cache, then attend with the engine's
+backend (docs/design.md, "The engine and the model runner")."""
 
 from __future__ import annotations
 
@@ -19,21 +15,20 @@ from batchllm.ops import reference
 
 @dataclass
 class AttentionMetadata:
-    """Device tensors of one step, shared by every layer."""
+    """Device tensors of one step, shared by every layer (a CUDA graph leaves the per-seq ones None)."""
 
     slot_mapping: torch.Tensor  # [num_tokens] int64
-    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
-    seq_lens: torch.Tensor  # [num_seqs] int32
-    shared_kv_lens: torch.Tensor  # [num_seqs] int32
-    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
-    max_seq_len: int
+    positions: torch.Tensor  # [num_tokens] int64 (the kernels read it with a sliding window)
+    query_start_loc: torch.Tensor | None = None  # [num_seqs + 1] int32
+    seq_lens: torch.Tensor | None = None  # [num_seqs] int32
+    shared_kv_lens: torch.Tensor | None = None  # [num_seqs] int32
+    block_tables: torch.Tensor | None = None  # [num_seqs, max_blocks] int32
     plan: Any = None  # backend-specific per-step plan (fused work list)
-    positions: torch.Tensor | None = None  # [num_tokens] int64 (the kernels read it with a sliding window)
 
 
 class ReferenceBackend:
-    name = "reference"
-    supports_cuda_graphs = False
+    """The PyTorch oracle, one seq at a time."""
+
     layer_windows: tuple[int | None, ...] = ()  # per layer sliding window (None: full); (): none
 
     def prepare(self, inputs: StepInputs, metadata: AttentionMetadata) -> None:
@@ -53,8 +48,6 @@ class ReferenceBackend:
 class TritonPagedBackend(ReferenceBackend):
     """Plain paged attention (what the vllm / sglang baseline policies run): every seq reads its
     whole block table; no knowledge of prefix-sharing groups."""
-
-    name = "triton"
 
     supports_cuda_graphs = True
 
@@ -103,8 +96,6 @@ class TritonPagedBackend(ReferenceBackend):
 class FusedPrefixBackend(TritonPagedBackend):
     """BatchLLM section 5: prefix tiles (a group's rows x its shared prefix KV, a MatMul) and
     distinct tiles in one launch over a host-built work list."""
-
-    name = "fused"
 
     def build_host_plan(self, inputs: StepInputs):
         from batchllm.ops.work_list import build_prefix_shared_plan

@@ -1,15 +1,6 @@
-"""PyTorch attention for the CPU path: the reference math, batched through PyTorch's fused attention.
-
-`ops.reference.paged_attention_reference` stays the oracle (one seq at a time, float32). This
-backend computes the same thing faster: once per step (not per layer) the seqs are cut into a
-few padded batches of similar shape, each with its KV slot indices and its visibility mask
-(causal, valid, sliding window); every layer then runs one gather and one
-`scaled_dot_product_attention` per batch. The query heads of one KV head are folded into the
-query length, so grouped-query attention needs no repeated K/V.
-
-Measured on the default model (2-core CPU, a decode step of 40 seqs of ~180 positions), one
-padded SDPA call took about a third of the time of the former einsum over the same gathered KV.
-"""
+"""PyTorch attention for the CPU path: the reference math (ops.reference, the oracle) batched into a
+few padded `scaled_dot_product_attention` calls per layer (docs/design.md, "The engine and the model
+runner")."""
 
 from __future__ import annotations
 
@@ -19,8 +10,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from batchllm.engine.attention import ReferenceBackend
 from batchllm.engine.step_inputs import StepInputs
-from batchllm.ops import reference
 
 # A padded batch may cost at most this many times the attention work of its seqs alone.
 _MAX_PADDING_FACTOR = 2.0
@@ -100,11 +91,7 @@ def _padded_slots(block_tables: np.ndarray, seq_lens: np.ndarray, shared: np.nda
     return np.where(valid, slots, 0), valid
 
 
-class BatchedTorchBackend:
-    name = "torch"
-
-    layer_windows: tuple[int | None, ...] = ()  # set by make_backend
-
+class BatchedTorchBackend(ReferenceBackend):
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
 
@@ -115,9 +102,6 @@ class BatchedTorchBackend:
         device = metadata.slot_mapping.device
         metadata.plan = [_build_batch(inputs, active[b], self.block_size, device)
                          for b in _batches_of(q_lens[active], seq_lens[active])]
-
-    def store(self, key, value, k_cache, v_cache, metadata) -> None:
-        reference.store_kv_reference(key, value, k_cache, v_cache, metadata.slot_mapping)
 
     def attend(self, query, k_cache, v_cache, metadata, scale: float, window: int | None = None) -> torch.Tensor:
         # query: [num_tokens, num_heads, head_dim]

@@ -1,20 +1,5 @@
-"""CUDA graphs for decode steps (every chunk one row).
-
-A decode-heavy step at 8B launches ~400 kernels; eager PyTorch spends longer launching them than
-the GPU spends running them (benchmarks/profile_engine.py). A captured graph replays the whole
-forward with one launch. Shapes are fixed per graph, so each graph owns static buffers:
-
-  rows:   the step's rows padded to a bucket with at least one spare row (padding rows store
-          no KV: slot -1; their outputs are garbage and never sampled)
-  plan:   the attention work list(s) in buffers of a fixed capacity, with the number of real
-          items on the device (the attention launches are persistent, see
-          ops/attention_kernels.py), block tables padded to a power-of-two width, merge entries
-          padded to point at the spare row with zero partials.
-
-Each step fills one of two pinned host copies of the buffers (used in turn, so asynchronous
-scheduling never overwrites a copy still queued), copies it once to the device and replays.
-A step that does not fit a graph's capacities runs eagerly.
-"""
+"""CUDA graphs for decode steps (every chunk one row): one graph per rows bucket and block-table
+width, each with static buffers (docs/design.md, "CUDA graphs")."""
 
 from __future__ import annotations
 
@@ -88,7 +73,7 @@ class _Graph:
         rows, num_tokens = self.key.num_rows, inputs.num_tokens
         ids = self._host64_np[turn]
         ids[:] = 0
-        ids[2 * rows:] = -1  # padding rows store no KV
+        ids[2 * rows:] = -1  # padding rows store no KV (their outputs are never sampled)
         ids[:num_tokens] = inputs.input_ids
         ids[rows:rows + num_tokens] = inputs.positions
         ids[2 * rows:2 * rows + num_tokens] = inputs.slot_mapping
@@ -135,7 +120,6 @@ class DecodeGraphRunner:
         self.max_rows = max_rows
         self.graphs: dict[GraphKey, _Graph] = {}
         self.num_replays = 0
-        self.num_eager = 0
 
     def key_for(self, inputs: StepInputs) -> GraphKey | None:
         """The graph of a decode step (None: not a decode step, or too many rows)."""
@@ -159,7 +143,6 @@ class DecodeGraphRunner:
             graph = self.graphs[key] = _Graph(key, self.device)
         lists = plan.class_lists()
         if not graph.fits(plan, lists):
-            self.num_eager += 1
             return None
         graph.fill(plan, lists, inputs)
         if placeholders is not None:
@@ -173,9 +156,8 @@ class DecodeGraphRunner:
     def _capture(self, graph: _Graph, template_plan) -> None:
         rows = graph.key.num_rows
         input_ids, positions, slot_mapping = graph.dev64[:rows], graph.dev64[rows:2 * rows], graph.dev64[2 * rows:]
-        metadata = AttentionMetadata(slot_mapping=slot_mapping, query_start_loc=None, seq_lens=None,
-                                     shared_kv_lens=None, block_tables=None, max_seq_len=0,
-                                     plan=graph.device_plan(template_plan, self.backend.num_sms), positions=positions)
+        metadata = AttentionMetadata(slot_mapping=slot_mapping, positions=positions,
+                                     plan=graph.device_plan(template_plan, self.backend.num_sms))
         attention = PagedAttention(self.kv_cache, metadata, self.backend, self.scale)
         # Warm up on a side stream (Triton compiles, allocator settles), then capture. The
         # buffers hold the current step, so the warm-up writes the same KV the replay will.

@@ -1,9 +1,5 @@
-"""The runner's persistent batch: one host row per live sequence, kept from step to step.
-
-A row holds the sequence's block table, changed in place by each step's block-table changes
-(sched/interface.py), and the fields that are fixed while the sequence has a row
-(shared_kv_len, group_id, is_prefix), set when the row is made. A step gathers its chunks' rows.
-"""
+"""The runner's persistent batch: one host row per live sequence, kept from step to step
+(docs/design.md, "Block tables travel as changes")."""
 
 from __future__ import annotations
 

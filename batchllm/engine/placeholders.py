@@ -1,11 +1,5 @@
-"""Placeholder input ids of asynchronous scheduling.
-
-With asynchronous scheduling the engine schedules step N+1 before step N's sampled tokens
-reach the host. The scheduler then holds a placeholder -(i + 1) for each token not yet known,
-where i is the token's row in step N's sampled output; the model runner swaps the placeholders
-for the real ids on the device, so nothing waits for the host. The scheduler learns the real
-ids at its next update() (its resolved_token_ids argument).
-"""
+"""Placeholder input ids of asynchronous scheduling: -(i + 1) stands for the token sampled at row i
+of the previous step, resolved on the device (docs/design.md, "The step loop")."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Token sampling: logit bias, greedy, temperature, top-k, top-p, min-p, with batch-independent seeds.
-
-Seeded sampling uses the exponential race (argmax of probs / E with E ~ Exp(1)), where the
-uniform behind E is a hash of (seed, output index, vocab id). A request's tokens therefore do
-not depend on which other requests share its step, nor on preemption and recompute.
-"""
+"""Token sampling: logit bias, greedy, temperature, top-k, top-p, min-p. Seeded sampling is the
+exponential race (argmax of probs / E, E ~ Exp(1)) with the uniform behind E a hash of (seed, output
+index, vocab id), so a request's tokens do not depend on its step's other requests or on recompute."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Host-to-device copies that never wait for the steps already queued on the stream.
-
-A copy from pageable host memory waits for all queued work, which would defeat asynchronous
-scheduling; a pinned, non-blocking copy does not.
-"""
+"""Host-to-device copies through pinned memory, without blocking: a copy from pageable memory would
+wait for every step queued on the stream, which defeats asynchronous scheduling."""
 
 from __future__ import annotations
 

@@ -50,6 +50,7 @@ class TritonPagedBackend(ReferenceBackend):
     whole block table; no knowledge of prefix-sharing groups."""
 
     supports_cuda_graphs = True
+    uses_groups = False  # whether the work list knows the step's prefix-sharing groups
 
     def __init__(self, block_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
                  device: torch.device) -> None:
@@ -63,23 +64,20 @@ class TritonPagedBackend(ReferenceBackend):
         self.block_size, self.num_heads, self.num_kv_heads = block_size, num_heads, num_kv_heads
         self.head_dim, self.device = head_dim, device
         self.num_sms = device_num_sms(device)  # split-KV pieces fill the device; CUDA graphs size their grids
-        # decode-only steps (the CUDA-graph steps) run class-split launches (decode_tile_config);
-        # steps with prefill chunks the default table
         self.decode_tile = decode_tile_config(head_dim, num_heads // num_kv_heads)
-
-    def _tile_for(self, inputs: StepInputs):
-        if inputs.num_tokens == inputs.query_start_loc.shape[0] - 1:
-            return self.decode_tile  # decode-only step (one row per seq)
-        return None  # the default table
 
     def build_host_plan(self, inputs: StepInputs):
         """The step's work list on the host (numpy); one per step, shared by every layer."""
-        from batchllm.ops.paged_attention import build_paged_plan
+        from batchllm.ops.work_list import build_prefix_shared_plan
 
-        return build_paged_plan(
-            inputs.query_start_loc, inputs.seq_lens, inputs.shared_kv_lens, inputs.block_tables,
+        # Decode-only steps (one row per seq: the CUDA-graph steps) run class-split launches
+        # (decode_tile_config); steps with prefill chunks the default table (None).
+        decode_only = inputs.num_tokens == inputs.query_start_loc.shape[0] - 1
+        groups = (inputs.group_ids, inputs.is_prefix) if self.uses_groups else (None, None)
+        return build_prefix_shared_plan(
+            inputs.query_start_loc, inputs.seq_lens, inputs.shared_kv_lens, inputs.block_tables, *groups,
             block_size=self.block_size, num_kv_heads=self.num_kv_heads, num_heads=self.num_heads,
-            head_dim=self.head_dim, tile=self._tile_for(inputs), num_sms=self.num_sms,
+            head_dim=self.head_dim, tile=self.decode_tile if decode_only else None, num_sms=self.num_sms,
         )
 
     def prepare(self, inputs: StepInputs, metadata: AttentionMetadata) -> None:
@@ -97,15 +95,7 @@ class FusedPrefixBackend(TritonPagedBackend):
     """BatchLLM section 5: prefix tiles (a group's rows x its shared prefix KV, a MatMul) and
     distinct tiles in one launch over a host-built work list."""
 
-    def build_host_plan(self, inputs: StepInputs):
-        from batchllm.ops.work_list import build_prefix_shared_plan
-
-        return build_prefix_shared_plan(
-            inputs.query_start_loc, inputs.seq_lens, inputs.shared_kv_lens, inputs.block_tables,
-            inputs.group_ids, inputs.is_prefix, block_size=self.block_size,
-            num_kv_heads=self.num_kv_heads, num_heads=self.num_heads, head_dim=self.head_dim,
-            tile=self._tile_for(inputs), num_sms=self.num_sms,
-        )
+    uses_groups = True
 
 
 def make_backend(name: str, device: torch.device, block_size: int, num_heads: int, num_kv_heads: int,

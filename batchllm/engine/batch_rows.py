@@ -85,11 +85,7 @@ class BatchRows:
         return row
 
     def _grow(self, num_rows: int, num_cols: int) -> None:
-        table = np.zeros((num_rows, num_cols), dtype=np.int32)
-        table[:self.table.shape[0], :self.table.shape[1]] = self.table
-        self.table = table
+        num_old_rows, num_old_cols = self.table.shape
+        self.table = np.pad(self.table, ((0, num_rows - num_old_rows), (0, num_cols - num_old_cols)))
         for name in ("shared_kv_lens", "group_ids", "is_prefix", "_num_blocks"):
-            old = getattr(self, name)
-            new = np.zeros(num_rows, dtype=old.dtype)
-            new[:old.shape[0]] = old
-            setattr(self, name, new)
+            setattr(self, name, np.pad(getattr(self, name), (0, num_rows - num_old_rows)))

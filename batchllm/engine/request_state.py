@@ -67,18 +67,10 @@ class RequestState:
     finish_reason: str | None = None  # set once the last real token is known
     error: str | None = None
 
-    @property
-    def request_id(self) -> int:
-        return self.request.request_id
-
-    @property
-    def params(self) -> SamplingParams:
-        return self.request.params
-
     def sampling_row(self) -> tuple:
         """This request's SamplingBatch.build row; a neutral row if building it fails."""
         try:
-            return sampling_row(self.params, self.seed, self.num_scheduled_outputs)
+            return sampling_row(self.request.params, self.seed, self.num_scheduled_outputs)
         except Exception as error:  # noqa: BLE001 - finish this request only
             self.fail(error)
             return _NEUTRAL_SAMPLING_ROW
@@ -100,7 +92,8 @@ class RequestState:
             self.fail(error)
 
     def finished_output(self, done: FinishedRequest, decode: Callable[[list[int]], str]) -> FinishedOutput:
-        output = FinishedOutput(self.request_id, self.request.prompt_token_ids, list(self.output_token_ids), "",
+        request = self.request
+        output = FinishedOutput(request.request_id, request.prompt_token_ids, list(self.output_token_ids), "",
                                 self.finish_reason, self.logprobs, done.num_cached_prompt_tokens, self.error)
         if self.error is None:
             try:

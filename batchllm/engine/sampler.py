@@ -41,11 +41,9 @@ class LogitBias:
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """logits + bias (a new tensor). Token ids past the vocabulary add nothing."""
-        vocab_size = logits.shape[-1]
-        in_vocab = self.token_ids < vocab_size
-        biases = torch.where(in_vocab, self.biases, torch.zeros_like(self.biases))
-        token_ids = torch.where(in_vocab, self.token_ids, torch.zeros_like(self.token_ids))
-        return logits.index_put((self.rows, token_ids), biases, accumulate=True)
+        in_vocab = self.token_ids < logits.shape[-1]
+        token_ids = self.token_ids.masked_fill(~in_vocab, 0)
+        return logits.index_put((self.rows, token_ids), torch.where(in_vocab, self.biases, 0.0), accumulate=True)
 
 
 @dataclass(frozen=True)
@@ -71,10 +69,9 @@ class SamplingBatch:
         logprobs, logit_bias). The settings travel in one buffer (engine/transfer.py)."""
         temperature, top_p, top_k, min_p, seeds, output_index, logprobs, logit_bias = zip(*rows)
         asked = [n for n in logprobs if n is not None]
-        num_rows = len(rows)
         # float64 holds every field exactly (seeds < 2**32, indices and top_k far below 2**53).
         packed = torch.tensor([temperature, top_p, min_p, top_k, [s & _MASK32 for s in seeds], output_index],
-                              dtype=torch.float64).view(6, num_rows)
+                              dtype=torch.float64)
         packed = to_device(packed, device)
         floats = packed[:3].to(torch.float32)
         ints = packed[3:].to(torch.int64)

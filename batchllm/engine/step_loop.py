@@ -94,7 +94,8 @@ class StepLoop:
                 self._resolved.append((seq_id, step.token_index[row], token_id))
             entry = None
             if state.logprobs is not None:
-                entry = partial(_logprob_entry, state.params.logprobs, row, token_id, chosen, top_ids, top_values)
+                entry = partial(_logprob_entry, state.request.params.logprobs, row, token_id, chosen, top_ids,
+                                top_values)
             state.add_token(token_id, entry)
             step.num_new_tokens += 1
 

@@ -35,10 +35,6 @@ class BatchRows:
         self._row_of: dict[int, int] = {}
         self._free_rows: list[int] = list(range(num_rows - 1, -1, -1))
 
-    @property
-    def num_live_rows(self) -> int:
-        return len(self._row_of)
-
     def step_rows(self, output: SchedulerOutput) -> StepRows:
         """Apply the step's changes; the rows of its chunks."""
         if output.step_index == 0:

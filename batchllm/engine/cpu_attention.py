@@ -97,11 +97,10 @@ class BatchedTorchBackend(ReferenceBackend):
 
     def prepare(self, inputs: StepInputs, metadata) -> None:
         q_lens = np.diff(inputs.query_start_loc.astype(np.int64))
-        seq_lens = inputs.seq_lens.astype(np.int64)
         active = np.flatnonzero(q_lens > 0)
         device = metadata.slot_mapping.device
         metadata.plan = [_build_batch(inputs, active[b], self.block_size, device)
-                         for b in _batches_of(q_lens[active], seq_lens[active])]
+                         for b in _batches_of(q_lens[active], inputs.seq_lens[active])]
 
     def attend(self, query, k_cache, v_cache, metadata, scale: float, window: int | None = None) -> torch.Tensor:
         # query: [num_tokens, num_heads, head_dim]

@@ -23,9 +23,9 @@ class GraphKey:
     num_blocks: int  # block-table width (power of two)
 
 
-def rows_bucket(num_tokens: int, max_rows: int = TOKEN_BUCKETS[-1]) -> int | None:
+def rows_bucket(num_tokens: int) -> int | None:
     """Rows of the graph a decode step of num_tokens rows runs in (at least one spare row)."""
-    return next((b for b in TOKEN_BUCKETS if num_tokens < b <= max_rows), None)
+    return next((b for b in TOKEN_BUCKETS if num_tokens < b), None)
 
 
 def graph_items_capacity(num_rows: int) -> int:
@@ -115,9 +115,8 @@ class _Graph:
 
 
 class DecodeGraphRunner:
-    def __init__(self, model, kv_cache, backend, scale: float, device: torch.device, max_rows: int = 2048) -> None:
+    def __init__(self, model, kv_cache, backend, scale: float, device: torch.device) -> None:
         self.model, self.kv_cache, self.backend, self.scale, self.device = model, kv_cache, backend, scale, device
-        self.max_rows = max_rows
         self.graphs: dict[GraphKey, _Graph] = {}
         self.num_replays = 0
 
@@ -126,7 +125,7 @@ class DecodeGraphRunner:
         q_lens = np.diff(inputs.query_start_loc)
         if inputs.num_tokens == 0 or q_lens.max() != 1:
             return None
-        rows = rows_bucket(inputs.num_tokens, self.max_rows)
+        rows = rows_bucket(inputs.num_tokens)
         if rows is None:
             return None
         width = 1 << max(int(inputs.block_tables.shape[1]) - 1, 0).bit_length()

@@ -34,7 +34,7 @@ def num_kv_blocks(num_kv_tokens: int, block_size: int) -> int:
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
 
 
 def choose_num_kv_tokens(

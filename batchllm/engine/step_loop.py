@@ -115,8 +115,7 @@ class StepLoop:
         for chunk in step.output.chunks:
             if not chunk.is_prefix and self.states[chunk.seq_id].finish_reason is not None:
                 reasons[chunk.seq_id] = self.states[chunk.seq_id].finish_reason
-        if step.token_ids is None:
-            step.token_index = token_index  # the ids to send once read
+        step.token_index = token_index  # the placeholders' output indices, for a read after this update
         step.finished = self.scheduler.update(step.output, sampled, reasons, self._resolved)
         self._resolved = []
 

@@ -10,20 +10,17 @@ import torch
 
 from batchllm.engine.kv_cache import KVCache
 from batchllm.engine.step_inputs import StepInputs
+from batchllm.engine.transfer import upload_arrays
 from batchllm.ops import reference
 
 
 @dataclass
 class AttentionMetadata:
-    """Device tensors of one step, shared by every layer (a CUDA graph leaves the per-seq ones None)."""
+    """Device tensors of one step, shared by every layer."""
 
     slot_mapping: torch.Tensor  # [num_tokens] int64
     positions: torch.Tensor  # [num_tokens] int64 (the kernels read it with a sliding window)
-    query_start_loc: torch.Tensor | None = None  # [num_seqs + 1] int32
-    seq_lens: torch.Tensor | None = None  # [num_seqs] int32
-    shared_kv_lens: torch.Tensor | None = None  # [num_seqs] int32
-    block_tables: torch.Tensor | None = None  # [num_seqs, max_blocks] int32
-    plan: Any = None  # backend-specific per-step plan (fused work list)
+    plan: Any = None  # the backend's per-step plan (backend.prepare), e.g. the fused work list
 
 
 class ReferenceBackend:
@@ -32,16 +29,18 @@ class ReferenceBackend:
     layer_windows: tuple[int | None, ...] = ()  # per layer sliding window (None: full); (): none
 
     def prepare(self, inputs: StepInputs, metadata: AttentionMetadata) -> None:
-        pass
+        names = ("query_start_loc", "seq_lens", "shared_kv_lens", "block_tables")
+        metadata.plan = upload_arrays({n: getattr(inputs, n) for n in names}, metadata.slot_mapping.device)
 
     def store(self, key, value, k_cache, v_cache, metadata: AttentionMetadata) -> None:
         reference.store_kv_reference(key, value, k_cache, v_cache, metadata.slot_mapping)
 
     def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata, scale: float,
                window: int | None = None) -> torch.Tensor:
+        plan = metadata.plan
         return reference.paged_attention_reference(
-            query, k_cache, v_cache, metadata.query_start_loc, metadata.seq_lens,
-            metadata.shared_kv_lens, metadata.block_tables, scale, sliding_window=window,
+            query, k_cache, v_cache, plan["query_start_loc"], plan["seq_lens"], plan["shared_kv_lens"],
+            plan["block_tables"], scale, sliding_window=window,
         )
 
 

@@ -107,8 +107,7 @@ class ModelRunner:
         return self.model(input_ids, metadata.positions, attention)
 
 
-_UPLOADED = ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens", "shared_kv_lens",
-             "block_tables")
+_UPLOADED = ("input_ids", "positions", "slot_mapping")
 
 
 def _copy_to_pinned(tensor: torch.Tensor | None) -> torch.Tensor | None:

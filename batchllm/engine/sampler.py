@@ -34,9 +34,8 @@ class LogitBias:
         entries = [(row, token_id, bias) for row, pairs in enumerate(per_row) for token_id, bias in pairs or ()]
         if not entries:
             return None
-        rows, token_ids, biases = zip(*entries)
-        packed = torch.tensor([rows, token_ids, biases], dtype=torch.float64)  # ids < 2**53: exact
-        packed = to_device(packed, device)
+        # [rows, token ids, biases] in one copy; float64 holds ids < 2**53 exactly.
+        packed = to_device(torch.tensor(list(zip(*entries)), dtype=torch.float64), device)
         return cls(packed[0].to(torch.int64), packed[1].to(torch.int64), packed[2].to(torch.float32))
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
@@ -126,11 +125,9 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
     logprobs_full = torch.log_softmax(logits, dim=-1) if batch.max_logprobs is not None else None
     if batch.logit_bias is not None:
         logits = batch.logit_bias.apply(logits)
-    greedy_ids = logits.argmax(dim=-1)
-    if batch.all_greedy:
-        token_ids = greedy_ids
-    else:
-        token_ids = torch.where(batch.temperature == 0.0, greedy_ids, _sample_random(logits, batch))
+    token_ids = logits.argmax(dim=-1)
+    if not batch.all_greedy:
+        token_ids = torch.where(batch.temperature == 0.0, token_ids, _sample_random(logits, batch))
     if logprobs_full is None:
         return SamplerOutput(token_ids)
     chosen = logprobs_full.gather(1, token_ids[:, None])[:, 0]

@@ -62,8 +62,7 @@ def _build_batch(inputs: StepInputs, seqs: np.ndarray, block_size: int, device: 
     starts = inputs.query_start_loc.astype(np.int64)
     q_lens = (starts[seqs + 1] - starts[seqs])
     seq_lens = inputs.seq_lens[seqs].astype(np.int64)
-    max_q = int(q_lens.max())
-    offsets = np.arange(max_q)[None, :]
+    offsets = np.arange(q_lens.max())[None, :]
     row_valid = offsets < q_lens[:, None]
     rows = np.where(row_valid, starts[seqs][:, None] + offsets, 0)
     q_positions = seq_lens[:, None] - q_lens[:, None] + offsets

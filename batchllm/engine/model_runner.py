@@ -46,7 +46,6 @@ class ModelRunner:
         self.backend = make_backend(attention_backend, device, block_size, arch.num_heads, arch.num_kv_heads,
                                     arch.head_dim, arch.layer_windows)
         self.scale = arch.head_dim ** -0.5
-        self._pin = device.type == "cuda"
         self.rows = BatchRows()  # the persistent batch: host rows kept from step to step
         self.graphs = None
         if cuda_graphs and device.type == "cuda" and getattr(self.backend, "supports_cuda_graphs", False):
@@ -72,7 +71,7 @@ class ModelRunner:
         # Only the rows that sample pay for the LM head.
         logits = self.model.compute_logits(hidden[self._to_device(inputs.sample_rows)])
         sampled = sample(logits, batch)
-        if not self._pin:
+        if self.device.type != "cuda":
             return StepResult(inputs.sample_seq_ids, sampled)
         host = SamplerOutput(*(_copy_to_pinned(t) for t in (sampled.token_ids, sampled.logprobs,
                                                            sampled.top_logprobs, sampled.top_token_ids)))

@@ -12,14 +12,9 @@ def placeholder_for_row(row: int) -> int:
     return -(row + 1)
 
 
-def has_placeholders(input_ids: np.ndarray) -> bool:
-    return bool(input_ids.size) and int(input_ids.min()) < 0
-
-
 def placeholder_source(input_ids: np.ndarray, previous_token_ids: torch.Tensor | None) -> torch.Tensor | None:
-    """The tensor to resolve a step's placeholders from, or None when it has none. Raises when
-    the step holds placeholders but the previous step's tokens were not given."""
-    if not has_placeholders(input_ids):
+    """The tensor to resolve a step's placeholders from; None when the step has none."""
+    if not input_ids.size or int(input_ids.min()) >= 0:
         return None
     if previous_token_ids is None:
         raise ValueError("the step holds placeholder input ids but the previous step's tokens were not given")

@@ -108,10 +108,9 @@ def make_backend(name: str, device: torch.device, block_size: int, num_heads: in
         from batchllm.engine.cpu_attention import BatchedTorchBackend
 
         backend = BatchedTorchBackend(block_size)
-    elif name == "triton":
-        backend = TritonPagedBackend(block_size, num_heads, num_kv_heads, head_dim, device)
-    elif name == "fused":
-        backend = FusedPrefixBackend(block_size, num_heads, num_kv_heads, head_dim, device)
+    elif name in ("triton", "fused"):
+        backend_class = FusedPrefixBackend if name == "fused" else TritonPagedBackend
+        backend = backend_class(block_size, num_heads, num_kv_heads, head_dim, device)
     else:
         raise ValueError(f"unknown attention backend {name!r}")
     backend.layer_windows = tuple(layer_windows)

@@ -11,7 +11,6 @@ from batchllm.sampling_params import SamplingParams
 from batchllm.sched.interface import FinishedRequest
 from batchllm.sched.trace import StepRecord
 
-_MASK32 = 0xFFFFFFFF
 # The sampling row of a request whose row could not be built: greedy, no logprobs (the row's
 # token is dropped, the request is finished with an error).
 _NEUTRAL_SAMPLING_ROW = (0.0, 1.0, -1, 0.0, 0, 0, None, None)
@@ -46,11 +45,6 @@ class RunStats:
     num_output_tokens: int = 0
     seconds: float = 0.0
     step_records: list[StepRecord] = field(default_factory=list)
-
-
-def mix_seed(base_seed: int, request_id: int) -> int:
-    """The seed of a request that has none of its own: a hash of the engine seed and its id."""
-    return ((base_seed & _MASK32) * 0x9E3779B1 + request_id * 0x85EBCA6B + 0x27D4EB2F) & _MASK32
 
 
 @dataclass

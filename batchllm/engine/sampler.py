@@ -20,6 +20,11 @@ def sampling_row(params: SamplingParams, seed: int, output_index: int) -> tuple:
             params.logit_bias)
 
 
+def mix_seed(base_seed: int, request_id: int) -> int:
+    """The seed of a request that has none of its own: a hash of the engine seed and its id."""
+    return ((base_seed & _MASK32) * 0x9E3779B1 + request_id * 0x85EBCA6B + 0x27D4EB2F) & _MASK32
+
+
 @dataclass(frozen=True)
 class LogitBias:
     """Every (row, token id, bias) triple of a step, flattened: [num_entries] each."""
@@ -41,8 +46,8 @@ class LogitBias:
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """logits + bias (a new tensor). Token ids past the vocabulary add nothing."""
         in_vocab = self.token_ids < logits.shape[-1]
-        token_ids = self.token_ids.masked_fill(~in_vocab, 0)
-        return logits.index_put((self.rows, token_ids), torch.where(in_vocab, self.biases, 0.0), accumulate=True)
+        token_ids, biases = self.token_ids.masked_fill(~in_vocab, 0), torch.where(in_vocab, self.biases, 0.0)
+        return logits.index_put((self.rows, token_ids), biases, accumulate=True)
 
 
 @dataclass(frozen=True)

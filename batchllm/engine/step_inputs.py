@@ -73,6 +73,6 @@ def build_step_inputs(output: SchedulerOutput, block_size: int, rows: StepRows |
         block_tables=block_tables,
         group_ids=rows.group_ids,
         is_prefix=rows.is_prefix,
-        sample_rows=sample_rows.astype(np.int64),
+        sample_rows=sample_rows,
         sample_seq_ids=tuple(c.seq_id for c in chunks if c.sample),
     )

@@ -67,7 +67,7 @@ def test_persistent_rows_give_the_whole_tables(policy):
         for field in dataclasses.fields(expected):
             want, have = getattr(expected, field.name), getattr(inputs, field.name)
             assert np.array_equal(have, want) if isinstance(want, np.ndarray) else have == want, field.name
-        assert rows.num_live_rows == tracker.num_rows  # finished and preempted rows dropped
+        assert len(rows._row_of) == tracker.num_rows  # finished and preempted rows dropped
         sampled = {c.seq_id: 5 for c in output.chunks if c.sample}
         finish = {i: "length" for i in sampled if len(requests[i].output_token_ids) + 1 >= requests[i].max_tokens}
         scheduler.update(output, sampled, finish)

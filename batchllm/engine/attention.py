@@ -1,9 +1,5 @@
-"""The engine's AttentionFn: store the step's K/V in the paged cache, then attend.
-
-Backends (chosen once per engine): `reference` (PyTorch oracle, one seq at a time), `torch`
-(the same math batched: the CPU default), `triton` (plain paged
-attention kernel) and `fused` (BatchLLM section 5: prefix tiles and distinct tiles in one launch).
-"""
+"""The engine's AttentionFn: store the step's K/V in the paged cache, then attend with the engine's
+backend (docs/design.md, "The engine and the model runner")."""
 
 from __future__ import annotations
 
@@ -14,6 +10,7 @@ import torch
 
 from batchllm.engine.kv_cache import KVCache
 from batchllm.engine.step_inputs import StepInputs
+from batchllm.engine.transfer import upload_arrays
 from batchllm.ops import reference
 
 
@@ -22,31 +19,28 @@ class AttentionMetadata:
     """Device tensors of one step, shared by every layer."""
 
     slot_mapping: torch.Tensor  # [num_tokens] int64
-    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
-    seq_lens: torch.Tensor  # [num_seqs] int32
-    shared_kv_lens: torch.Tensor  # [num_seqs] int32
-    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
-    max_seq_len: int
-    plan: Any = None  # backend-specific per-step plan (fused work list)
-    positions: torch.Tensor | None = None  # [num_tokens] int64 (the kernels read it with a sliding window)
+    positions: torch.Tensor  # [num_tokens] int64 (the kernels read it with a sliding window)
+    plan: Any = None  # the backend's per-step plan (backend.prepare), e.g. the fused work list
 
 
 class ReferenceBackend:
-    name = "reference"
-    supports_cuda_graphs = False
+    """The PyTorch oracle, one seq at a time."""
+
     layer_windows: tuple[int | None, ...] = ()  # per layer sliding window (None: full); (): none
 
     def prepare(self, inputs: StepInputs, metadata: AttentionMetadata) -> None:
-        pass
+        names = ("query_start_loc", "seq_lens", "shared_kv_lens", "block_tables")
+        metadata.plan = upload_arrays({n: getattr(inputs, n) for n in names}, metadata.slot_mapping.device)
 
     def store(self, key, value, k_cache, v_cache, metadata: AttentionMetadata) -> None:
         reference.store_kv_reference(key, value, k_cache, v_cache, metadata.slot_mapping)
 
     def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata, scale: float,
                window: int | None = None) -> torch.Tensor:
+        plan = metadata.plan
         return reference.paged_attention_reference(
-            query, k_cache, v_cache, metadata.query_start_loc, metadata.seq_lens,
-            metadata.shared_kv_lens, metadata.block_tables, scale, sliding_window=window,
+            query, k_cache, v_cache, plan["query_start_loc"], plan["seq_lens"], plan["shared_kv_lens"],
+            plan["block_tables"], scale, sliding_window=window,
         )
 
 
@@ -54,9 +48,8 @@ class TritonPagedBackend(ReferenceBackend):
     """Plain paged attention (what the vllm / sglang baseline policies run): every seq reads its
     whole block table; no knowledge of prefix-sharing groups."""
 
-    name = "triton"
-
     supports_cuda_graphs = True
+    uses_groups = False  # whether the work list knows the step's prefix-sharing groups
 
     def __init__(self, block_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
                  device: torch.device) -> None:
@@ -70,23 +63,20 @@ class TritonPagedBackend(ReferenceBackend):
         self.block_size, self.num_heads, self.num_kv_heads = block_size, num_heads, num_kv_heads
         self.head_dim, self.device = head_dim, device
         self.num_sms = device_num_sms(device)  # split-KV pieces fill the device; CUDA graphs size their grids
-        # decode-only steps (the CUDA-graph steps) run class-split launches (decode_tile_config);
-        # steps with prefill chunks the default table
         self.decode_tile = decode_tile_config(head_dim, num_heads // num_kv_heads)
-
-    def _tile_for(self, inputs: StepInputs):
-        if inputs.num_tokens == inputs.query_start_loc.shape[0] - 1:
-            return self.decode_tile  # decode-only step (one row per seq)
-        return None  # the default table
 
     def build_host_plan(self, inputs: StepInputs):
         """The step's work list on the host (numpy); one per step, shared by every layer."""
-        from batchllm.ops.paged_attention import build_paged_plan
+        from batchllm.ops.work_list import build_prefix_shared_plan
 
-        return build_paged_plan(
-            inputs.query_start_loc, inputs.seq_lens, inputs.shared_kv_lens, inputs.block_tables,
+        # Decode-only steps (one row per seq: the CUDA-graph steps) run class-split launches
+        # (decode_tile_config); steps with prefill chunks the default table (None).
+        decode_only = inputs.num_tokens == inputs.query_start_loc.shape[0] - 1
+        groups = (inputs.group_ids, inputs.is_prefix) if self.uses_groups else (None, None)
+        return build_prefix_shared_plan(
+            inputs.query_start_loc, inputs.seq_lens, inputs.shared_kv_lens, inputs.block_tables, *groups,
             block_size=self.block_size, num_kv_heads=self.num_kv_heads, num_heads=self.num_heads,
-            head_dim=self.head_dim, tile=self._tile_for(inputs), num_sms=self.num_sms,
+            head_dim=self.head_dim, tile=self.decode_tile if decode_only else None, num_sms=self.num_sms,
         )
 
     def prepare(self, inputs: StepInputs, metadata: AttentionMetadata) -> None:
@@ -104,17 +94,7 @@ class FusedPrefixBackend(TritonPagedBackend):
     """BatchLLM section 5: prefix tiles (a group's rows x its shared prefix KV, a MatMul) and
     distinct tiles in one launch over a host-built work list."""
 
-    name = "fused"
-
-    def build_host_plan(self, inputs: StepInputs):
-        from batchllm.ops.work_list import build_prefix_shared_plan
-
-        return build_prefix_shared_plan(
-            inputs.query_start_loc, inputs.seq_lens, inputs.shared_kv_lens, inputs.block_tables,
-            inputs.group_ids, inputs.is_prefix, block_size=self.block_size,
-            num_kv_heads=self.num_kv_heads, num_heads=self.num_heads, head_dim=self.head_dim,
-            tile=self._tile_for(inputs), num_sms=self.num_sms,
-        )
+    uses_groups = True
 
 
 def make_backend(name: str, device: torch.device, block_size: int, num_heads: int, num_kv_heads: int,
@@ -128,10 +108,9 @@ def make_backend(name: str, device: torch.device, block_size: int, num_heads: in
         from batchllm.engine.cpu_attention import BatchedTorchBackend
 
         backend = BatchedTorchBackend(block_size)
-    elif name == "triton":
-        backend = TritonPagedBackend(block_size, num_heads, num_kv_heads, head_dim, device)
-    elif name == "fused":
-        backend = FusedPrefixBackend(block_size, num_heads, num_kv_heads, head_dim, device)
+    elif name in ("triton", "fused"):
+        backend_class = FusedPrefixBackend if name == "fused" else TritonPagedBackend
+        backend = backend_class(block_size, num_heads, num_kv_heads, head_dim, device)
     else:
         raise ValueError(f"unknown attention backend {name!r}")
     backend.layer_windows = tuple(layer_windows)

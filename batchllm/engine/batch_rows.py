@@ -1,9 +1,5 @@
-"""The runner's persistent batch: one host row per live sequence, kept from step to step.
-
-A row holds the sequence's block table, changed in place by each step's block-table changes
-(sched/interface.py), and the fields that are fixed while the sequence has a row
-(shared_kv_len, group_id, is_prefix), set when the row is made. A step gathers its chunks' rows.
-"""
+"""The runner's persistent batch: one host row per live sequence, kept from step to step
+(docs/design.md, "Block tables travel as changes")."""
 
 from __future__ import annotations
 
@@ -38,10 +34,6 @@ class BatchRows:
         self._num_blocks = np.zeros(num_rows, dtype=np.int64)  # row length
         self._row_of: dict[int, int] = {}
         self._free_rows: list[int] = list(range(num_rows - 1, -1, -1))
-
-    @property
-    def num_live_rows(self) -> int:
-        return len(self._row_of)
 
     def step_rows(self, output: SchedulerOutput) -> StepRows:
         """Apply the step's changes; the rows of its chunks."""
@@ -89,11 +81,7 @@ class BatchRows:
         return row
 
     def _grow(self, num_rows: int, num_cols: int) -> None:
-        table = np.zeros((num_rows, num_cols), dtype=np.int32)
-        table[:self.table.shape[0], :self.table.shape[1]] = self.table
-        self.table = table
+        num_old_rows, num_old_cols = self.table.shape
+        self.table = np.pad(self.table, ((0, num_rows - num_old_rows), (0, num_cols - num_old_cols)))
         for name in ("shared_kv_lens", "group_ids", "is_prefix", "_num_blocks"):
-            old = getattr(self, name)
-            new = np.zeros(num_rows, dtype=old.dtype)
-            new[:old.shape[0]] = old
-            setattr(self, name, new)
+            setattr(self, name, np.pad(getattr(self, name), (0, num_rows - num_old_rows)))

@@ -1,15 +1,6 @@
-"""PyTorch attention for the CPU path: the reference math, batched through PyTorch's fused attention.
-
-`ops.reference.paged_attention_reference` stays the oracle (one seq at a time, float32). This
-backend computes the same thing faster: once per step (not per layer) the seqs are cut into a
-few padded batches of similar shape, each with its KV slot indices and its visibility mask
-(causal, valid, sliding window); every layer then runs one gather and one
-`scaled_dot_product_attention` per batch. The query heads of one KV head are folded into the
-query length, so grouped-query attention needs no repeated K/V.
-
-Measured on the default model (2-core CPU, a decode step of 40 seqs of ~180 positions), one
-padded SDPA call took about a third of the time of the former einsum over the same gathered KV.
-"""
+"""PyTorch attention for the CPU path: the reference math (ops.reference, the oracle) batched into a
+few padded `scaled_dot_product_attention` calls per layer (docs/design.md, "The engine and the model
+runner")."""
 
 from __future__ import annotations
 
@@ -19,8 +10,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from batchllm.engine.attention import ReferenceBackend
 from batchllm.engine.step_inputs import StepInputs
-from batchllm.ops import reference
 
 # A padded batch may cost at most this many times the attention work of its seqs alone.
 _MAX_PADDING_FACTOR = 2.0
@@ -71,8 +62,7 @@ def _build_batch(inputs: StepInputs, seqs: np.ndarray, block_size: int, device: 
     starts = inputs.query_start_loc.astype(np.int64)
     q_lens = (starts[seqs + 1] - starts[seqs])
     seq_lens = inputs.seq_lens[seqs].astype(np.int64)
-    max_q = int(q_lens.max())
-    offsets = np.arange(max_q)[None, :]
+    offsets = np.arange(q_lens.max())[None, :]
     row_valid = offsets < q_lens[:, None]
     rows = np.where(row_valid, starts[seqs][:, None] + offsets, 0)
     q_positions = seq_lens[:, None] - q_lens[:, None] + offsets
@@ -100,24 +90,16 @@ def _padded_slots(block_tables: np.ndarray, seq_lens: np.ndarray, shared: np.nda
     return np.where(valid, slots, 0), valid
 
 
-class BatchedTorchBackend:
-    name = "torch"
-
-    layer_windows: tuple[int | None, ...] = ()  # set by make_backend
-
+class BatchedTorchBackend(ReferenceBackend):
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
 
     def prepare(self, inputs: StepInputs, metadata) -> None:
         q_lens = np.diff(inputs.query_start_loc.astype(np.int64))
-        seq_lens = inputs.seq_lens.astype(np.int64)
         active = np.flatnonzero(q_lens > 0)
         device = metadata.slot_mapping.device
         metadata.plan = [_build_batch(inputs, active[b], self.block_size, device)
-                         for b in _batches_of(q_lens[active], seq_lens[active])]
-
-    def store(self, key, value, k_cache, v_cache, metadata) -> None:
-        reference.store_kv_reference(key, value, k_cache, v_cache, metadata.slot_mapping)
+                         for b in _batches_of(q_lens[active], inputs.seq_lens[active])]
 
     def attend(self, query, k_cache, v_cache, metadata, scale: float, window: int | None = None) -> torch.Tensor:
         # query: [num_tokens, num_heads, head_dim]

@@ -1,20 +1,5 @@
-"""CUDA graphs for decode steps (every chunk one row).
-
-A decode-heavy step at 8B launches ~400 kernels; eager PyTorch spends longer launching them than
-the GPU spends running them (benchmarks/profile_engine.py). A captured graph replays the whole
-forward with one launch. Shapes are fixed per graph, so each graph owns static buffers:
-
-  rows:   the step's rows padded to a bucket with at least one spare row (padding rows store
-          no KV: slot -1; their outputs are garbage and never sampled)
-  plan:   the attention work list(s) in buffers of a fixed capacity, with the number of real
-          items on the device (the attention launches are persistent, see
-          ops/attention_kernels.py), block tables padded to a power-of-two width, merge entries
-          padded to point at the spare row with zero partials.
-
-Each step fills one of two pinned host copies of the buffers (used in turn, so asynchronous
-scheduling never overwrites a copy still queued), copies it once to the device and replays.
-A step that does not fit a graph's capacities runs eagerly.
-"""
+"""CUDA graphs for decode steps (every chunk one row): one graph per rows bucket and block-table
+width, each with static buffers (docs/design.md, "CUDA graphs")."""
 
 from __future__ import annotations
 
@@ -38,9 +23,9 @@ class GraphKey:
     num_blocks: int  # block-table width (power of two)
 
 
-def rows_bucket(num_tokens: int, max_rows: int = TOKEN_BUCKETS[-1]) -> int | None:
+def rows_bucket(num_tokens: int) -> int | None:
     """Rows of the graph a decode step of num_tokens rows runs in (at least one spare row)."""
-    return next((b for b in TOKEN_BUCKETS if num_tokens < b <= max_rows), None)
+    return next((b for b in TOKEN_BUCKETS if num_tokens < b), None)
 
 
 def graph_items_capacity(num_rows: int) -> int:
@@ -88,7 +73,7 @@ class _Graph:
         rows, num_tokens = self.key.num_rows, inputs.num_tokens
         ids = self._host64_np[turn]
         ids[:] = 0
-        ids[2 * rows:] = -1  # padding rows store no KV
+        ids[2 * rows:] = -1  # padding rows store no KV (their outputs are never sampled)
         ids[:num_tokens] = inputs.input_ids
         ids[rows:rows + num_tokens] = inputs.positions
         ids[2 * rows:2 * rows + num_tokens] = inputs.slot_mapping
@@ -130,19 +115,17 @@ class _Graph:
 
 
 class DecodeGraphRunner:
-    def __init__(self, model, kv_cache, backend, scale: float, device: torch.device, max_rows: int = 2048) -> None:
+    def __init__(self, model, kv_cache, backend, scale: float, device: torch.device) -> None:
         self.model, self.kv_cache, self.backend, self.scale, self.device = model, kv_cache, backend, scale, device
-        self.max_rows = max_rows
         self.graphs: dict[GraphKey, _Graph] = {}
         self.num_replays = 0
-        self.num_eager = 0
 
     def key_for(self, inputs: StepInputs) -> GraphKey | None:
         """The graph of a decode step (None: not a decode step, or too many rows)."""
         q_lens = np.diff(inputs.query_start_loc)
         if inputs.num_tokens == 0 or q_lens.max() != 1:
             return None
-        rows = rows_bucket(inputs.num_tokens, self.max_rows)
+        rows = rows_bucket(inputs.num_tokens)
         if rows is None:
             return None
         width = 1 << max(int(inputs.block_tables.shape[1]) - 1, 0).bit_length()
@@ -159,7 +142,6 @@ class DecodeGraphRunner:
             graph = self.graphs[key] = _Graph(key, self.device)
         lists = plan.class_lists()
         if not graph.fits(plan, lists):
-            self.num_eager += 1
             return None
         graph.fill(plan, lists, inputs)
         if placeholders is not None:
@@ -173,9 +155,8 @@ class DecodeGraphRunner:
     def _capture(self, graph: _Graph, template_plan) -> None:
         rows = graph.key.num_rows
         input_ids, positions, slot_mapping = graph.dev64[:rows], graph.dev64[rows:2 * rows], graph.dev64[2 * rows:]
-        metadata = AttentionMetadata(slot_mapping=slot_mapping, query_start_loc=None, seq_lens=None,
-                                     shared_kv_lens=None, block_tables=None, max_seq_len=0,
-                                     plan=graph.device_plan(template_plan, self.backend.num_sms), positions=positions)
+        metadata = AttentionMetadata(slot_mapping=slot_mapping, positions=positions,
+                                     plan=graph.device_plan(template_plan, self.backend.num_sms))
         attention = PagedAttention(self.kv_cache, metadata, self.backend, self.scale)
         # Warm up on a side stream (Triton compiles, allocator settles), then capture. The
         # buffers hold the current step, so the warm-up writes the same KV the replay will.

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+CPU_DEFAULT_KV_TOKENS = 32768
+
 
 @dataclass
 class KVCache:
@@ -34,23 +36,17 @@ def num_kv_blocks(num_kv_tokens: int, block_size: int) -> int:
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
 
 
-def choose_num_kv_tokens(
-    device: torch.device,
-    bytes_per_token: int,
-    requested_tokens: int | None,
-    gpu_memory_utilization: float,
-    activation_reserve_bytes: int,
-    cpu_default_tokens: int = 32768,
-) -> int:
+def choose_num_kv_tokens(device: torch.device, bytes_per_token: int, requested_tokens: int | None,
+                         gpu_memory_utilization: float, activation_reserve_bytes: int) -> int:
     """KV capacity in tokens: the user's number, else what fits in free GPU memory after the
     weights and an activation reserve, else a CPU default."""
     if requested_tokens is not None:
         return requested_tokens
     if device.type != "cuda":
-        return cpu_default_tokens
+        return CPU_DEFAULT_KV_TOKENS
     free_bytes, total_bytes = torch.cuda.mem_get_info(device)
     used_elsewhere = total_bytes - free_bytes
     budget = int(total_bytes * gpu_memory_utilization) - used_elsewhere - activation_reserve_bytes

@@ -8,8 +8,9 @@ from collections.abc import Callable, Iterator
 
 from batchllm.config import EngineConfig
 from batchllm.engine.loading import EngineParts, load_parts
-from batchllm.engine.request_state import FinishedOutput, PreparedRequest, RequestState, RunStats, mix_seed
+from batchllm.engine.request_state import FinishedOutput, PreparedRequest, RequestState, RunStats
 from batchllm.engine.run_options import RunOptions
+from batchllm.engine.sampler import mix_seed
 from batchllm.engine.step_loop import StepLoop
 from batchllm.engine.stop_checker import StopChecker
 from batchllm.request_limits import InvalidRequestError, RequestLimits

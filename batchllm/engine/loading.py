@@ -55,8 +55,7 @@ def prepare_model(model, config: EngineConfig, max_model_len: int, device: torch
 def activation_reserve_bytes(config: EngineConfig, arch, dtype: torch.dtype) -> int:
     """GPU memory kept out of the KV cache: activations of the largest step (hidden states,
     fused gate-up output), logits, the decode CUDA graphs' pools, and 1 GiB of slack."""
-    element = torch.empty((), dtype=dtype).element_size()
-    per_token = element * (8 * arch.hidden_size + 3 * arch.intermediate_size)
+    per_token = dtype.itemsize * (8 * arch.hidden_size + 3 * arch.intermediate_size)
     reserve = config.scheduler.max_num_batched_tokens * per_token + 1024 * arch.vocab_size * 4 * 3 + (1 << 30)
     if not config.enforce_eager:
         reserve += 2048 * per_token * 4  # private pools of the graphs (one per token bucket)

@@ -40,14 +40,12 @@ class ModelRunner:
     def __init__(self, model: torch.nn.Module, arch, kv_cache: KVCache, block_size: int,
                  device: torch.device, attention_backend: str, cuda_graphs: bool = True) -> None:
         self.model = model
-        self.arch = arch
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.device = device
         self.backend = make_backend(attention_backend, device, block_size, arch.num_heads, arch.num_kv_heads,
                                     arch.head_dim, arch.layer_windows)
         self.scale = arch.head_dim ** -0.5
-        self._pin = device.type == "cuda"
         self.rows = BatchRows()  # the persistent batch: host rows kept from step to step
         self.graphs = None
         if cuda_graphs and device.type == "cuda" and getattr(self.backend, "supports_cuda_graphs", False):
@@ -62,9 +60,7 @@ class ModelRunner:
     def execute(self, output: SchedulerOutput, sampling_rows: list[tuple],
                 previous_token_ids: torch.Tensor | None = None, allow_graph: bool = True) -> StepResult:
         """sampling_rows: one SamplingBatch.build row per sampled chunk, in chunk order.
-
-        previous_token_ids: the previous step's sampled ids, still on the device (asynchronous
-        scheduling): an input id -(i + 1) is a placeholder for previous_token_ids[i].
+        previous_token_ids: the previous step's sampled ids on the device, for placeholder input ids.
         allow_graph: False runs a decode step eagerly even when a CUDA graph could replay it."""
         inputs = self.step_inputs(output)
         # Sampling settings go to the device before the forward is queued (no wait behind it).
@@ -75,7 +71,7 @@ class ModelRunner:
         # Only the rows that sample pay for the LM head.
         logits = self.model.compute_logits(hidden[self._to_device(inputs.sample_rows)])
         sampled = sample(logits, batch)
-        if not self._pin:
+        if self.device.type != "cuda":
             return StepResult(inputs.sample_seq_ids, sampled)
         host = SamplerOutput(*(_copy_to_pinned(t) for t in (sampled.token_ids, sampled.logprobs,
                                                            sampled.top_logprobs, sampled.top_token_ids)))
@@ -98,28 +94,19 @@ class ModelRunner:
 
     def _forward_eager(self, inputs: StepInputs, host_plan, placeholders: torch.Tensor | None = None) -> torch.Tensor:
         device = upload_arrays({name: getattr(inputs, name) for name in _UPLOADED}, self.device)
-        metadata = AttentionMetadata(
-            slot_mapping=device["slot_mapping"],
-            query_start_loc=device["query_start_loc"],
-            seq_lens=device["seq_lens"],
-            shared_kv_lens=device["shared_kv_lens"],
-            block_tables=device["block_tables"],
-            max_seq_len=inputs.max_seq_len,
-            positions=device["positions"],
-        )
+        input_ids = device.pop("input_ids")
+        metadata = AttentionMetadata(**device)
         if host_plan is not None:
             metadata.plan = host_plan.to(self.device)
         else:
             self.backend.prepare(inputs, metadata)
         attention = PagedAttention(self.kv_cache, metadata, self.backend, self.scale)
-        input_ids = device["input_ids"]
         if placeholders is not None:
             resolve_placeholders_(input_ids, placeholders)
         return self.model(input_ids, metadata.positions, attention)
 
 
-_UPLOADED = ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens", "shared_kv_lens",
-             "block_tables")
+_UPLOADED = ("input_ids", "positions", "slot_mapping")
 
 
 def _copy_to_pinned(tensor: torch.Tensor | None) -> torch.Tensor | None:

@@ -1,11 +1,5 @@
-"""Placeholder input ids of asynchronous scheduling.
-
-With asynchronous scheduling the engine schedules step N+1 before step N's sampled tokens
-reach the host. The scheduler then holds a placeholder -(i + 1) for each token not yet known,
-where i is the token's row in step N's sampled output; the model runner swaps the placeholders
-for the real ids on the device, so nothing waits for the host. The scheduler learns the real
-ids at its next update() (its resolved_token_ids argument).
-"""
+"""Placeholder input ids of asynchronous scheduling: -(i + 1) stands for the token sampled at row i
+of the previous step, resolved on the device (docs/design.md, "The step loop")."""
 
 from __future__ import annotations
 
@@ -18,14 +12,9 @@ def placeholder_for_row(row: int) -> int:
     return -(row + 1)
 
 
-def has_placeholders(input_ids: np.ndarray) -> bool:
-    return bool(input_ids.size) and int(input_ids.min()) < 0
-
-
 def placeholder_source(input_ids: np.ndarray, previous_token_ids: torch.Tensor | None) -> torch.Tensor | None:
-    """The tensor to resolve a step's placeholders from, or None when it has none. Raises when
-    the step holds placeholders but the previous step's tokens were not given."""
-    if not has_placeholders(input_ids):
+    """The tensor to resolve a step's placeholders from; None when the step has none."""
+    if not input_ids.size or int(input_ids.min()) >= 0:
         return None
     if previous_token_ids is None:
         raise ValueError("the step holds placeholder input ids but the previous step's tokens were not given")

@@ -11,7 +11,6 @@ from batchllm.sampling_params import SamplingParams
 from batchllm.sched.interface import FinishedRequest
 from batchllm.sched.trace import StepRecord
 
-_MASK32 = 0xFFFFFFFF
 # The sampling row of a request whose row could not be built: greedy, no logprobs (the row's
 # token is dropped, the request is finished with an error).
 _NEUTRAL_SAMPLING_ROW = (0.0, 1.0, -1, 0.0, 0, 0, None, None)
@@ -48,11 +47,6 @@ class RunStats:
     step_records: list[StepRecord] = field(default_factory=list)
 
 
-def mix_seed(base_seed: int, request_id: int) -> int:
-    """The seed of a request that has none of its own: a hash of the engine seed and its id."""
-    return ((base_seed & _MASK32) * 0x9E3779B1 + request_id * 0x85EBCA6B + 0x27D4EB2F) & _MASK32
-
-
 @dataclass
 class RequestState:
     """One running request as the engine sees it. output_token_ids holds the real ids known so
@@ -67,18 +61,10 @@ class RequestState:
     finish_reason: str | None = None  # set once the last real token is known
     error: str | None = None
 
-    @property
-    def request_id(self) -> int:
-        return self.request.request_id
-
-    @property
-    def params(self) -> SamplingParams:
-        return self.request.params
-
     def sampling_row(self) -> tuple:
         """This request's SamplingBatch.build row; a neutral row if building it fails."""
         try:
-            return sampling_row(self.params, self.seed, self.num_scheduled_outputs)
+            return sampling_row(self.request.params, self.seed, self.num_scheduled_outputs)
         except Exception as error:  # noqa: BLE001 - finish this request only
             self.fail(error)
             return _NEUTRAL_SAMPLING_ROW
@@ -100,7 +86,8 @@ class RequestState:
             self.fail(error)
 
     def finished_output(self, done: FinishedRequest, decode: Callable[[list[int]], str]) -> FinishedOutput:
-        output = FinishedOutput(self.request_id, self.request.prompt_token_ids, list(self.output_token_ids), "",
+        request = self.request
+        output = FinishedOutput(request.request_id, request.prompt_token_ids, list(self.output_token_ids), "",
                                 self.finish_reason, self.logprobs, done.num_cached_prompt_tokens, self.error)
         if self.error is None:
             try:

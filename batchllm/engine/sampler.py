@@ -1,9 +1,6 @@
-"""Token sampling: logit bias, greedy, temperature, top-k, top-p, min-p, with batch-independent seeds.
-
-Seeded sampling uses the exponential race (argmax of probs / E with E ~ Exp(1)), where the
-uniform behind E is a hash of (seed, output index, vocab id). A request's tokens therefore do
-not depend on which other requests share its step, nor on preemption and recompute.
-"""
+"""Token sampling: logit bias, greedy, temperature, top-k, top-p, min-p. Seeded sampling is the
+exponential race (argmax of probs / E, E ~ Exp(1)) with the uniform behind E a hash of (seed, output
+index, vocab id), so a request's tokens do not depend on its step's other requests or on recompute."""
 
 from __future__ import annotations
 
@@ -23,6 +20,11 @@ def sampling_row(params: SamplingParams, seed: int, output_index: int) -> tuple:
             params.logit_bias)
 
 
+def mix_seed(base_seed: int, request_id: int) -> int:
+    """The seed of a request that has none of its own: a hash of the engine seed and its id."""
+    return ((base_seed & _MASK32) * 0x9E3779B1 + request_id * 0x85EBCA6B + 0x27D4EB2F) & _MASK32
+
+
 @dataclass(frozen=True)
 class LogitBias:
     """Every (row, token id, bias) triple of a step, flattened: [num_entries] each."""
@@ -37,17 +39,14 @@ class LogitBias:
         entries = [(row, token_id, bias) for row, pairs in enumerate(per_row) for token_id, bias in pairs or ()]
         if not entries:
             return None
-        rows, token_ids, biases = zip(*entries)
-        packed = torch.tensor([rows, token_ids, biases], dtype=torch.float64)  # ids < 2**53: exact
-        packed = to_device(packed, device)
+        # [rows, token ids, biases] in one copy; float64 holds ids < 2**53 exactly.
+        packed = to_device(torch.tensor(list(zip(*entries)), dtype=torch.float64), device)
         return cls(packed[0].to(torch.int64), packed[1].to(torch.int64), packed[2].to(torch.float32))
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """logits + bias (a new tensor). Token ids past the vocabulary add nothing."""
-        vocab_size = logits.shape[-1]
-        in_vocab = self.token_ids < vocab_size
-        biases = torch.where(in_vocab, self.biases, torch.zeros_like(self.biases))
-        token_ids = torch.where(in_vocab, self.token_ids, torch.zeros_like(self.token_ids))
+        in_vocab = self.token_ids < logits.shape[-1]
+        token_ids, biases = self.token_ids.masked_fill(~in_vocab, 0), torch.where(in_vocab, self.biases, 0.0)
         return logits.index_put((self.rows, token_ids), biases, accumulate=True)
 
 
@@ -74,10 +73,9 @@ class SamplingBatch:
         logprobs, logit_bias). The settings travel in one buffer (engine/transfer.py)."""
         temperature, top_p, top_k, min_p, seeds, output_index, logprobs, logit_bias = zip(*rows)
         asked = [n for n in logprobs if n is not None]
-        num_rows = len(rows)
         # float64 holds every field exactly (seeds < 2**32, indices and top_k far below 2**53).
         packed = torch.tensor([temperature, top_p, min_p, top_k, [s & _MASK32 for s in seeds], output_index],
-                              dtype=torch.float64).view(6, num_rows)
+                              dtype=torch.float64)
         packed = to_device(packed, device)
         floats = packed[:3].to(torch.float32)
         ints = packed[3:].to(torch.int64)
@@ -132,11 +130,9 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
     logprobs_full = torch.log_softmax(logits, dim=-1) if batch.max_logprobs is not None else None
     if batch.logit_bias is not None:
         logits = batch.logit_bias.apply(logits)
-    greedy_ids = logits.argmax(dim=-1)
-    if batch.all_greedy:
-        token_ids = greedy_ids
-    else:
-        token_ids = torch.where(batch.temperature == 0.0, greedy_ids, _sample_random(logits, batch))
+    token_ids = logits.argmax(dim=-1)
+    if not batch.all_greedy:
+        token_ids = torch.where(batch.temperature == 0.0, token_ids, _sample_random(logits, batch))
     if logprobs_full is None:
         return SamplerOutput(token_ids)
     chosen = logprobs_full.gather(1, token_ids[:, None])[:, 0]

@@ -49,10 +49,8 @@ def build_step_inputs(output: SchedulerOutput, block_size: int, rows: StepRows |
     num_tokens = int(query_start_loc[-1])
     input_ids = np.fromiter(chain.from_iterable(c.token_ids for c in chunks), dtype=np.int64, count=num_tokens)
 
-    # Row -> its seq, and its position inside the seq.
     seq_of_row = np.repeat(np.arange(num_seqs), q_lens)
-    row_offset = np.arange(num_tokens) - query_start_loc[:-1][seq_of_row]
-    positions = starts[seq_of_row] + row_offset
+    positions = np.arange(num_tokens) + (starts - query_start_loc[:-1])[seq_of_row]
     # KV addressing rule (sched/interface.py): new rows are past the shared prefix.
     own_positions = positions - shared[seq_of_row]
     if num_tokens and own_positions.min() < 0:
@@ -75,6 +73,6 @@ def build_step_inputs(output: SchedulerOutput, block_size: int, rows: StepRows |
         block_tables=block_tables,
         group_ids=rows.group_ids,
         is_prefix=rows.is_prefix,
-        sample_rows=sample_rows.astype(np.int64),
+        sample_rows=sample_rows,
         sample_seq_ids=tuple(c.seq_id for c in chunks if c.sample),
     )

@@ -1,18 +1,5 @@
-"""The engine's one step loop: schedule -> launch -> read the sampled tokens -> update.
-
-The loop keeps `depth` launched steps whose tokens are not read yet when it schedules the next:
-depth 0 is one step at a time; depth 1 schedules and launches step N+1 before it waits for
-step N's tokens, so the device never idles while the host updates, schedules and builds
-inputs (asynchronous scheduling). Both run the same code in this order:
-
-    launch step N -> read every step but the newest `depth` -> update the scheduler for step N
-
-At depth 1 the update of step N comes before its tokens are known: the scheduler gets a
-placeholder id per sampled row (the runner resolves it on the device) and, at the next update,
-the real ids. max_tokens finishes are known in advance; a request that stops by EOS, stop id or
-stop string at step N is finished at the update of step N+1, and the row it had there is
-dropped from its output. Outputs are identical at both depths.
-"""
+"""The engine's one step loop: schedule -> launch -> read the sampled tokens -> update, at depth 0
+(synchronous) or 1 (asynchronous scheduling): docs/design.md, "The step loop"."""
 
 from __future__ import annotations
 
@@ -107,7 +94,8 @@ class StepLoop:
                 self._resolved.append((seq_id, step.token_index[row], token_id))
             entry = None
             if state.logprobs is not None:
-                entry = partial(_logprob_entry, state.params.logprobs, row, token_id, chosen, top_ids, top_values)
+                entry = partial(_logprob_entry, state.request.params.logprobs, row, token_id, chosen, top_ids,
+                                top_values)
             state.add_token(token_id, entry)
             step.num_new_tokens += 1
 
@@ -127,8 +115,7 @@ class StepLoop:
         for chunk in step.output.chunks:
             if not chunk.is_prefix and self.states[chunk.seq_id].finish_reason is not None:
                 reasons[chunk.seq_id] = self.states[chunk.seq_id].finish_reason
-        if step.token_ids is None:
-            step.token_index = token_index  # the ids to send once read
+        step.token_index = token_index  # the placeholders' output indices, for a read after this update
         step.finished = self.scheduler.update(step.output, sampled, reasons, self._resolved)
         self._resolved = []
 

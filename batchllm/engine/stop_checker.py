@@ -1,10 +1,5 @@
-"""Decides when a request is finished: EOS, stop token ids, stop strings, length.
-
-Stop strings are checked incrementally: each new token decodes only the tokens since the last
-complete character (plus the token before them, so that merged and multi-byte tokens decode as
-in the whole text), and the search covers only the new text plus the longest stop string less
-one character, since a match that ended earlier was found at an earlier token.
-"""
+"""Decides when a request is finished: EOS, stop token ids, stop strings (checked incrementally:
+docs/design.md, "The step loop"), length."""
 
 from __future__ import annotations
 
@@ -52,16 +47,17 @@ class StopChecker:
 
     def check(self, output_token_ids: list[int]) -> str | None:
         """output_token_ids ends with the new token. Returns "stop", "length" or None."""
-        new_token_id = output_token_ids[-1]
-        if not self.params.ignore_eos and new_token_id in self.eos_token_ids:
-            return "stop"
-        if new_token_id in self.params.stop_token_ids:
+        if self._is_stop_token(output_token_ids[-1]):
             return "stop"
         if self._text is not None and self._find_stop_string(output_token_ids):
             return "stop"
         if len(output_token_ids) >= self.max_tokens:
             return "length"
         return None
+
+    def _is_stop_token(self, token_id: int) -> bool:
+        params = self.params
+        return token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids)
 
     def _find_stop_string(self, output_token_ids: list[int]) -> bool:
         text, num_final_chars = self._text.text(output_token_ids)
@@ -81,8 +77,6 @@ class StopChecker:
         stop id is not text."""
         if self.stop_text is not None:
             return self.stop_text
-        if finish_reason == "stop" and output_token_ids:
-            last = output_token_ids[-1]
-            if last in self.params.stop_token_ids or (not self.params.ignore_eos and last in self.eos_token_ids):
-                return decode(output_token_ids[:-1])
+        if finish_reason == "stop" and output_token_ids and self._is_stop_token(output_token_ids[-1]):
+            return decode(output_token_ids[:-1])
         return decode(output_token_ids)

@@ -1,10 +1,9 @@
-"""Host-to-device copies that never wait for the steps already queued on the stream.
-
-A copy from pageable host memory waits for all queued work, which would defeat asynchronous
-scheduling; a pinned, non-blocking copy does not.
-"""
+"""Host-to-device copies through pinned memory, without blocking: a copy from pageable memory would
+wait for every step queued on the stream, which defeats asynchronous scheduling."""
 
 from __future__ import annotations
+
+from itertools import accumulate
 
 import numpy as np
 import torch
@@ -25,11 +24,8 @@ def upload_arrays(arrays: dict[str, np.ndarray], device: torch.device) -> dict[s
     array at a 16-byte aligned offset (a copy per array costs a pinned allocation and a launch each)."""
     if device.type != "cuda":
         return {name: to_device(array, device) for name, array in arrays.items()}
-    offsets, num_bytes = [], 0
-    for array in arrays.values():
-        offsets.append(num_bytes)
-        num_bytes += -(-array.nbytes // 16) * 16
-    flat = np.empty(num_bytes, dtype=np.uint8)
+    offsets = [0, *accumulate(-(-array.nbytes // 16) * 16 for array in arrays.values())]
+    flat = np.empty(offsets[-1], dtype=np.uint8)
     for array, offset in zip(arrays.values(), offsets):
         flat[offset:offset + array.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
     buffer = to_device(flat, device)

@@ -38,9 +38,10 @@ def add_parser(subparsers) -> None:
     add_engine_arguments(parser)
     parser.add_argument("--errors", metavar="FILE", help="also write the error records to FILE")
     parser.add_argument("--ray", action="store_true",
-                        help="data parallel on Ray (pip install 'batchllm[ray]'): each window's prefix groups "
-                             "are planned together, then whole groups go to --num-replicas engine replicas; "
-                             "journal and resume as without --ray")
+                        help="data parallel on Ray (pip install 'batchllm[ray]'; the cluster in RAY_ADDRESS, "
+                             "else a local one): each window's prefix groups are planned together, then whole "
+                             "groups go to --num-replicas engine replicas, and each request is journaled as "
+                             "its replica finishes it; resume as without --ray. Not with --tensor-parallel-size")
     parser.add_argument("--num-replicas", type=int, default=2, help="Ray replicas (with --ray)")
     parser.add_argument("--order", default="input", choices=["input", "finish"],
                         help="output order: input (default; the file is rewritten at the end) or finish "
@@ -111,7 +112,7 @@ def run_command(args) -> int:
     from batchllm.io.journal import JournalMismatchError
     from batchllm.stop_signals import StopSignals
 
-    problem = _input_problem(args.input)
+    problem = _input_problem(args.input) or _ray_problem(args)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -155,19 +156,27 @@ def _load_engine(args, config):
 
 
 def _ray_engine(args, config):
-    """The engine for --ray: replicas on the local or connected Ray cluster."""
+    """The engine for --ray: replicas on the Ray cluster (RAY_ADDRESS, else a local one)."""
     import torch
 
-    from batchllm.distributed.ray_dp import RAY_MISSING, RayDPConfig
-    from batchllm.distributed.ray_engine import RayEngine
+    from batchllm.distributed.ray_dp import RayDPConfig
+    from batchllm.distributed.ray_engine import RayEngine, connect_ray
 
     try:
-        import ray
-    except ImportError:
-        raise ModelLoadError(RAY_MISSING) from None
-    ray.init(ignore_reinit_error=True)
+        connect_ray()
+    except RuntimeError as error:
+        raise ModelLoadError(str(error)) from None
     gpus = 1 if torch.cuda.is_available() else 0
     return RayEngine(config, RayDPConfig(num_replicas=args.num_replicas, gpus_per_replica=gpus))
+
+
+def _ray_problem(args) -> str | None:
+    if args.ray and args.tensor_parallel_size > 1:
+        return ("--tensor-parallel-size > 1 does not work with --ray (each replica runs one unsplit engine): "
+                "drop one of them")
+    if args.ray and args.num_replicas < 1:
+        return f"--num-replicas must be >= 1, got {args.num_replicas}"
+    return None
 
 
 def _input_problem(path: str) -> str | None:

@@ -2,16 +2,20 @@
 
 The job itself is the single-process one, so a Ray run resumes like a local one and either can
 resume the other's journal (docs/scale-out.md). Only the engine differs: the driver tokenizes and
-checks lengths without loading any weights, and the replicas run whole prefix groups (run_on_ray).
+checks lengths without loading any weights, and the replicas run whole prefix groups (ray_dp). The
+replicas live from the first window to the last; a stop or a failure kills them.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 
 from batchllm.config import EngineConfig
-from batchllm.distributed.ray_dp import RayDPConfig, ReplicaError, run_on_ray
+from batchllm.distributed.ray_dp import (RAY_MISSING, RayDPConfig, ReplicaError, kill_replicas, plan_shards,
+                                         start_replicas, stream_shards)
 from batchllm.engine.loading import model_len_limit
 from batchllm.engine.request_state import FinishedOutput, PreparedRequest, RunStats
 from batchllm.request_limits import RequestLimits
@@ -26,6 +30,7 @@ class RayEngine:
 
         description = describe_model(config.model)
         self.config, self.dp = config, dp
+        self.replicas: list | None = None  # actor handles, started by the first run
         self.arch, self.model_name = description.config, description.name
         self.tokenizer = load_tokenizer(description.tokenizer_source)
         max_model_len = model_len_limit(config, self.arch)
@@ -42,17 +47,52 @@ class RayEngine:
         on_step: Callable[[int, int], None] | None = None,
         stats: RunStats | None = None,
     ) -> Iterator[FinishedOutput]:
-        """Yields each request as a replica finishes it; a request a replica rejected comes back
-        as a FinishedOutput with `error` set."""
+        """Yields each request as a replica finishes it (a request a replica rejected comes back as
+        a FinishedOutput with `error` set). on_step(num_finished, num_new_tokens) after each update,
+        and (0, 0) every stop_poll_s while nothing arrives, so the caller can stop by raising."""
         stats = stats if stats is not None else RunStats()
         stats.num_requests += len(requests)
         stats.num_prompt_tokens += sum(len(request.prompt_token_ids) for request in requests)
+        if not requests:
+            return
         started = time.perf_counter()
-        for done in run_on_ray(self.config, requests, self.dp):
-            if isinstance(done, ReplicaError):
-                done = FinishedOutput(done.request_id, [], [], "", "error", error=done.message)
-            stats.num_output_tokens += len(done.output_token_ids)
-            yield done
-            if on_step is not None:
-                on_step(1, len(done.output_token_ids))
-        stats.seconds += time.perf_counter() - started
+        if self.replicas is None:
+            self.replicas = start_replicas(self.config, self.dp)
+        try:
+            for update in stream_shards(self.replicas, plan_shards(requests, self.dp), self.dp.stop_poll_s):
+                if update is None:  # nothing arrived for stop_poll_s
+                    if on_step is not None:
+                        on_step(0, 0)
+                    continue
+                stats.num_steps += update.num_steps
+                stats.num_output_tokens += update.num_new_tokens
+                for done in update.finished:
+                    if isinstance(done, ReplicaError):
+                        done = FinishedOutput(done.request_id, [], [], "", "error", error=done.message)
+                    yield done
+                if on_step is not None:
+                    on_step(len(update.finished), update.num_new_tokens)
+        except BaseException:  # a stop, a failure or an abandoned run: the replicas may be mid-shard
+            self.shutdown()
+            raise
+        finally:
+            stats.seconds += time.perf_counter() - started
+
+    def shutdown(self) -> None:
+        if self.replicas is not None:
+            kill_replicas(self.replicas)
+            self.replicas = None
+
+
+def connect_ray(address: str | None = None) -> None:
+    """ray.init for the CLI, keeping the batch job's SIGTERM handling (ray.init installs its own,
+    which exits at once); RuntimeError naming the fix if Ray is not installed."""
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError(RAY_MISSING) from None
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGTERM) if in_main_thread else None
+    ray.init(address=address, ignore_reinit_error=True, configure_logging=False)
+    if in_main_thread:
+        signal.signal(signal.SIGTERM, handler)

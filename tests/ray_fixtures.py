@@ -15,7 +15,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def ray_address():
-    ray = pytest.importorskip("ray", reason="Ray is not installed (optional extra: pip install 'batchllm[ray]')")
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'batchllm[ray]')")
     ray.init(num_cpus=4, object_store_memory=100 * 2**20, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     yield ray.get_runtime_context().gcs_address

@@ -21,7 +21,8 @@ TIMEOUT_S = 600
 LONG_MAX_TOKENS = 1000
 # 4 short requests finish after a few steps; the long ones keep each replica busy for seconds.
 LINES = [{"custom_id": f"q{i}", "prompt_token_ids": [5 + i, 9, 17 + 3 * i, 40 + i],
-          "max_tokens": LONG_MAX_TOKENS if i % 2 else 3, "temperature": 0, "ignore_eos": True} for i in range(8)]
+          "max_tokens": LONG_MAX_TOKENS if i % 2 else 3, "temperature": 0, "ignore_eos": True}
+         for i in range(8)]
 
 
 def _command(input_path, output_path, *extra):
@@ -36,7 +37,8 @@ def job(tmp_path_factory):
     input_path = root / "in.jsonl"
     input_path.write_text("".join(json.dumps(line) + "\n" for line in LINES))
     reference = root / "reference.jsonl"
-    result = subprocess.run(_command(input_path, reference), capture_output=True, text=True, timeout=TIMEOUT_S)
+    result = subprocess.run(_command(input_path, reference), capture_output=True, text=True,
+                            timeout=TIMEOUT_S)
     assert result.returncode == 0, result.stderr
     return input_path, normalized_records(reference)
 
@@ -94,8 +96,8 @@ def test_ray_job_killed_mid_run_resumes_to_the_uninterrupted_file(ray_address, j
 def test_tensor_parallel_with_ray_is_refused_before_loading(tmp_path):
     input_path = tmp_path / "in.jsonl"
     input_path.write_text(json.dumps(LINES[0]) + "\n")
-    result = subprocess.run(_command(input_path, tmp_path / "out.jsonl", "--ray", "--tensor-parallel-size", "2"),
-                            capture_output=True, text=True, timeout=TIMEOUT_S)
+    command = _command(input_path, tmp_path / "out.jsonl", "--ray", "--tensor-parallel-size", "2")
+    result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         "error: --tensor-parallel-size > 1 does not work with --ray (each replica runs one unsplit engine): "

@@ -38,10 +38,11 @@ def add_parser(subparsers) -> None:
     add_engine_arguments(parser)
     parser.add_argument("--errors", metavar="FILE", help="also write the error records to FILE")
     parser.add_argument("--ray", action="store_true",
-                        help="data parallel on Ray (pip install 'batchllm[ray]'; the cluster in RAY_ADDRESS, "
-                             "else a local one): each window's prefix groups are planned together, then whole "
-                             "groups go to --num-replicas engine replicas, and each request is journaled as "
-                             "its replica finishes it; resume as without --ray. Not with --tensor-parallel-size")
+                        help="data parallel on Ray (pip install 'batchllm[ray]'; the cluster in "
+                             "RAY_ADDRESS, else a local one): each window's prefix groups are planned "
+                             "together, then whole groups go to --num-replicas engine replicas, and each "
+                             "request is journaled as its replica finishes it; resume as without --ray. "
+                             "Not with --tensor-parallel-size")
     parser.add_argument("--num-replicas", type=int, default=2, help="Ray replicas (with --ray)")
     parser.add_argument("--order", default="input", choices=["input", "finish"],
                         help="output order: input (default; the file is rewritten at the end) or finish "
@@ -112,7 +113,7 @@ def run_command(args) -> int:
     from batchllm.io.journal import JournalMismatchError
     from batchllm.stop_signals import StopSignals
 
-    problem = _input_problem(args.input) or _ray_problem(args)
+    problem = _ray_problem(args) or _input_problem(args.input)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -157,15 +158,20 @@ def _load_engine(args, config):
 
 def _ray_engine(args, config):
     """The engine for --ray: replicas on the Ray cluster (RAY_ADDRESS, else a local one)."""
+    import signal
+
     import torch
 
-    from batchllm.distributed.ray_dp import RayDPConfig
-    from batchllm.distributed.ray_engine import RayEngine, connect_ray
+    from batchllm.distributed.ray_dp import RAY_MISSING, RayDPConfig
+    from batchllm.distributed.ray_engine import RayEngine
 
     try:
-        connect_ray()
-    except RuntimeError as error:
-        raise ModelLoadError(str(error)) from None
+        import ray
+    except ImportError:
+        raise ModelLoadError(RAY_MISSING) from None
+    job_handler = signal.getsignal(signal.SIGTERM)
+    ray.init(ignore_reinit_error=True, configure_logging=False)
+    signal.signal(signal.SIGTERM, job_handler)  # ray.init's handler exits at once; the job's saves first
     gpus = 1 if torch.cuda.is_available() else 0
     return RayEngine(config, RayDPConfig(num_replicas=args.num_replicas, gpus_per_replica=gpus))
 

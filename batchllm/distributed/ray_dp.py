@@ -37,18 +37,10 @@ class RayDPConfig:
 
 
 @dataclass(frozen=True)
-class ReplicaError:
-    """A request the replica could not run (e.g. too long for its KV cache)."""
-
-    request_id: int
-    message: str
-
-
-@dataclass(frozen=True)
 class ShardUpdate:
     """What one replica sends after an engine step that finished requests."""
 
-    finished: list  # FinishedOutput or ReplicaError
+    finished: list  # FinishedOutput, `error` set for a request the replica could not run
     num_steps: int  # engine steps since the previous update
     num_new_tokens: int  # tokens generated since the previous update
     finished_at_s: float  # time.time() when the step ended on the replica
@@ -63,54 +55,54 @@ class EngineReplica:
         self.engine = LLMEngine(engine_config)
 
     def run_shard(self, requests: list) -> Iterator[ShardUpdate]:
-        """The engine runs in a thread: its on_step callback (after each step's finished requests)
-        is where an update is complete, and a callback cannot yield."""
+        """The engine runs in a thread: an update is complete in its on_step callback (after each
+        step's finished requests), and a callback cannot yield."""
+        from batchllm.engine.request_state import FinishedOutput
         from batchllm.request_limits import InvalidRequestError
 
-        runnable, errors = [], []
+        runnable, finished = [], []
         for request in requests:  # this replica's KV cache may be smaller than the driver assumed
             try:
-                runnable.append(dataclasses.replace(request, params=self.engine.limits.check(
-                    request.prompt_token_ids, request.params)))
+                params = self.engine.limits.check(request.prompt_token_ids, request.params)
+                runnable.append(dataclasses.replace(request, params=params))
             except InvalidRequestError as error:
-                errors.append(ReplicaError(request.request_id, str(error)))
-        if errors:
-            yield ShardUpdate(errors, 0, 0, time.time())
+                finished.append(FinishedOutput(request.request_id, [], [], "", "error", error=str(error)))
         updates: queue.Queue = queue.Queue()
-        threading.Thread(target=self._run, args=(runnable, updates), daemon=True).start()
-        while (update := updates.get()) is not None:
-            if isinstance(update, BaseException):
-                raise update
-            yield update
-
-    def _run(self, requests: list, updates: queue.Queue) -> None:
-        finished: list = []
         counts = [0, 0]  # steps, new tokens since the last update
 
         def on_step(num_finished: int, num_new_tokens: int) -> None:
-            counts[0] += 1
-            counts[1] += num_new_tokens
+            counts[0], counts[1] = counts[0] + 1, counts[1] + num_new_tokens
             if finished:
                 updates.put(ShardUpdate(finished.copy(), counts[0], counts[1], time.time()))
                 finished.clear()
                 counts[:] = [0, 0]
 
-        try:
-            for done in self.engine.run(requests, on_step=on_step):
-                finished.append(done)
-            updates.put(None)
-        except BaseException as error:  # re-raised in run_shard, where Ray reports it to the driver
-            updates.put(error)
+        def run() -> None:
+            try:
+                for done in self.engine.run(runnable, on_step=on_step):
+                    finished.append(done)
+                if finished:  # rejected requests, and no step ran
+                    updates.put(ShardUpdate(finished, 0, 0, time.time()))
+                updates.put(None)
+            except BaseException as error:  # re-raised below, where Ray reports it to the driver
+                updates.put(error)
+
+        threading.Thread(target=run, daemon=True).start()
+        while (update := updates.get()) is not None:
+            if isinstance(update, BaseException):
+                raise update
+            yield update
 
 
 def plan_shards(requests: Sequence, dp: RayDPConfig) -> list[list]:
     """PreparedRequests -> global plan, whole groups to num_replicas * shards_per_replica shards;
     the non-empty shards, costliest first (handed out in this order: longest processing time first)."""
     prompts = [request.prompt_token_ids for request in requests]
-    max_tokens = [request.params.max_tokens if request.params.max_tokens is not None else DEFAULT_COST_MAX_TOKENS
+    max_tokens = [DEFAULT_COST_MAX_TOKENS if request.params.max_tokens is None else request.params.max_tokens
                   for request in requests]
     plan = plan_replicas(prompts, max_tokens, dp.num_replicas * dp.shards_per_replica, dp.decode_token_weight)
-    shards = [plan.requests_of(shard).tolist() for shard in (-plan.replica_cost_tokens).argsort(kind="stable")]
+    costliest_first = (-plan.replica_cost_tokens).argsort(kind="stable")
+    shards = [plan.requests_of(shard).tolist() for shard in costliest_first]
     return [[requests[i] for i in shard] for shard in shards if shard]
 
 
@@ -122,9 +114,9 @@ def start_replicas(engine_config, dp: RayDPConfig) -> list:
     return [actor.remote(engine_config) for _ in range(dp.num_replicas)]
 
 
-def stream_shards(replicas: list, shards: list[list], stop_poll_s: float) -> Iterator[ShardUpdate | None]:
+def stream_shards(replicas: list, shards: list[list], stop_poll_s: float) -> Iterator[ShardUpdate]:
     """Runs the shards on the replicas (an idle replica takes the next shard) and yields every
-    update as it arrives, or None after stop_poll_s with nothing arriving (a chance to stop)."""
+    update as it arrives, or an empty one after stop_poll_s with nothing arriving (a chance to stop)."""
     import ray
 
     waiting = deque(shards)
@@ -139,7 +131,7 @@ def stream_shards(replicas: list, shards: list[list], stop_poll_s: float) -> Ite
     while running:
         ready, _ = ray.wait(list(running), num_returns=1, timeout=stop_poll_s)
         if not ready:
-            yield None
+            yield ShardUpdate([], 0, 0, time.time())
         for generator in ready:
             try:
                 ref = next(generator)
@@ -156,21 +148,14 @@ def kill_replicas(replicas: list) -> None:
         ray.kill(replica)
 
 
-def run_on_ray(engine_config, requests: Sequence, dp: RayDPConfig) -> Iterator[object]:
-    """Yields FinishedOutput (or ReplicaError) as replicas finish them (any order). Ray must be
-    initialised by the caller (ray.init(...) or an existing cluster)."""
-    if not requests:
-        return
-    replicas = start_replicas(engine_config, dp)
-    try:
-        for update in stream_shards(replicas, plan_shards(requests, dp), dp.stop_poll_s):
-            yield from update.finished if update is not None else ()
-    finally:
-        kill_replicas(replicas)
-
-
 def generate_on_ray(engine_config, requests: Sequence, dp: RayDPConfig) -> list[object]:
     """Python helper: every request's FinishedOutput (or ReplicaError), in request order.
-    requests: PreparedRequest with request_id = position in the list."""
-    finished = {done.request_id: done for done in run_on_ray(engine_config, requests, dp)}
+    requests: PreparedRequest with request_id = position in the list. Ray must be initialised by
+    the caller (ray.init(...) or an existing cluster)."""
+    replicas = start_replicas(engine_config, dp)
+    try:
+        updates = stream_shards(replicas, plan_shards(requests, dp), dp.stop_poll_s)
+        finished = {done.request_id: done for update in updates for done in update.finished}
+    finally:
+        kill_replicas(replicas)
     return [finished[request.request_id] for request in requests]

@@ -8,14 +8,11 @@ replicas live from the first window to the last; a stop or a failure kills them.
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 
 from batchllm.config import EngineConfig
-from batchllm.distributed.ray_dp import (RAY_MISSING, RayDPConfig, ReplicaError, kill_replicas, plan_shards,
-                                         start_replicas, stream_shards)
+from batchllm.distributed.ray_dp import RayDPConfig, kill_replicas, plan_shards, start_replicas, stream_shards
 from batchllm.engine.loading import model_len_limit
 from batchllm.engine.request_state import FinishedOutput, PreparedRequest, RunStats
 from batchllm.request_limits import RequestLimits
@@ -49,7 +46,7 @@ class RayEngine:
     ) -> Iterator[FinishedOutput]:
         """Yields each request as a replica finishes it (a request a replica rejected comes back as
         a FinishedOutput with `error` set). on_step(num_finished, num_new_tokens) after each update,
-        and (0, 0) every stop_poll_s while nothing arrives, so the caller can stop by raising."""
+        at least every stop_poll_s, so that the caller can stop by raising there."""
         stats = stats if stats is not None else RunStats()
         stats.num_requests += len(requests)
         stats.num_prompt_tokens += sum(len(request.prompt_token_ids) for request in requests)
@@ -60,16 +57,9 @@ class RayEngine:
             self.replicas = start_replicas(self.config, self.dp)
         try:
             for update in stream_shards(self.replicas, plan_shards(requests, self.dp), self.dp.stop_poll_s):
-                if update is None:  # nothing arrived for stop_poll_s
-                    if on_step is not None:
-                        on_step(0, 0)
-                    continue
                 stats.num_steps += update.num_steps
                 stats.num_output_tokens += update.num_new_tokens
-                for done in update.finished:
-                    if isinstance(done, ReplicaError):
-                        done = FinishedOutput(done.request_id, [], [], "", "error", error=done.message)
-                    yield done
+                yield from update.finished
                 if on_step is not None:
                     on_step(len(update.finished), update.num_new_tokens)
         except BaseException:  # a stop, a failure or an abandoned run: the replicas may be mid-shard
@@ -83,16 +73,3 @@ class RayEngine:
             kill_replicas(self.replicas)
             self.replicas = None
 
-
-def connect_ray(address: str | None = None) -> None:
-    """ray.init for the CLI, keeping the batch job's SIGTERM handling (ray.init installs its own,
-    which exits at once); RuntimeError naming the fix if Ray is not installed."""
-    try:
-        import ray
-    except ImportError:
-        raise RuntimeError(RAY_MISSING) from None
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    handler = signal.getsignal(signal.SIGTERM) if in_main_thread else None
-    ray.init(address=address, ignore_reinit_error=True, configure_logging=False)
-    if in_main_thread:
-        signal.signal(signal.SIGTERM, handler)

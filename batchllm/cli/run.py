@@ -173,7 +173,10 @@ def _ray_engine(args, config):
     ray.init(ignore_reinit_error=True, configure_logging=False)
     signal.signal(signal.SIGTERM, job_handler)  # ray.init's handler exits at once; the job's saves first
     gpus = 1 if torch.cuda.is_available() else 0
-    return RayEngine(config, RayDPConfig(num_replicas=args.num_replicas, gpus_per_replica=gpus))
+    try:
+        return RayEngine(config, RayDPConfig(num_replicas=args.num_replicas, gpus_per_replica=gpus))
+    except ray.exceptions.RayError as error:
+        raise ModelLoadError(f"a Ray replica could not load the model: {error}") from None
 
 
 def _ray_problem(args) -> str | None:

@@ -54,6 +54,10 @@ class EngineReplica:
 
         self.engine = LLMEngine(engine_config)
 
+    def limits(self):
+        """This replica's RequestLimits (its context and KV cache)."""
+        return self.engine.limits
+
     def run_shard(self, requests: list) -> Iterator[ShardUpdate]:
         """The engine runs in a thread: an update is complete in its on_step callback (after each
         step's finished requests), and a callback cannot yield."""

@@ -2,8 +2,9 @@
 
 The job itself is the single-process one, so a Ray run resumes like a local one and either can
 resume the other's journal (docs/scale-out.md). Only the engine differs: the driver tokenizes and
-checks lengths without loading any weights, and the replicas run whole prefix groups (ray_dp). The
-replicas live from the first window to the last; a stop or a failure kills them.
+checks lengths (against the replicas' limits) without loading any weights, and the replicas run
+whole prefix groups (ray_dp). They live from engine load to the last window; a stop or a failure
+kills them, and the next run starts new ones.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from collections.abc import Callable, Iterator
 
 from batchllm.config import EngineConfig
 from batchllm.distributed.ray_dp import RayDPConfig, kill_replicas, plan_shards, start_replicas, stream_shards
-from batchllm.engine.loading import model_len_limit
 from batchllm.engine.request_state import FinishedOutput, PreparedRequest, RunStats
 from batchllm.request_limits import RequestLimits
 
@@ -22,21 +22,20 @@ class RayEngine:
     """Duck-types the parts of LLMEngine that the batch job uses (run, limits, tokenizer)."""
 
     def __init__(self, config: EngineConfig, dp: RayDPConfig) -> None:
+        """Starts the replicas and waits for their models: a replica that cannot load fails here."""
+        import ray
+
         from batchllm.models.loader import describe_model
         from batchllm.tokenizer import load_tokenizer
 
         description = describe_model(config.model)
         self.config, self.dp = config, dp
-        self.replicas: list | None = None  # actor handles, started by the first run
         self.arch, self.model_name = description.config, description.name
         self.tokenizer = load_tokenizer(description.tokenizer_source)
-        max_model_len = model_len_limit(config, self.arch)
-        # The driver cannot see a replica's free GPU memory: it checks against the configured KV
-        # size (or the context); a replica whose cache is smaller answers that request with an error.
-        kv_tokens = config.kv_cache_tokens or max_model_len
-        block_size = config.scheduler.block_size
-        self.limits = RequestLimits(max_model_len, -(-kv_tokens // block_size), block_size, self.arch.vocab_size,
-                                    config.scheduler.kv_memory_threshold)
+        self.replicas: list | None = start_replicas(config, dp)  # None after a stop or a failure
+        # Requests are checked against the smallest replica KV cache (each replica checks again).
+        replica_limits = ray.get([replica.limits.remote() for replica in self.replicas])
+        self.limits: RequestLimits = min(replica_limits, key=lambda limits: limits.token_limit)
 
     def run(
         self,

@@ -34,7 +34,11 @@ class RayEngine:
         self.tokenizer = load_tokenizer(description.tokenizer_source)
         self.replicas: list | None = start_replicas(config, dp)  # None after a stop or a failure
         # Requests are checked against the smallest replica KV cache (each replica checks again).
-        replica_limits = ray.get([replica.limits.remote() for replica in self.replicas])
+        try:
+            replica_limits = ray.get([replica.limits.remote() for replica in self.replicas])
+        except BaseException:
+            self.shutdown()
+            raise
         self.limits: RequestLimits = min(replica_limits, key=lambda limits: limits.token_limit)
 
     def run(

@@ -21,7 +21,12 @@ install: $(BIN)/.installed
 run: $(BIN)/.installed
 	$(BIN)/batchllm run examples/batch.jsonl -o results/batch_output.jsonl --overwrite
 
-test: $(BIN)/.installed
+# The test suite also runs the Ray data-parallel path: the ray extra (pinned in pyproject.toml).
+$(BIN)/.installed-ray: $(BIN)/.installed
+	$(BIN)/pip install -q -e ".[dev,ray]"
+	touch $@
+
+test: $(BIN)/.installed-ray
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 clean:

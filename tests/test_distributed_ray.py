@@ -1,32 +1,30 @@
-"""Data parallelism on a local Ray cluster (2 replicas, 2 CPUs, ~100 MB object store): the outputs
-equal a single-process run. Skipped where Ray is not installed (CI installs .[dev] only)."""
+"""Data parallelism on a local Ray cluster (2 replicas): the outputs equal a single-process run,
+results stream back as each request finishes, and a Ray job journals, counts steps, stops and
+resumes like a local one."""
 
 from __future__ import annotations
 
 import json
+import statistics
+import time
 
 import numpy as np
 import pytest
 
-ray = pytest.importorskip("ray", reason="Ray is not installed (optional extra: pip install 'batchllm[ray]')")
-pytest.importorskip("ray.data", reason="ray[data] is not installed (optional extra: pip install 'batchllm[ray]')")
+from model_helpers import normalized_records
 
-from batchllm.config import EngineConfig  # noqa: E402
-from batchllm.batch_job import BatchJobOptions, run_batch_file  # noqa: E402
-from batchllm.distributed.ray_dp import RayDPConfig, ReplicaError, generate_on_ray  # noqa: E402
-from batchllm.distributed.ray_engine import RayEngine  # noqa: E402
-from batchllm.engine.llm_engine import LLMEngine, PreparedRequest  # noqa: E402
-from batchllm.sampling_params import SamplingParams  # noqa: E402
+from batchllm.batch_job import BatchJobOptions, StopRequest, run_batch_file
+from batchllm.config import EngineConfig
+from batchllm.distributed.ray_dp import (RayDPConfig, generate_on_ray, kill_replicas, plan_shards,
+                                         start_replicas, stream_shards)
+from batchllm.distributed.ray_engine import RayEngine
+from batchllm.engine.llm_engine import LLMEngine, PreparedRequest
+from batchllm.sampling_params import SamplingParams
+
+pytest_plugins = ["ray_fixtures"]  # ray_address: skips where Ray is not installed
 
 CONFIG = EngineConfig(model="random:tiny?seed=5", dtype="float32", device="cpu", kv_cache_tokens=1024)
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, object_store_memory=100 * 2**20, include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
-    yield
-    ray.shutdown()
+DP = RayDPConfig(num_replicas=2, cpus_per_replica=1.0)
 
 
 def _requests() -> list[PreparedRequest]:
@@ -41,25 +39,26 @@ def _requests() -> list[PreparedRequest]:
     return requests
 
 
-def test_ray_replicas_equal_single_process(local_ray, tmp_path):
+def test_ray_replicas_equal_single_process(ray_address, tmp_path):
     requests = _requests()
     single = {o.request_id: o.output_token_ids for o in LLMEngine(CONFIG).run(requests[:12])}
-    outputs = generate_on_ray(CONFIG, requests, RayDPConfig(num_replicas=2, cpus_per_replica=0.5, stream_every=4))
+    outputs = generate_on_ray(CONFIG, requests, RayDPConfig(num_replicas=2, shards_per_replica=3))
     assert [o.request_id for o in outputs] == list(range(13))
     assert {o.request_id: o.output_token_ids for o in outputs[:12]} == single
-    assert isinstance(outputs[12], ReplicaError) and "prompt has 1097 tokens" in outputs[12].message
+    assert outputs[12].finish_reason == "error" and "prompt has 1097 tokens" in outputs[12].error
 
     # The CLI path (`batchllm run --ray`): the single-process batch job with the Ray engine gives
-    # the same file as the single-process engine, errors included.
+    # the same file as the single-process engine, errors included, and counts the replicas' steps.
     lines = [{"custom_id": f"q{r.request_id}", "prompt_token_ids": r.prompt_token_ids, "max_tokens": 6,
               "temperature": r.params.temperature, "ignore_eos": True} for r in requests[:12]]
     lines.append({"custom_id": "huge", "prompt_token_ids": requests[12].prompt_token_ids, "max_tokens": 4})
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps(line) + "\n" for line in lines) + "not json\n")
     options = BatchJobOptions(show_progress=False)
-    run_batch_file(RayEngine(CONFIG, RayDPConfig(num_replicas=2, cpus_per_replica=0.5)), str(source),
-                   str(tmp_path / "ray.jsonl"), options=options)
-    run_batch_file(LLMEngine(CONFIG), str(source), str(tmp_path / "local.jsonl"), options=options)
+    engine = RayEngine(CONFIG, DP)
+    summary = run_batch_file(engine, str(source), str(tmp_path / "ray.jsonl"), options=options)
+    engine.shutdown()
+    local = run_batch_file(LLMEngine(CONFIG), str(source), str(tmp_path / "local.jsonl"), options=options)
 
     def comparable(path):
         records = [json.loads(line) for line in (tmp_path / path).read_text().splitlines()]
@@ -69,37 +68,86 @@ def test_ray_replicas_equal_single_process(local_ray, tmp_path):
     assert comparable("ray.jsonl") == comparable("local.jsonl")
     assert comparable("ray.jsonl") == [(f"q{i}", 6) for i in range(12)] + [("huge", "prompt_too_long"), (None, "invalid_json")]
     assert not (tmp_path / "ray.jsonl.partial").exists()
+    # Each replica runs at least 6 steps (6 tokens each); together never fewer than one process.
+    assert summary.num_steps >= max(12, local.num_steps // 2)
+    assert f"{summary.num_steps} steps)" in summary.describe()
+    assert summary.num_output_tokens == local.num_output_tokens == 72
 
 
-class _StopAfter:
-    """A StopRequest that asks to stop after being polled `polls` times (a signal mid-job)."""
+def test_results_stream_as_they_finish(ray_address):
+    """Short and long requests share each replica's shard: the short ones reach the driver after a
+    few engine steps, long before the shard's last result (not at the end of the shard)."""
+    rng = np.random.default_rng(2)
+    prefixes = [rng.integers(3, 500, 24).tolist() for _ in range(2)]
+    requests = []
+    for i in range(12):
+        max_tokens = 2 if i % 4 < 2 else 160
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        requests.append(PreparedRequest(i, prefixes[i % 2] + rng.integers(3, 500, 4).tolist(), params))
+    short = {r.request_id for r in requests if r.params.max_tokens == 2}
+    shards = plan_shards(requests, DP)
+    mixed = [{r.request_id for r in shard} for shard in shards]
+    assert sum(bool(ids & short) and bool(ids - short) for ids in mixed) >= 1
+    shard_of = {r.request_id: index for index, shard in enumerate(shards) for r in shard}
+    replicas = start_replicas(CONFIG, DP)
+    arrival: dict[int, tuple[float, int]] = {}  # request id -> (driver time, its shard's engine steps so far)
+    shard_steps, delays_s = [0] * len(shards), []
+    try:
+        for update in stream_shards(replicas, shards, DP.stop_poll_s):
+            if not update.finished:  # nothing arrived for stop_poll_s
+                continue
+            now = time.time()
+            shard = shard_of[update.finished[0].request_id]  # an update comes from one shard
+            assert {shard_of[done.request_id] for done in update.finished} == {shard}
+            shard_steps[shard] += update.num_steps
+            delays_s.append(now - update.finished_at_s)
+            arrival.update({done.request_id: (now, shard_steps[shard]) for done in update.finished})
+    finally:
+        kill_replicas(replicas)
+    assert sorted(arrival) == list(range(12))
+    for ids in mixed:
+        last_time, last_steps = max(arrival[i] for i in ids)
+        assert last_steps >= 160
+        for i in ids & short:  # a handful of steps (prefill + 2), not the shard's 160
+            time_s, steps = arrival[i]
+            assert steps <= last_steps // 4, (i, steps, last_steps)
+            assert time_s < min(arrival[j][0] for j in ids - short)
+    assert statistics.median(delays_s) < 2.0, delays_s
 
-    def __init__(self, polls: int) -> None:
-        self.polls, self.signal_name, self.exit_code = polls, None, 0
 
-    @property
-    def requested(self) -> bool:
-        self.polls -= 1
-        if self.polls < 0:
-            self.signal_name, self.exit_code = "SIGTERM", 143
-        return self.signal_name is not None
+class _StopAfterResults:
+    """Wraps an engine: once `after` results came out of a run, asks the job to stop as SIGTERM does."""
+
+    def __init__(self, engine, stop: StopRequest, after: int) -> None:
+        self.engine, self.stop, self.after = engine, stop, after
+
+    def __getattr__(self, name: str):
+        return getattr(self.engine, name)
+
+    def run(self, *args, **kwargs):
+        for count, done in enumerate(self.engine.run(*args, **kwargs), 1):
+            yield done
+            if count == self.after:
+                self.stop.signal_name, self.stop.exit_code = "SIGTERM", 143
 
 
-def test_ray_run_resumes_a_local_journal(local_ray, tmp_path):
-    lines = [{"custom_id": f"q{r.request_id}", "prompt_token_ids": r.prompt_token_ids, "max_tokens": 6,
-              "temperature": 0.0, "ignore_eos": True} for r in _requests()[:12]]
+def test_ray_job_stops_mid_run_and_resumes(ray_address, tmp_path):
+    """A local run stops, Ray resumes its journal; Ray stops (its replicas are killed), a local run
+    resumes it: both files equal an uninterrupted run."""
+    lines = [{"custom_id": f"q{r.request_id}", "prompt_token_ids": r.prompt_token_ids,
+              "max_tokens": 4 if r.request_id % 3 else 40, "temperature": 0.0, "ignore_eos": True}
+             for r in _requests()[:12]]
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    options = BatchJobOptions(show_progress=False, window_num_requests=4)
-    engine = LLMEngine(CONFIG)
+    options = BatchJobOptions(show_progress=False, window_num_requests=6)
+    engine, ray_engine = LLMEngine(CONFIG), RayEngine(CONFIG, DP)
     run_batch_file(engine, str(source), str(tmp_path / "full.jsonl"), options=options)
-    stopped = run_batch_file(engine, str(source), str(tmp_path / "out.jsonl"), options=options, stop=_StopAfter(14))
-    assert stopped.interrupted_by == "SIGTERM" and 0 < stopped.num_requests < 12
-    resumed = run_batch_file(RayEngine(CONFIG, RayDPConfig(num_replicas=2, cpus_per_replica=0.5)), str(source),
-                             str(tmp_path / "out.jsonl"), options=options)
-    assert resumed.num_resumed == stopped.num_requests
-
-    def tokens(path):
-        return [(r["custom_id"], r["response"]["body"]["usage"]) for r in map(json.loads, path.read_text().splitlines())]
-
-    assert tokens(tmp_path / "out.jsonl") == tokens(tmp_path / "full.jsonl")
+    for first, second, name in ((engine, ray_engine, "a.jsonl"), (ray_engine, engine, "b.jsonl")):
+        stop = StopRequest()
+        stopped = run_batch_file(_StopAfterResults(first, stop, 1), str(source), str(tmp_path / name),
+                                 options=options, stop=stop)
+        assert stopped.interrupted_by == "SIGTERM" and 0 < stopped.num_requests < 6, stopped
+        assert (ray_engine.replicas is None) == (first is ray_engine)
+        resumed = run_batch_file(second, str(source), str(tmp_path / name), options=options)
+        assert resumed.num_resumed == stopped.num_requests
+        assert normalized_records(tmp_path / name) == normalized_records(tmp_path / "full.jsonl")

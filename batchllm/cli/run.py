@@ -38,9 +38,11 @@ def add_parser(subparsers) -> None:
     add_engine_arguments(parser)
     parser.add_argument("--errors", metavar="FILE", help="also write the error records to FILE")
     parser.add_argument("--ray", action="store_true",
-                        help="data parallel on Ray (pip install 'batchllm[ray]'): each window's prefix groups "
-                             "are planned together, then whole groups go to --num-replicas engine replicas; "
-                             "journal and resume as without --ray")
+                        help="data parallel on Ray (pip install 'batchllm[ray]'; the cluster in "
+                             "RAY_ADDRESS, else a local one): each window's prefix groups are planned "
+                             "together, then whole groups go to --num-replicas engine replicas, and each "
+                             "request is journaled as its replica finishes it; resume as without --ray. "
+                             "Not with --tensor-parallel-size")
     parser.add_argument("--num-replicas", type=int, default=2, help="Ray replicas (with --ray)")
     parser.add_argument("--order", default="input", choices=["input", "finish"],
                         help="output order: input (default; the file is rewritten at the end) or finish "
@@ -111,7 +113,7 @@ def run_command(args) -> int:
     from batchllm.io.journal import JournalMismatchError
     from batchllm.stop_signals import StopSignals
 
-    problem = _input_problem(args.input)
+    problem = _ray_problem(args) or _input_problem(args.input)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -155,7 +157,9 @@ def _load_engine(args, config):
 
 
 def _ray_engine(args, config):
-    """The engine for --ray: replicas on the local or connected Ray cluster."""
+    """The engine for --ray: replicas on the Ray cluster (RAY_ADDRESS, else a local one)."""
+    import signal
+
     import torch
 
     from batchllm.distributed.ray_dp import RAY_MISSING, RayDPConfig
@@ -165,9 +169,23 @@ def _ray_engine(args, config):
         import ray
     except ImportError:
         raise ModelLoadError(RAY_MISSING) from None
-    ray.init(ignore_reinit_error=True)
+    job_handler = signal.getsignal(signal.SIGTERM)
+    ray.init(ignore_reinit_error=True, configure_logging=False)
+    signal.signal(signal.SIGTERM, job_handler)  # ray.init's handler exits at once; the job's saves first
     gpus = 1 if torch.cuda.is_available() else 0
-    return RayEngine(config, RayDPConfig(num_replicas=args.num_replicas, gpus_per_replica=gpus))
+    try:
+        return RayEngine(config, RayDPConfig(num_replicas=args.num_replicas, gpus_per_replica=gpus))
+    except ray.exceptions.RayError as error:
+        raise ModelLoadError(f"a Ray replica could not load the model: {error}") from None
+
+
+def _ray_problem(args) -> str | None:
+    if args.ray and args.tensor_parallel_size > 1:
+        return ("--tensor-parallel-size > 1 does not work with --ray (each replica runs one unsplit engine): "
+                "drop one of them")
+    if args.ray and args.num_replicas < 1:
+        return f"--num-replicas must be >= 1, got {args.num_replicas}"
+    return None
 
 
 def _input_problem(path: str) -> str | None:

@@ -1,115 +1,165 @@
-"""Data parallelism on Ray Data (optional extra: pip install 'batchllm[ray]').
+"""Data parallelism on Ray actors (optional extra: pip install 'batchllm[ray]').
 
 The driver plans prefix groups over the WHOLE batch and assigns whole groups to shards
-(dp_plan); Ray Data runs one LLMEngine per replica over one shard per input row and streams the
-finished requests back. Why pre-bucketed shards rather than Ray's own grouping:
-docs/scale-out.md ("Data parallelism on Ray Data").
+(dp_plan); one actor per replica holds an LLMEngine and runs one shard at a time as a Ray
+streaming generator that yields after every engine step that finished a request, so results
+reach the driver as they finish. Why: docs/scale-out.md ("Data parallelism on Ray").
 """
 
 from __future__ import annotations
 
 import dataclasses
-import pickle
+import queue
+import threading
+import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-import numpy as np
+from batchllm.distributed.dp_plan import plan_replicas
 
-from batchllm.distributed.dp_plan import ReplicaPlan, plan_replicas
-
-RAY_MISSING = "Ray is not installed: pip install 'batchllm[ray]' (ray[data])"
+RAY_MISSING = "Ray is not installed: pip install 'batchllm[ray]'"
 DEFAULT_COST_MAX_TOKENS = 256  # decode tokens assumed for cost when a request has no max_tokens
 
 
 @dataclass(frozen=True)
 class RayDPConfig:
     num_replicas: int = 2
-    gpus_per_replica: float = 0.0  # 1 per replica on GPU clusters (tensor parallel inside: more)
+    gpus_per_replica: float = 0.0  # 1 per replica on GPU clusters
     cpus_per_replica: float = 1.0
-    shards_per_replica: int = 1  # >1: smaller shards, Ray balances them dynamically over replicas
-    stream_every: int = 64  # finished requests per streamed batch
+    shards_per_replica: int = 1  # >1: smaller shards, handed to whichever replica is idle (dynamic balance)
     decode_token_weight: float = 1.0  # cost of a decode token relative to a prefill token
+    stop_poll_s: float = 0.5  # with nothing arriving, the driver checks for a stop this often
 
     def __post_init__(self) -> None:
-        if self.num_replicas < 1 or self.shards_per_replica < 1 or self.stream_every < 1:
-            raise ValueError("num_replicas, shards_per_replica and stream_every must be >= 1")
+        if self.num_replicas < 1 or self.shards_per_replica < 1 or self.stop_poll_s <= 0:
+            raise ValueError("num_replicas and shards_per_replica must be >= 1, stop_poll_s > 0")
 
 
 @dataclass(frozen=True)
-class ReplicaError:
-    """A request the replica could not run (e.g. too long for its KV cache)."""
+class ShardUpdate:
+    """What one replica sends after an engine step that finished requests."""
 
-    request_id: int
-    message: str
+    finished: list  # FinishedOutput, `error` set for a request the replica could not run
+    num_steps: int  # engine steps since the previous update
+    num_new_tokens: int  # tokens generated since the previous update
+    finished_at_s: float  # time.time() when the step ended on the replica
 
 
 class EngineReplica:
-    """Ray Data class UDF: one LLMEngine per actor, one shard per call."""
+    """A Ray actor: one LLMEngine; run_shard streams one shard's results step by step."""
 
-    def __init__(self, engine_config, stream_every: int) -> None:
+    def __init__(self, engine_config) -> None:
         from batchllm.engine.llm_engine import LLMEngine
 
         self.engine = LLMEngine(engine_config)
-        self.stream_every = stream_every
 
-    def __call__(self, batch: dict) -> Iterator[dict]:
+    def limits(self):
+        """This replica's RequestLimits (its context and KV cache)."""
+        return self.engine.limits
+
+    def run_shard(self, requests: list) -> Iterator[ShardUpdate]:
+        """The engine runs in a thread: an update is complete in its on_step callback (after each
+        step's finished requests), and a callback cannot yield."""
+        from batchllm.engine.request_state import FinishedOutput
         from batchllm.request_limits import InvalidRequestError
 
-        for payload in batch["payload"]:
-            requests = pickle.loads(payload)
-            runnable, errors = [], []
-            limits = self.engine.limits  # this replica's KV cache, maybe smaller than the driver assumed
-            for request in requests:
-                try:
-                    params = limits.check(request.prompt_token_ids, request.params)
-                    runnable.append(dataclasses.replace(request, params=params))
-                except InvalidRequestError as error:
-                    errors.append(ReplicaError(request.request_id, str(error)))
-            pending: list = list(errors)
-            for done in self.engine.run(runnable):
-                pending.append(done)
-                if len(pending) >= self.stream_every:
-                    yield {"payload": np.array([pickle.dumps(pending)], dtype=object)}
-                    pending = []
-            if pending:
-                yield {"payload": np.array([pickle.dumps(pending)], dtype=object)}
+        runnable, finished = [], []
+        for request in requests:  # this replica's KV cache may be smaller than the driver assumed
+            try:
+                params = self.engine.limits.check(request.prompt_token_ids, request.params)
+                runnable.append(dataclasses.replace(request, params=params))
+            except InvalidRequestError as error:
+                finished.append(FinishedOutput(request.request_id, [], [], "", "error", error=str(error)))
+        updates: queue.Queue = queue.Queue()
+        counts = [0, 0]  # steps, new tokens since the last update
+
+        def on_step(num_finished: int, num_new_tokens: int) -> None:
+            counts[0], counts[1] = counts[0] + 1, counts[1] + num_new_tokens
+            if finished:
+                updates.put(ShardUpdate(finished.copy(), counts[0], counts[1], time.time()))
+                finished.clear()
+                counts[:] = [0, 0]
+
+        def run() -> None:
+            try:
+                for done in self.engine.run(runnable, on_step=on_step):
+                    finished.append(done)
+                if finished:  # rejected requests, and no step ran
+                    updates.put(ShardUpdate(finished, 0, 0, time.time()))
+                updates.put(None)
+            except BaseException as error:  # re-raised below, where Ray reports it to the driver
+                updates.put(error)
+
+        threading.Thread(target=run, daemon=True).start()
+        while (update := updates.get()) is not None:
+            if isinstance(update, BaseException):
+                raise update
+            yield update
 
 
-def plan_shards(requests: Sequence, dp: RayDPConfig) -> ReplicaPlan:
-    """PreparedRequests -> global plan, whole groups to num_replicas * shards_per_replica shards."""
+def plan_shards(requests: Sequence, dp: RayDPConfig) -> list[list]:
+    """PreparedRequests -> global plan, whole groups to num_replicas * shards_per_replica shards;
+    the non-empty shards, costliest first (handed out in this order: longest processing time first)."""
     prompts = [request.prompt_token_ids for request in requests]
-    max_tokens = [request.params.max_tokens if request.params.max_tokens is not None else DEFAULT_COST_MAX_TOKENS
+    max_tokens = [DEFAULT_COST_MAX_TOKENS if request.params.max_tokens is None else request.params.max_tokens
                   for request in requests]
-    return plan_replicas(prompts, max_tokens, dp.num_replicas * dp.shards_per_replica, dp.decode_token_weight)
+    plan = plan_replicas(prompts, max_tokens, dp.num_replicas * dp.shards_per_replica, dp.decode_token_weight)
+    costliest_first = (-plan.replica_cost_tokens).argsort(kind="stable")
+    shards = [plan.requests_of(shard).tolist() for shard in costliest_first]
+    return [[requests[i] for i in shard] for shard in shards if shard]
 
 
-def run_on_ray(engine_config, requests: Sequence, dp: RayDPConfig) -> Iterator[object]:
-    """Yields FinishedOutput (or ReplicaError) as replicas finish them (any order). Ray must be
-    initialised by the caller (ray.init(...) or an existing cluster)."""
-    try:
-        import ray
-    except ImportError as error:
-        raise RuntimeError(RAY_MISSING) from error
-    if not requests:
-        return
-    plan = plan_shards(requests, dp)
-    rows = []
-    for shard in range(plan.num_replicas):
-        indices = plan.requests_of(shard)
-        if indices.size:
-            rows.append({"shard": shard, "payload": pickle.dumps([requests[i] for i in indices.tolist()])})
-    dataset = ray.data.from_items(rows, override_num_blocks=len(rows))
-    results = dataset.map_batches(
-        EngineReplica, fn_constructor_args=(engine_config, dp.stream_every), batch_size=1, batch_format="numpy",
-        concurrency=dp.num_replicas, num_gpus=dp.gpus_per_replica, num_cpus=dp.cpus_per_replica,
-    )
-    for batch in results.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=0):
-        for payload in batch["payload"]:
-            yield from pickle.loads(payload)
+def start_replicas(engine_config, dp: RayDPConfig) -> list:
+    """num_replicas actors on the connected Ray cluster (each loads the model when it starts)."""
+    import ray
+
+    actor = ray.remote(EngineReplica).options(num_gpus=dp.gpus_per_replica, num_cpus=dp.cpus_per_replica)
+    return [actor.remote(engine_config) for _ in range(dp.num_replicas)]
+
+
+def stream_shards(replicas: list, shards: list[list], stop_poll_s: float) -> Iterator[ShardUpdate]:
+    """Runs the shards on the replicas (an idle replica takes the next shard) and yields every
+    update as it arrives, or an empty one after stop_poll_s with nothing arriving (a chance to stop)."""
+    import ray
+
+    waiting = deque(shards)
+    running: dict = {}  # ObjectRefGenerator -> its replica
+
+    def start(replica) -> None:
+        if waiting:
+            running[replica.run_shard.remote(waiting.popleft())] = replica
+
+    for replica in replicas:
+        start(replica)
+    while running:
+        ready, _ = ray.wait(list(running), num_returns=1, timeout=stop_poll_s)
+        if not ready:
+            yield ShardUpdate([], 0, 0, time.time())
+        for generator in ready:
+            try:
+                ref = next(generator)
+            except StopIteration:
+                start(running.pop(generator))
+                continue
+            yield ray.get(ref)
+
+
+def kill_replicas(replicas: list) -> None:
+    import ray
+
+    for replica in replicas:
+        ray.kill(replica)
 
 
 def generate_on_ray(engine_config, requests: Sequence, dp: RayDPConfig) -> list[object]:
     """Python helper: every request's FinishedOutput (or ReplicaError), in request order.
-    requests: PreparedRequest with request_id = position in the list."""
-    finished = {done.request_id: done for done in run_on_ray(engine_config, requests, dp)}
+    requests: PreparedRequest with request_id = position in the list. Ray must be initialised by
+    the caller (ray.init(...) or an existing cluster)."""
+    replicas = start_replicas(engine_config, dp)
+    try:
+        updates = stream_shards(replicas, plan_shards(requests, dp), dp.stop_poll_s)
+        finished = {done.request_id: done for update in updates for done in update.finished}
+    finally:
+        kill_replicas(replicas)
     return [finished[request.request_id] for request in requests]

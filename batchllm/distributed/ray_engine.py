@@ -2,7 +2,9 @@
 
 The job itself is the single-process one, so a Ray run resumes like a local one and either can
 resume the other's journal (docs/scale-out.md). Only the engine differs: the driver tokenizes and
-checks lengths without loading any weights, and the replicas run whole prefix groups (run_on_ray).
+checks lengths (against the replicas' limits) without loading any weights, and the replicas run
+whole prefix groups (ray_dp). They live from engine load to the last window; a stop or a failure
+kills them, and the next run starts new ones.
 """
 
 from __future__ import annotations
@@ -11,8 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from batchllm.config import EngineConfig
-from batchllm.distributed.ray_dp import RayDPConfig, ReplicaError, run_on_ray
-from batchllm.engine.loading import model_len_limit
+from batchllm.distributed.ray_dp import RayDPConfig, kill_replicas, plan_shards, start_replicas, stream_shards
 from batchllm.engine.request_state import FinishedOutput, PreparedRequest, RunStats
 from batchllm.request_limits import RequestLimits
 
@@ -21,6 +22,9 @@ class RayEngine:
     """Duck-types the parts of LLMEngine that the batch job uses (run, limits, tokenizer)."""
 
     def __init__(self, config: EngineConfig, dp: RayDPConfig) -> None:
+        """Starts the replicas and waits for their models: a replica that cannot load fails here."""
+        import ray
+
         from batchllm.models.loader import describe_model
         from batchllm.tokenizer import load_tokenizer
 
@@ -28,13 +32,14 @@ class RayEngine:
         self.config, self.dp = config, dp
         self.arch, self.model_name = description.config, description.name
         self.tokenizer = load_tokenizer(description.tokenizer_source)
-        max_model_len = model_len_limit(config, self.arch)
-        # The driver cannot see a replica's free GPU memory: it checks against the configured KV
-        # size (or the context); a replica whose cache is smaller answers that request with an error.
-        kv_tokens = config.kv_cache_tokens or max_model_len
-        block_size = config.scheduler.block_size
-        self.limits = RequestLimits(max_model_len, -(-kv_tokens // block_size), block_size, self.arch.vocab_size,
-                                    config.scheduler.kv_memory_threshold)
+        self.replicas: list | None = start_replicas(config, dp)  # None after a stop or a failure
+        # Requests are checked against the smallest replica KV cache (each replica checks again).
+        try:
+            replica_limits = ray.get([replica.limits.remote() for replica in self.replicas])
+        except BaseException:
+            self.shutdown()
+            raise
+        self.limits: RequestLimits = min(replica_limits, key=lambda limits: limits.token_limit)
 
     def run(
         self,
@@ -42,17 +47,32 @@ class RayEngine:
         on_step: Callable[[int, int], None] | None = None,
         stats: RunStats | None = None,
     ) -> Iterator[FinishedOutput]:
-        """Yields each request as a replica finishes it; a request a replica rejected comes back
-        as a FinishedOutput with `error` set."""
+        """Yields each request as a replica finishes it (a request a replica rejected comes back as
+        a FinishedOutput with `error` set). on_step(num_finished, num_new_tokens) after each update,
+        at least every stop_poll_s, so that the caller can stop by raising there."""
         stats = stats if stats is not None else RunStats()
         stats.num_requests += len(requests)
         stats.num_prompt_tokens += sum(len(request.prompt_token_ids) for request in requests)
+        if not requests:
+            return
         started = time.perf_counter()
-        for done in run_on_ray(self.config, requests, self.dp):
-            if isinstance(done, ReplicaError):
-                done = FinishedOutput(done.request_id, [], [], "", "error", error=done.message)
-            stats.num_output_tokens += len(done.output_token_ids)
-            yield done
-            if on_step is not None:
-                on_step(1, len(done.output_token_ids))
-        stats.seconds += time.perf_counter() - started
+        if self.replicas is None:
+            self.replicas = start_replicas(self.config, self.dp)
+        try:
+            for update in stream_shards(self.replicas, plan_shards(requests, self.dp), self.dp.stop_poll_s):
+                stats.num_steps += update.num_steps
+                stats.num_output_tokens += update.num_new_tokens
+                yield from update.finished
+                if on_step is not None:
+                    on_step(len(update.finished), update.num_new_tokens)
+        except BaseException:  # a stop, a failure or an abandoned run: the replicas may be mid-shard
+            self.shutdown()
+            raise
+        finally:
+            stats.seconds += time.perf_counter() - started
+
+    def shutdown(self) -> None:
+        if self.replicas is not None:
+            kill_replicas(self.replicas)
+            self.replicas = None
+

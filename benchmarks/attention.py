@@ -38,7 +38,7 @@ import time
 import numpy as np
 import torch
 
-from batchllm.ops.paged_attention import build_paged_plan
+from batchllm.ops.work_list import build_prefix_shared_plan as build_paged_plan
 from batchllm.ops.prefix_attention import prefix_shared_attention
 from batchllm.ops.reference import paged_attention_reference
 from batchllm.ops.tile_config import TileConfig, default_tile_config

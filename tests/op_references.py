@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from batchllm.ops.paged_attention import build_paged_plan
+from batchllm.ops.work_list import build_prefix_shared_plan as build_paged_plan
 from batchllm.ops.prefix_attention import prefix_shared_attention
 from batchllm.ops.reference import kv_slots_of_seq, visible_kv
 from batchllm.ops.validation import check

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from batchllm.ops.paged_attention import build_paged_plan
+from batchllm.ops.work_list import build_prefix_shared_plan as build_paged_plan
 from batchllm.ops.reference import paged_attention_reference
 from op_references import paged_attention
 from synthetic_batch import SeqSpec, make_batch

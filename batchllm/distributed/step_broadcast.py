@@ -22,7 +22,7 @@ def pack_step_inputs(inputs: StepInputs) -> tuple[np.ndarray, np.ndarray]:
     """-> (header [8] int64, body [n] int64)."""
     num_seqs, max_blocks = inputs.block_tables.shape
     header = np.array([COMMAND_STEP, inputs.num_tokens, num_seqs, max_blocks, inputs.sample_rows.size,
-                       inputs.max_seq_len, 0, 0], dtype=np.int64)
+                       0, 0, 0], dtype=np.int64)
     body = np.concatenate([
         inputs.input_ids, inputs.positions, inputs.slot_mapping, inputs.query_start_loc, inputs.seq_lens,
         inputs.shared_kv_lens, inputs.group_ids, inputs.is_prefix, inputs.block_tables.ravel(),

@@ -29,10 +29,6 @@ class StepInputs:
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
 
-    @property
-    def max_seq_len(self) -> int:
-        return int(self.seq_lens.max()) if self.seq_lens.size else 0
-
 
 def build_step_inputs(output: SchedulerOutput, block_size: int, rows: StepRows | None = None) -> StepInputs:
     """rows: the step's rows from the runner's persistent BatchRows. None: a standalone step whose

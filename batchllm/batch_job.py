@@ -88,7 +88,6 @@ def job_header(config) -> JournalHeader:
 
 @dataclass(frozen=True)
 class BatchJobSummary:
-    input_path: str
     output_path: str
     num_requests: int  # answered successfully (including ones resumed from the journal)
     num_errors: int  # lines that became error records
@@ -195,9 +194,8 @@ def _run_locked(engine, input_path: str, output_path: str, options: BatchJobOpti
     run.print_notes(input_path)
     num_answered, num_errors = journal.counts(confirmed_only=not stop.requested)
     stats = run.stats
-    return BatchJobSummary(input_path, output_path, num_answered, num_errors,
-                           stats.num_prompt_tokens, stats.num_output_tokens, stats.num_steps, stats.seconds,
-                           journal.resume.num_entries, journal.path, stop.signal_name)
+    return BatchJobSummary(output_path, num_answered, num_errors, stats.num_prompt_tokens, stats.num_output_tokens,
+                           stats.num_steps, stats.seconds, journal.resume.num_entries, journal.path, stop.signal_name)
 
 
 def _print_resume(journal: Journal) -> None:
@@ -243,7 +241,11 @@ class _JobRun:
                 continue
             for warning in item.warnings:
                 self._print_warning(f"line {item.line_number} ({item.custom_id}): {warning}")
-            prepared = self._prepare(item)
+            engine = self.engine  # loading the model is not one line's fault
+            try:
+                prepared = prepare_request(engine, item)
+            except Exception as error:
+                prepared = self._internal_error(item, error)
             if isinstance(prepared, dict):
                 self._write(item, prepared)
                 continue
@@ -254,13 +256,6 @@ class _JobRun:
                 self._run_window(pending)
         if pending:
             self._run_window(pending)
-
-    def _prepare(self, item: BatchRequest):
-        engine = self.engine  # loading the model is not one line's fault
-        try:
-            return prepare_request(engine, item)
-        except Exception as error:
-            return self._internal_error(item, error)
 
     def _run_window(self, pending: list[_Runnable]) -> None:
         prepared = [PreparedRequest(request.line_number, ids.tolist(), params)

@@ -20,7 +20,9 @@ def add_model_argument(parser: argparse.ArgumentParser) -> None:
 def read_prompts(path: str, model: str | None, where: str = ""):
     """(item, prompt token ids) for each line: a BatchRequest, or a BatchError with no ids. A text
     that cannot be tokenized raises ValueError("{where}line N: why")."""
+    from batchllm.default_model import tokenizer_source
     from batchllm.io.batch_input import BatchError, read_batch_file
+    from batchllm.tokenizer import load_tokenizer
 
     tokenizer = None
     for item in read_batch_file(path):
@@ -30,19 +32,9 @@ def read_prompts(path: str, model: str | None, where: str = ""):
             yield item, item.prompt_token_ids
         else:
             try:
-                tokenizer = tokenizer or _load_tokenizer(model)
+                tokenizer = tokenizer or load_tokenizer(tokenizer_source(model))
                 chat = item.messages is not None
                 token_ids = tokenizer.encode_chat(item.messages) if chat else tokenizer.encode_prompt(item.prompt)
             except (ValueError, OSError) as error:
                 raise ValueError(f"{where}line {item.line_number}: {error}") from None
             yield item, token_ids
-
-
-def _load_tokenizer(model: str | None):
-    from batchllm.default_model import tokenizer_source
-    from batchllm.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(tokenizer_source(model))
-    if tokenizer is None:
-        raise ValueError(f"--model {model!r} has no tokenizer")
-    return tokenizer

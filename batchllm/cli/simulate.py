@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 
 from batchllm.cli.prompt_tokens import add_model_argument
 
@@ -86,8 +87,8 @@ def simulate_command(args: argparse.Namespace) -> int:
     if trace is not None:
         write_trace(trace, args.trace)
     if args.json:
-        print(json.dumps(result.to_json_obj()))
+        print(json.dumps(asdict(result)))
         return 0
-    for key, value in result.to_json_obj().items():
+    for key, value in asdict(result).items():
         print(f"{key:28s} {value:.4f}" if isinstance(value, float) else f"{key:28s} {value}")
     return 0

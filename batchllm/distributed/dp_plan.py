@@ -19,7 +19,6 @@ from batchllm.prefix.planner import PlanArrays, plan_prefix_arrays
 
 @dataclass(frozen=True)
 class ReplicaPlan:
-    num_replicas: int
     replica_of_request: np.ndarray  # [num_requests] int64
     replica_cost_tokens: np.ndarray  # [num_replicas] float64: token cost assigned to each replica
     unit_replica: np.ndarray  # [num_units] int64: replica of each unit (a group, or a piece of one)
@@ -99,5 +98,4 @@ def plan_replicas(prompts: Sequence[Sequence[int]], max_tokens: Sequence[int], n
     replica_of_request[members] = unit_replica[unit_of_member]
     saved_global = int(((sizes - 1) * prefix).sum())
     saved_kept = int((np.maximum(unit_size - 1, 0) * prefix[unit_group]).sum())
-    return ReplicaPlan(num_replicas, replica_of_request, loads, unit_replica, unit_of_member, saved_global,
-                       saved_kept, plan)
+    return ReplicaPlan(replica_of_request, loads, unit_replica, unit_of_member, saved_global, saved_kept, plan)

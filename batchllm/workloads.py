@@ -51,12 +51,8 @@ def _distinct_first_tokens(rng: np.random.Generator, count: int, low: int, high:
 def _assemble(name, rng, prefixes, distincts, output_num_tokens) -> Workload:
     prompts = [np.concatenate((p, d)) for p, d in zip(prefixes, distincts)]
     prompts = [prompts[i] for i in rng.permutation(len(prompts))]
-    return Workload(
-        name=name,
-        custom_ids=tuple(f"request-{i}" for i in range(len(prompts))),
-        prompts=tuple(prompts),
-        max_tokens=(output_num_tokens,) * len(prompts),
-    )
+    custom_ids = tuple(f"request-{i}" for i in range(len(prompts)))
+    return Workload(name, custom_ids, tuple(prompts), (output_num_tokens,) * len(prompts))
 
 
 def micro_workload(

@@ -24,7 +24,7 @@ def test_envelope_chat_and_completion_and_short_form():
     a, b, c = items
     assert a.endpoint == "chat" and a.messages == ({"role": "user", "content": "hi"},)
     assert a.sampling.max_tokens == 5 and a.sampling.temperature == 0 and a.sampling.stop == ("\n",)
-    assert a.sampling.seed == 3 and a.model == "m"
+    assert a.sampling.seed == 3 and a.warnings == ()  # "model" is accepted silently
     assert b.endpoint == "completion" and b.prompt == "x" and b.sampling.top_p == 0.5
     assert b.sampling.max_tokens == 16  # OpenAI completions default
     assert c.prompt_token_ids == (1, 2, 3) and c.sampling.max_tokens == 7 and c.sampling.ignore_eos

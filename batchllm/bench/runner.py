@@ -145,13 +145,12 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
     prompts = case.prompts
     engine.configure_scheduler(**{**base_settings, **policy.changes})
     options = RunOptions(cuda_graphs="eager" not in policy.flags, async_scheduling="sync" not in policy.flags)
+    synchronize = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
     llm.generate(prompts[:8], params[:8], use_tqdm=False, options=options)  # warm-up: compile kernels
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize()
+    synchronize()
     started = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False, options=options)
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize()
+    synchronize()
     seconds = time.perf_counter() - started
     num_prompt_tokens = sum(len(p) for p in prompts)
     num_output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)

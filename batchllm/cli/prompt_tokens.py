@@ -11,7 +11,6 @@ import argparse
 
 
 def add_model_argument(parser: argparse.ArgumentParser) -> None:
-    """--model of the commands that only tokenize."""
     parser.add_argument("--model", default=None,
                         help="a .gguf file or HF model directory whose tokenizer encodes text prompts "
                              "(default: SmolLM2-135M-Instruct, the default model of `batchllm run`)")

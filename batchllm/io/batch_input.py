@@ -53,7 +53,6 @@ class BatchRequest:
     messages: tuple[dict, ...] | None = None
     prompt: str | None = None
     prompt_token_ids: tuple[int, ...] | None = None
-    model: str | None = None
     warnings: tuple[str, ...] = ()
     digest: int = 0  # digest64 of the raw input line (the journal checks it on resume)
 
@@ -106,10 +105,8 @@ def parse_request_object(obj: object, line_number: int = 0) -> BatchRequest:
         warnings.append("stream=true ignored: batch results are written whole")
     messages, prompt, prompt_token_ids = _parse_prompt(body, endpoint)
     sampling = _parse_sampling(body, endpoint)
-    model = body.get("model") if isinstance(body.get("model"), str) else None
-    return BatchRequest(custom_id=custom_id, line_number=line_number, endpoint=endpoint, sampling=sampling,
-                        messages=messages, prompt=prompt, prompt_token_ids=prompt_token_ids, model=model,
-                        warnings=tuple(warnings))
+    return BatchRequest(custom_id, line_number, endpoint, sampling, messages=messages, prompt=prompt,
+                        prompt_token_ids=prompt_token_ids, warnings=tuple(warnings))
 
 
 def _parse_prompt(body: dict, endpoint: str):

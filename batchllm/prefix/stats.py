@@ -83,19 +83,6 @@ class PlanStats:
         return {**asdict(self), **{name: getattr(self, name) for name in properties}}
 
 
-def multi_level_saved_tokens(tree: CompactPrefixTree, key_num_tokens_total: int) -> int:
-    """Keys' tokens minus the tokens of the compact tree (each tree token computed once)."""
-    edges = tree.depth_num_tokens[1:] - tree.depth_num_tokens[tree.parent[1:]]
-    return key_num_tokens_total - int(edges.sum())
-
-
-def naive_first_level_saved_tokens(tree: CompactPrefixTree) -> int:
-    """Group by the root's children (the paper's first-level prefixes, Fig. 4a)."""
-    first_level = np.flatnonzero(tree.parent == 0)
-    members = tree.subtree_num_keys()[first_level]
-    return int(((members - 1) * tree.depth_num_tokens[first_level]).sum())
-
-
 def build_stats(
     tree: CompactPrefixTree,
     prompt_num_tokens: np.ndarray,
@@ -106,14 +93,19 @@ def build_stats(
 ) -> PlanStats:
     num_requests = int(prompt_num_tokens.size)
     logical = int(prompt_num_tokens.sum())
-    key_total = logical - num_requests
+    # multi-level: the keys' tokens minus the compact tree's (each tree token computed once)
+    edges = tree.depth_num_tokens[1:] - tree.depth_num_tokens[tree.parent[1:]]
+    multi_level_saved = logical - num_requests - int(edges.sum())
+    # naive: group by the root's children (the paper's first-level prefixes, Fig. 4a)
+    first_level = np.flatnonzero(tree.parent == 0)
+    naive_saved = int(((tree.subtree_num_keys()[first_level] - 1) * tree.depth_num_tokens[first_level]).sum())
     shared = group_sizes >= 2
     return PlanStats(
         num_requests=num_requests,
         logical_prefill_tokens=logical,
         processed_prefill_tokens=logical - saved_num_tokens,
-        processed_prefill_tokens_multi_level=logical - multi_level_saved_tokens(tree, key_total),
-        processed_prefill_tokens_naive_first_level=logical - naive_first_level_saved_tokens(tree),
+        processed_prefill_tokens_multi_level=logical - multi_level_saved,
+        processed_prefill_tokens_naive_first_level=logical - naive_saved,
         num_groups=int(group_sizes.size),
         num_shared_groups=int(shared.sum()),
         num_singletons=int((~shared).sum()),

@@ -47,10 +47,6 @@ class _Group:
     def prefix_done(self) -> bool:
         return self.prefix_num_computed == len(self.prefix_token_ids)
 
-    @property
-    def chunk_group_id(self) -> int:
-        return self.group_id if self.prefix_token_ids else NO_GROUP
-
 
 class BatchLLMScheduler(PolicyBase):
     """config.max_num_seqs is ignored on purpose: BatchLLM 4.3.3 caps a step by tokens and KV
@@ -59,8 +55,7 @@ class BatchLLMScheduler(PolicyBase):
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(config)
         threshold = config.kv_memory_threshold if config.kv_memory_threshold is not None else 1.0
-        # M_threshold (BatchLLM 4.3.3), in blocks.
-        self.threshold_blocks = max(1, int(threshold * config.num_kv_blocks))
+        self.threshold_blocks = max(1, int(threshold * config.num_kv_blocks))  # M_threshold (BatchLLM 4.3.3)
         self.pending_groups: deque[_Group] = deque()  # not admitted, best R_group first
         self.active_groups: list[_Group] = []  # admitted, in admission order
         self._groups_by_prefix_id: dict[int, _Group] = {}
@@ -334,8 +329,9 @@ class BatchLLMScheduler(PolicyBase):
                         group_id=group.group_id,
                     )
                 )
+            group_id = group.group_id if group.prefix_token_ids else NO_GROUP
             for member, num_tokens in step.member_tokens.get(group.group_id, ()):
-                chunks.append(member.chunk(num_tokens, group.prefix_block_ids, group.chunk_group_id))
+                chunks.append(member.chunk(num_tokens, group.prefix_block_ids, group_id))
         finished, self.finished_seq_ids = self.finished_seq_ids, []
         return SchedulerOutput.from_chunks(self.step_index, chunks, sum(1 for _ in self._running_members()),
                                            self.pool.num_used_blocks, step.preempted, finished)

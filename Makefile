@@ -26,8 +26,12 @@ $(BIN)/.installed-ray: $(BIN)/.installed
 	$(BIN)/pip install -q -e ".[dev,ray]"
 	touch $@
 
+# Two pytest workers, each file on one worker (its module fixtures load once); torch runs one
+# thread per process in the tests (tests/conftest.py), so the workers share the cores.
+TEST_WORKERS ?= 2
+
 test: $(BIN)/.installed-ray
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) results

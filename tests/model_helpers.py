@@ -75,3 +75,14 @@ def normalized_records(path) -> list[dict]:
             del body["usage"]["prompt_tokens_details"]
         records.append(record)
     return records
+
+
+EXAMPLE_INPUT = "examples/batch.jsonl"
+
+
+def example_prompt_lengths(tokenizer) -> list[int]:
+    """Prompt tokens of each line of the example input, as `tokenizer` encodes chat and text lines."""
+    from batchllm.io.batch_input import read_batch_file
+
+    return [len(tokenizer.encode_chat(item.messages) if item.messages else tokenizer.encode_prompt(item.prompt))
+            for item in read_batch_file(EXAMPLE_INPUT)]

@@ -95,15 +95,13 @@ def test_text_prompts_of_a_random_model_fail_clearly(tmp_path, capsys):
 def test_chat_lines_use_the_default_model_of_run(capsys, cli_default_tokenizer):
     """No --model: the example's chat and text lines are tokenized with the model `batchllm run` loads."""
     from batchllm.default_model import default_model_path
-    from batchllm.io.batch_input import read_batch_file
+    from model_helpers import EXAMPLE_INPUT, example_prompt_lengths
 
     tokenizer, sources = cli_default_tokenizer
-    example = "examples/batch.jsonl"
-    assert main(["analyze", example, "--json"]) == 0
+    assert main(["analyze", EXAMPLE_INPUT, "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert sources == [{"kind": "gguf", "path": str(default_model_path())}]
-    lengths = [len(tokenizer.encode_chat(item.messages) if item.messages else tokenizer.encode_prompt(item.prompt))
-               for item in read_batch_file(example)]
+    lengths = example_prompt_lengths(tokenizer)
     assert summary["requests"] == len(lengths) == 10
     assert summary["logical_prefill_tokens"] == sum(lengths)
     assert summary["saved_prefill_tokens"] > 0  # the example's requests share documents

@@ -128,14 +128,12 @@ def test_simulate_reports_bad_input(tmp_path, capsys):
 def test_simulate_tokenizes_text_and_chat_lines_with_the_default_model(capsys, cli_default_tokenizer):
     from batchllm.cli.main import main
     from batchllm.default_model import default_model_path
-    from batchllm.io.batch_input import read_batch_file
+    from model_helpers import EXAMPLE_INPUT, example_prompt_lengths
 
     tokenizer, sources = cli_default_tokenizer
-    example = "examples/batch.jsonl"
-    assert main(["simulate", example, "--json"]) == 0
+    assert main(["simulate", EXAMPLE_INPUT, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert sources == [{"kind": "gguf", "path": str(default_model_path())}]
-    items = list(read_batch_file(example))
-    assert report["finished_requests"] == len(items) == 10
-    assert report["logical_prefill_tokens"] == sum(
-        len(tokenizer.encode_chat(i.messages) if i.messages else tokenizer.encode_prompt(i.prompt)) for i in items)
+    lengths = example_prompt_lengths(tokenizer)
+    assert report["finished_requests"] == len(lengths) == 10
+    assert report["logical_prefill_tokens"] == sum(lengths)

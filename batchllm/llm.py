@@ -27,6 +27,8 @@ class LLM:
         model: str | None = None,
         *,
         dtype: str = "auto",
+        quantization: str | None = None,
+        kv_cache_dtype: str = "auto",
         device: str = "auto",
         max_model_len: int | None = None,
         kv_cache_tokens: int | None = None,
@@ -44,7 +46,8 @@ class LLM:
     ) -> None:
         scheduler = SchedulerConfig(policy=policy, block_size=block_size,
                                     max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
-        config = EngineConfig(model=model, dtype=dtype, device=device, max_model_len=max_model_len,
+        config = EngineConfig(model=model, dtype=dtype, quantization=quantization, kv_cache_dtype=kv_cache_dtype,
+                              device=device, max_model_len=max_model_len,
                               kv_cache_tokens=kv_cache_tokens, gpu_memory_utilization=gpu_memory_utilization,
                               attention_backend=attention_backend, seed=seed, fused_kernels=fused_kernels,
                               enforce_eager=enforce_eager, async_scheduling=async_scheduling, scheduler=scheduler)

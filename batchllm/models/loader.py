@@ -16,6 +16,8 @@ import torch
 
 from batchllm.default_model import default_model_path
 from batchllm.models.config import ModelArchConfig
+from batchllm.models.fp8_checkpoint import fp8_checkpoint_format
+from batchllm.models.fp8_linear import require_fp8_device
 from batchllm.models.gguf_file import read_gguf
 from batchllm.models.gguf_loader import gguf_arch_config, iter_gguf_weights
 from batchllm.models.hf_loader import hf_arch_config, iter_safetensors, safetensors_files
@@ -42,17 +44,27 @@ class LoadedModel(ModelDescription):
 
 
 def load_model(
-    spec: str | None, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
+    spec: str | None, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
+    quantization: str | None = None,
 ) -> LoadedModel:
+    """quantization "fp8": e4m3 linear layers (quantized here from a bf16/fp16/GGUF checkpoint);
+    an FP8 checkpoint runs in FP8 whatever this says."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     kind, path, tokenizer_source, name = _resolve(spec)
+    checkpoint_fp8 = fp8_checkpoint_format(path) if kind == "hf_dir" else None
+    fp8 = quantization == "fp8" or checkpoint_fp8 is not None
+    if fp8:
+        if checkpoint_fp8 is None:
+            require_fp8_device(device, "--quantization fp8", "Run without it: the model in bf16.")
+        else:
+            require_fp8_device(device, f"the FP8 checkpoint {name!r}", "Load the model's bf16 release instead.")
     if kind == "random":
         random_spec = parse_random_spec(spec)
-        return LoadedModel(random_spec.config, tokenizer_source, name, random_model(random_spec, dtype, device))
+        return LoadedModel(random_spec.config, tokenizer_source, name, random_model(random_spec, dtype, device, fp8))
     if kind == "gguf":
         gguf = read_gguf(path)
         config = gguf_arch_config(gguf)
@@ -60,7 +72,8 @@ def load_model(
     else:
         config = hf_arch_config(path)
         weights = iter_safetensors(safetensors_files(path))
-    model = LlamaForCausalLM.empty(config, dtype, device)
+    static = checkpoint_fp8 is not None and checkpoint_fp8.static_input_scales
+    model = LlamaForCausalLM.empty(config, dtype, device, fp8=fp8, static_input_scales=static)
     model.load_hf_weights(weights)
     return LoadedModel(config, tokenizer_source, name, model)
 

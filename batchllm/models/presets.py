@@ -17,6 +17,7 @@ import torch
 from batchllm.default_model import RANDOM_PREFIX
 from batchllm.models.config import ModelArchConfig
 from batchllm.models.llama import LlamaForCausalLM
+from batchllm.ops.fp8 import FP8_DTYPE
 
 # Shapes from the public config.json / generation_config.json of the Instruct checkpoints.
 _LLAMA_31_8B = ModelArchConfig(
@@ -105,10 +106,18 @@ def fill_random_(name: str, param: torch.Tensor, generator: torch.Generator) -> 
 
 
 @torch.no_grad()
-def random_model(spec: RandomSpec, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
-    """Allocate on `device` in `dtype` and draw weights there with a seeded generator."""
-    model = LlamaForCausalLM.empty(spec.config, dtype, device)
+def random_model(spec: RandomSpec, dtype: torch.dtype, device: torch.device, fp8: bool = False) -> LlamaForCausalLM:
+    """Allocate on `device` in `dtype` and draw weights there with a seeded generator. fp8: the
+    linear layers hold the e4m3 quantization of the same draws (one layer's weight at a time in
+    `dtype`, so a model too large for the GPU in bf16 still loads)."""
+    model = LlamaForCausalLM.empty(spec.config, dtype, device, fp8=fp8)
     generator = torch.Generator(device=device).manual_seed(spec.seed)
     for name, param in model.named_parameters():
-        fill_random_(name, param, generator)
+        if param.dtype == FP8_DTYPE:  # an Fp8Linear's weight: draw in dtype, then quantize
+            draw = torch.empty(param.shape, dtype=dtype, device=device)
+            fill_random_(name, draw, generator)
+            model.get_submodule(name.removesuffix(".weight")).load_rows_(draw, 0)
+            del draw
+        elif not name.endswith("weight_scale"):  # filled with its weight
+            fill_random_(name, param, generator)
     return model

@@ -7,6 +7,9 @@ PyTorch path (the model's own code in models/):
   rms_norm:      (x [+ residual]) -> normalised in float32, cast to x.dtype, times weight
   silu_and_mul:  [T, 2I] -> silu(gate) * up, [T, I]
   rope_inplace:  rotate-half RoPE on q and k rows, float32 math, written back in place
+With `fp8=True` (an FP8 linear layer reads the output), rms_norm and silu_and_mul also quantize
+their output per token (ops/fp8.py): the model-dtype result is rounded first, then scaled to e4m3,
+so the activation never makes a round trip through memory in the model dtype.
 """
 
 from __future__ import annotations
@@ -15,12 +18,15 @@ import torch
 import triton
 import triton.language as tl
 
+from batchllm.ops.fp8 import FP8_DTYPE, QuantizedActivation
+from batchllm.ops.fp8_kernels import quantize_block
 from batchllm.ops.validation import check, next_power_of_2
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, stride_x, stride_r, stride_o,
-                     stride_ro, hidden_size, eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, scale_ptr, static_scale_ptr,
+                     stride_x, stride_r, stride_o, stride_ro, hidden_size, eps, HAS_RESIDUAL: tl.constexpr,
+                     FP8: tl.constexpr, STATIC: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden_size
@@ -33,17 +39,27 @@ def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
     variance = tl.sum(x32 * x32, axis=0) / hidden_size
     normed = (x32 * tl.math.rsqrt(variance + eps)).to(x.dtype)
     weight = tl.load(weight_ptr + cols, mask=mask, other=0.0)
-    tl.store(out_ptr + row * stride_o + cols, (normed.to(tl.float32) * weight.to(tl.float32)).to(x.dtype), mask=mask)
+    out = (normed.to(tl.float32) * weight.to(tl.float32)).to(x.dtype)
+    if FP8:
+        out32 = out.to(tl.float32)
+        q, scale = quantize_block(out32, tl.max(tl.abs(out32), 0), static_scale_ptr, STATIC)
+        tl.store(out_ptr + row * stride_o + cols, q, mask=mask)
+        tl.store(scale_ptr + row, scale)
+    else:
+        tl.store(out_ptr + row * stride_o + cols, out, mask=mask)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+             fp8: bool = False, static_scale: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor | QuantizedActivation, torch.Tensor]:
     """x, residual: [T, hidden]; weight: [hidden]. Returns (normed, new_residual), where
-    new_residual = x + residual (or x itself when residual is None)."""
+    new_residual = x + residual (or x itself when residual is None). fp8: normed is a
+    QuantizedActivation (per-token scales, or static_scale for every row)."""
     check(x.dim() == 2 and x.stride(-1) == 1, f"x must be [T, hidden] contiguous in hidden, got {tuple(x.shape)}")
     check(weight.shape == (x.shape[1],), f"weight must be [{x.shape[1]}], got {tuple(weight.shape)}")
     num_tokens, hidden_size = x.shape
-    out = torch.empty_like(x)
+    out = torch.empty_like(x, dtype=FP8_DTYPE if fp8 else x.dtype)
+    scales = torch.empty((num_tokens, 1), dtype=torch.float32, device=x.device) if fp8 else out
     if residual is not None:
         check(residual.shape == x.shape and residual.dtype == x.dtype, "residual must match x")
         residual_out = torch.empty_like(x)
@@ -52,32 +68,70 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     if num_tokens:
         block = next_power_of_2(hidden_size)
         _rms_norm_kernel[(num_tokens,)](
-            x, residual, weight, out, residual_out, x.stride(0), residual.stride(0), out.stride(0),
-            residual_out.stride(0), hidden_size, eps, HAS_RESIDUAL=residual is not x, BLOCK=block,
+            x, residual, weight, out, residual_out, scales, scales if static_scale is None else static_scale,
+            x.stride(0), residual.stride(0), out.stride(0), residual_out.stride(0), hidden_size, eps,
+            HAS_RESIDUAL=residual is not x, FP8=fp8, STATIC=static_scale is not None, BLOCK=block,
             num_warps=min(max(block // 512, 1), 16),
         )
-    return out, residual_out
+    return (QuantizedActivation(out, scales) if fp8 else out), residual_out
+
+
+@triton.jit
+def _silu_mul_block(x_ptr, row, stride_x, cols, intermediate_size):
+    """silu(gate) * up of one row's columns, rounded as F.silu(gate) * up rounds (silu to the
+    model dtype before the product), returned in float32."""
+    mask = cols < intermediate_size
+    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    up = tl.load(x_ptr + row * stride_x + intermediate_size + cols, mask=mask, other=0.0)
+    gate32 = gate.to(tl.float32)
+    silu = (gate32 / (1.0 + tl.exp(-gate32))).to(gate.dtype)
+    return (silu.to(tl.float32) * up.to(tl.float32)).to(gate.dtype).to(tl.float32), mask
 
 
 @triton.jit
 def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, intermediate_size, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < intermediate_size
-    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-    up = tl.load(x_ptr + row * stride_x + intermediate_size + cols, mask=mask, other=0.0)
-    # silu is rounded to the model dtype before the product, like F.silu(gate) * up.
-    gate32 = gate.to(tl.float32)
-    silu = (gate32 / (1.0 + tl.exp(-gate32))).to(gate.dtype)
-    tl.store(out_ptr + row * stride_o + cols, (silu.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=mask)
+    value, mask = _silu_mul_block(x_ptr, row, stride_x, cols, intermediate_size)
+    tl.store(out_ptr + row * stride_o + cols, value.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up: [T, 2I] (gate first) -> [T, I]."""
+@triton.jit
+def _silu_and_mul_fp8_kernel(x_ptr, out_ptr, scale_ptr, static_scale_ptr, stride_x, stride_o, intermediate_size,
+                             STATIC: tl.constexpr, BLOCK: tl.constexpr):
+    """One program per row: a first pass finds the row's amax, a second recomputes and quantizes
+    (recomputing is cheaper than a round trip of the model-dtype row through memory)."""
+    row = tl.program_id(0)
+    amax = 0.0
+    if not STATIC:
+        for start in range(0, intermediate_size, BLOCK):
+            value, mask = _silu_mul_block(x_ptr, row, stride_x, start + tl.arange(0, BLOCK), intermediate_size)
+            amax = tl.maximum(amax, tl.max(tl.abs(value), 0))
+    scale = 0.0
+    for start in range(0, intermediate_size, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        value, mask = _silu_mul_block(x_ptr, row, stride_x, cols, intermediate_size)
+        q, scale = quantize_block(value, amax, static_scale_ptr, STATIC)
+        tl.store(out_ptr + row * stride_o + cols, q, mask=mask)
+    tl.store(scale_ptr + row, scale)
+
+
+def silu_and_mul(gate_up: torch.Tensor, fp8: bool = False,
+                 static_scale: torch.Tensor | None = None) -> torch.Tensor | QuantizedActivation:
+    """gate_up: [T, 2I] (gate first) -> [T, I]; fp8: a QuantizedActivation (per-token scales, or
+    static_scale for every row)."""
     check(gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0 and gate_up.stride(-1) == 1,
           f"gate_up must be [T, 2I] contiguous, got {tuple(gate_up.shape)}")
     num_tokens, double = gate_up.shape
     intermediate_size = double // 2
+    if fp8:
+        values = torch.empty((num_tokens, intermediate_size), dtype=FP8_DTYPE, device=gate_up.device)
+        scales = torch.empty((num_tokens, 1), dtype=torch.float32, device=gate_up.device)
+        if num_tokens:
+            _silu_and_mul_fp8_kernel[(num_tokens,)](
+                gate_up, values, scales, scales if static_scale is None else static_scale, gate_up.stride(0),
+                values.stride(0), intermediate_size, STATIC=static_scale is not None, BLOCK=2048, num_warps=8)
+        return QuantizedActivation(values, scales)
     out = torch.empty((num_tokens, intermediate_size), dtype=gate_up.dtype, device=gate_up.device)
     if num_tokens:
         block = 1024

@@ -29,8 +29,20 @@ def _decode_step(block_size: int) -> SchedulerOutput:
     return SchedulerOutput(0, tuple(chunks))
 
 
-@pytest.mark.parametrize("backend", ["fused", "triton"])
-def test_graph_replay_matches_eager(backend):
+def _use_fp8_cache(llm, k_scale: float, v_scale: float) -> None:
+    """Swap the engine's KV cache for a float8_e4m3fn one of the same shape holding random values
+    (before any graph is captured: the graphs use the runner's cache)."""
+    from batchllm.engine.kv_cache import KVCache
+    from batchllm.ops.kv_quant import quantize_e4m3
+
+    old = llm.engine.kv_cache
+    cache = KVCache(quantize_e4m3(torch.randn_like(old.k, dtype=torch.float32), k_scale),
+                    quantize_e4m3(torch.randn_like(old.v, dtype=torch.float32), v_scale), k_scale, v_scale)
+    llm.engine.kv_cache = llm.engine.runner.kv_cache = llm.engine.runner.graphs.kv_cache = cache
+
+
+@pytest.mark.parametrize("backend,kv_cache", [("fused", "auto"), ("triton", "auto"), ("fused", "fp8")])
+def test_graph_replay_matches_eager(backend, kv_cache):
     from batchllm import LLM
     from batchllm.engine.step_inputs import build_step_inputs
 
@@ -40,8 +52,11 @@ def test_graph_replay_matches_eager(backend):
     assert runner.graphs is not None
     # fill the cache with something non-trivial
     torch.manual_seed(0)
-    llm.engine.kv_cache.k.normal_(0, 1)
-    llm.engine.kv_cache.v.normal_(0, 1)
+    if kv_cache == "fp8":
+        _use_fp8_cache(llm, k_scale=0.02, v_scale=0.015)
+    else:
+        llm.engine.kv_cache.k.normal_(0, 1)
+        llm.engine.kv_cache.v.normal_(0, 1)
     inputs = build_step_inputs(_decode_step(16), 16)
     with torch.inference_mode():
         eager = runner.forward(inputs, allow_graph=False).float().clone()

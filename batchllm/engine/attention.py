@@ -1,5 +1,8 @@
 """The engine's AttentionFn: store the step's K/V in the paged cache, then attend with the engine's
-backend (docs/design.md, "The engine and the model runner")."""
+backend (docs/design.md, "The engine and the model runner").
+
+Every backend's store / attend take the cache's k_scale / v_scale: 1.0 for a cache in the model
+dtype, the dequantization scales of a float8_e4m3fn one (docs/design.md, "FP8 KV cache")."""
 
 from __future__ import annotations
 
@@ -32,15 +35,16 @@ class ReferenceBackend:
         names = ("query_start_loc", "seq_lens", "shared_kv_lens", "block_tables")
         metadata.plan = upload_arrays({n: getattr(inputs, n) for n in names}, metadata.slot_mapping.device)
 
-    def store(self, key, value, k_cache, v_cache, metadata: AttentionMetadata) -> None:
-        reference.store_kv_reference(key, value, k_cache, v_cache, metadata.slot_mapping)
+    def store(self, key, value, k_cache, v_cache, metadata: AttentionMetadata, k_scale: float = 1.0,
+              v_scale: float = 1.0) -> None:
+        reference.store_kv_reference(key, value, k_cache, v_cache, metadata.slot_mapping, k_scale, v_scale)
 
     def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata, scale: float,
-               window: int | None = None) -> torch.Tensor:
+               window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
         plan = metadata.plan
         return reference.paged_attention_reference(
             query, k_cache, v_cache, plan["query_start_loc"], plan["seq_lens"], plan["shared_kv_lens"],
-            plan["block_tables"], scale, sliding_window=window,
+            plan["block_tables"], scale, sliding_window=window, k_scale=k_scale, v_scale=v_scale,
         )
 
 
@@ -82,12 +86,14 @@ class TritonPagedBackend(ReferenceBackend):
     def prepare(self, inputs: StepInputs, metadata: AttentionMetadata) -> None:
         metadata.plan = self.build_host_plan(inputs).to(self.device)
 
-    def store(self, key, value, k_cache, v_cache, metadata: AttentionMetadata) -> None:
-        self._store_kv(key, value, k_cache, v_cache, metadata.slot_mapping)
+    def store(self, key, value, k_cache, v_cache, metadata: AttentionMetadata, k_scale: float = 1.0,
+              v_scale: float = 1.0) -> None:
+        self._store_kv(key, value, k_cache, v_cache, metadata.slot_mapping, k_scale, v_scale)
 
     def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata, scale: float,
-               window: int | None = None) -> torch.Tensor:
-        return self._attention(query, k_cache, v_cache, metadata.plan, scale, window, metadata.positions)
+               window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+        return self._attention(query, k_cache, v_cache, metadata.plan, scale, window, metadata.positions,
+                               k_scale, v_scale)
 
 
 class FusedPrefixBackend(TritonPagedBackend):
@@ -128,7 +134,8 @@ class PagedAttention:
         k_cache, v_cache = self.kv_cache.k[layer_index], self.kv_cache.v[layer_index]
         # Every row's KV is stored before any row reads (a prefix chunk and its members'
         # first chunks may share the step: docs/design.md, "KV addressing").
-        self.backend.store(key, value, k_cache, v_cache, self.metadata)
+        k_scale, v_scale = self.kv_cache.k_scale, self.kv_cache.v_scale
+        self.backend.store(key, value, k_cache, v_cache, self.metadata, k_scale, v_scale)
         windows = self.backend.layer_windows
         return self.backend.attend(query, k_cache, v_cache, self.metadata, self.scale,
-                                   windows[layer_index] if windows else None)
+                                   windows[layer_index] if windows else None, k_scale, v_scale)

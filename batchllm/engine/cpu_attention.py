@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from batchllm.engine.attention import ReferenceBackend
 from batchllm.engine.step_inputs import StepInputs
+from batchllm.ops.kv_quant import check_kv_scales, decode_kv
 
 # A padded batch may cost at most this many times the attention work of its seqs alone.
 _MAX_PADDING_FACTOR = 2.0
@@ -101,8 +102,10 @@ class BatchedTorchBackend(ReferenceBackend):
         metadata.plan = [_build_batch(inputs, active[b], self.block_size, device)
                          for b in _batches_of(q_lens[active], inputs.seq_lens[active])]
 
-    def attend(self, query, k_cache, v_cache, metadata, scale: float, window: int | None = None) -> torch.Tensor:
-        # query: [num_tokens, num_heads, head_dim]
+    def attend(self, query, k_cache, v_cache, metadata, scale: float, window: int | None = None,
+               k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+        # query: [num_tokens, num_heads, head_dim]; a float8_e4m3fn cache is dequantized per batch
+        check_kv_scales(k_scale, v_scale, k_cache.dtype)
         num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
         group = query.shape[1] // num_kv_heads
         flat_k = k_cache.view(-1, num_kv_heads, head_dim)
@@ -114,8 +117,9 @@ class BatchedTorchBackend(ReferenceBackend):
             q = query[batch.rows].float().view(num_seqs, max_q, num_kv_heads, group, head_dim)
             q = q.transpose(1, 2).reshape(num_seqs, num_kv_heads, max_q * group, head_dim)
             slots = batch.kv_slots.view(-1)
-            k = flat_k.index_select(0, slots).view(num_seqs, -1, num_kv_heads, head_dim).float().transpose(1, 2)
-            v = flat_v.index_select(0, slots).view(num_seqs, -1, num_kv_heads, head_dim).float().transpose(1, 2)
+            kv_shape = (num_seqs, -1, num_kv_heads, head_dim)
+            k = decode_kv(flat_k.index_select(0, slots), k_scale).view(kv_shape).transpose(1, 2)
+            v = decode_kv(flat_v.index_select(0, slots), v_scale).view(kv_shape).transpose(1, 2)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=batch.mask(window, group), scale=scale)
             o = o.view(num_seqs, num_kv_heads, max_q, group, head_dim).transpose(1, 2)  # [S, Q, Hkv, G, D]
             o = o.reshape(num_seqs, max_q, -1, head_dim)

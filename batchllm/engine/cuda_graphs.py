@@ -157,6 +157,8 @@ class DecodeGraphRunner:
         input_ids, positions, slot_mapping = graph.dev64[:rows], graph.dev64[rows:2 * rows], graph.dev64[2 * rows:]
         metadata = AttentionMetadata(slot_mapping=slot_mapping, positions=positions,
                                      plan=graph.device_plan(template_plan, self.backend.num_sms))
+        # An FP8 cache's k_scale / v_scale reach the kernels as launch arguments: the graph keeps
+        # the values of its capture, constants of the cache.
         attention = PagedAttention(self.kv_cache, metadata, self.backend, self.scale)
         # Warm up on a side stream (Triton compiles, allocator settles), then capture. The
         # buffers hold the current step, so the warm-up writes the same KV the replay will.

@@ -6,20 +6,40 @@ from dataclasses import dataclass
 
 import torch
 
+from batchllm.ops.kv_quant import check_kv_scales, is_fp8
+
 CPU_DEFAULT_KV_TOKENS = 32768
 
 
 @dataclass
 class KVCache:
-    # k, v: [num_layers, num_blocks, block_size, num_kv_heads, head_dim]
+    # k, v: [num_layers, num_blocks, block_size, num_kv_heads, head_dim], in the model dtype or
+    # float8_e4m3fn (docs/design.md, "FP8 KV cache")
     k: torch.Tensor
     v: torch.Tensor
+    # An FP8 cache's dequantization scales, one per cache: a stored value q stands for q * scale.
+    # 1.0 for a cache in the model dtype.
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.k.dtype != self.v.dtype:
+            raise ValueError(f"k and v caches differ in dtype: {self.k.dtype} / {self.v.dtype}")
+        check_kv_scales(self.k_scale, self.v_scale, self.k.dtype)
 
     @classmethod
     def allocate(cls, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device) -> "KVCache":
+                 dtype: torch.dtype, device: torch.device, k_scale: float = 1.0,
+                 v_scale: float = 1.0) -> "KVCache":
+        """dtype: the model dtype, or torch.float8_e4m3fn with its k_scale / v_scale."""
         shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
-        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        check_kv_scales(k_scale, v_scale, dtype)
+        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device),
+                   k_scale, v_scale)
+
+    @property
+    def is_fp8(self) -> bool:
+        return is_fp8(self.k.dtype)
 
     @property
     def num_blocks(self) -> int:
@@ -36,6 +56,7 @@ def num_kv_blocks(num_kv_tokens: int, block_size: int) -> int:
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """K and V bytes of one token over all layers in a cache of `dtype` (FP8: 1 byte a value)."""
     return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
 
 

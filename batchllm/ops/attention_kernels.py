@@ -5,6 +5,11 @@ query heads of that KV head into the M dimension (m -> row m // GROUP, head m % 
 group of 3 wastes at most one padded slot), streams the item's KV range from the paged cache
 in BLOCK_N steps and runs online softmax with tl.dot (base-2 exponentials; the stored
 partial LSE is base 2, converted only where it leaves the package).
+
+KV_FP8: the cache is float8_e4m3fn. Each K / V tile is converted to the query dtype in registers
+right after its load (exact: every e4m3 value is a float16 / bfloat16 one); the host folds the K
+scale into qk_scale_log2, and the V scale multiplies the output at its normalisation. Without
+KV_FP8 none of that is compiled.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ def _kv_steps(
     q, m_i, l_i, acc, limit, first, k_cache_ptr, v_cache_ptr, table_row, head_off, base_block, base_pos,
     n_begin, n_end, kv_end, qk_scale_log2, stride_cb, stride_cs,
     HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    MASKED: tl.constexpr,
+    KV_FP8: tl.constexpr, MASKED: tl.constexpr,
 ):
     """Online softmax over KV positions [n_begin, n_end) in BLOCK_N steps; a packed row sees
     positions in [first, limit). MASKED=False: every packed row sees every position of the range
@@ -37,6 +42,8 @@ def _kv_steps(
             k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)
         else:
             k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :])
+        if KV_FP8:  # dequantize: the K scale is in qk_scale_log2
+            k = k.to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2  # [BLOCK_M, BLOCK_N]
         if MASKED:
             visible = (offs_n[None, :] < limit[:, None]) & (offs_n[None, :] >= first[:, None])
@@ -53,6 +60,8 @@ def _kv_steps(
             v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)
         else:
             v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :])
+        if KV_FP8:  # dequantize: the V scale multiplies the output (_attend_tile)
+            v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     return m_i, l_i, acc
@@ -62,10 +71,10 @@ def _kv_steps(
 def _attend_tile(
     q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, limit_ptr, pos_ptr,
     q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode, q_pos0, partial_base,
-    kv_head, qk_scale_log2, window,
+    kv_head, qk_scale_log2, v_scale, window,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table,
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -116,16 +125,20 @@ def _attend_tile(
     head_off = kv_head * stride_ch
     m_i, l_i, acc = _kv_steps(q, m_i, l_i, acc, limit, first, k_cache_ptr, v_cache_ptr, table_row, head_off,
                               base_block, base_pos, n_start, full_begin, kv_end, qk_scale_log2, stride_cb,
-                              stride_cs, HEAD_DIM, PAGE, BLOCK_N, DOT_PRECISION, True)
+                              stride_cs, HEAD_DIM, PAGE, BLOCK_N, DOT_PRECISION, KV_FP8, True)
     m_i, l_i, acc = _kv_steps(q, m_i, l_i, acc, limit, first, k_cache_ptr, v_cache_ptr, table_row, head_off,
                               base_block, base_pos, tl.maximum(full_begin, n_start), full_end, kv_end,
-                              qk_scale_log2, stride_cb, stride_cs, HEAD_DIM, PAGE, BLOCK_N, DOT_PRECISION, False)
+                              qk_scale_log2, stride_cb, stride_cs, HEAD_DIM, PAGE, BLOCK_N, DOT_PRECISION, KV_FP8,
+                              False)
     m_i, l_i, acc = _kv_steps(q, m_i, l_i, acc, limit, first, k_cache_ptr, v_cache_ptr, table_row, head_off,
                               base_block, base_pos, tl.maximum(full_end, n_start), hi, kv_end, qk_scale_log2,
-                              stride_cb, stride_cs, HEAD_DIM, PAGE, BLOCK_N, DOT_PRECISION, True)
+                              stride_cb, stride_cs, HEAD_DIM, PAGE, BLOCK_N, DOT_PRECISION, KV_FP8, True)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    o = acc / l_safe[:, None]
+    if KV_FP8:
+        o = (acc * v_scale) / l_safe[:, None]
+    else:
+        o = acc / l_safe[:, None]
     if partial_base < 0:
         tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=m_valid[:, None])
@@ -150,12 +163,12 @@ def _lse_combine(m, l, acc, lse, part):
 @triton.jit
 def _work_item(
     pid, work_ptr, q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, limit_ptr,
-    pos_ptr, qk_scale_log2, window,
+    pos_ptr, qk_scale_log2, v_scale, window,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table,
     NUM_KV_HEADS: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     WORK_FIELDS: tl.constexpr,
     SMALL_M: tl.constexpr, SMALL_N: tl.constexpr, BIG_M: tl.constexpr, BIG_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, CLASSES: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, CLASSES: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     """One (work item, KV head): pid = item * NUM_KV_HEADS + kv_head."""
     item = pid // NUM_KV_HEADS  # KV head fastest: the order of the work list is kept
@@ -178,15 +191,15 @@ def _work_item(
     if CLASSES == 1 or (CLASSES == 0 and size_class == 0):
         _attend_tile(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr,
                      limit_ptr, pos_ptr, q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode,
-                     q_pos0, partial_base, kv_head, qk_scale_log2, window,
+                     q_pos0, partial_base, kv_head, qk_scale_log2, v_scale, window,
                      stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
-                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, SMALL_M, SMALL_N, DOT_PRECISION)
+                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, SMALL_M, SMALL_N, DOT_PRECISION, KV_FP8)
     else:
         _attend_tile(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr,
                      limit_ptr, pos_ptr, q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode,
-                     q_pos0, partial_base, kv_head, qk_scale_log2, window,
+                     q_pos0, partial_base, kv_head, qk_scale_log2, v_scale, window,
                      stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
-                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, BIG_M, BIG_N, DOT_PRECISION)
+                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, BIG_M, BIG_N, DOT_PRECISION, KV_FP8)
 
 
 # the block-table width changes from step to step: no recompiles on its divisibility by 16
@@ -202,7 +215,8 @@ def work_list_attention_kernel(
     tables_ptr,  # [num_seqs, max_blocks] int32
     limit_ptr,  # [num_tokens] int32: prefix KV positions visible to each row
     pos_ptr,  # [num_tokens] int64: position of each row (read only with a sliding window)
-    qk_scale_log2,
+    qk_scale_log2,  # softmax scale * log2(e), times the K scale with KV_FP8
+    v_scale,  # float: the V scale (read only with KV_FP8)
     window,  # sliding window in positions; 0: none
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table,
     NUM_KV_HEADS: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
@@ -211,6 +225,7 @@ def work_list_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     CLASSES: tl.constexpr,  # 0: both tile classes (size_class per item); 1: SMALL only; 2: BIG only
     PERSISTENT: tl.constexpr,
+    KV_FP8: tl.constexpr,  # the caches are float8_e4m3fn (dequantized in registers)
 ):
     """Heterogeneous work in ONE launch: prefix tiles and distinct tiles from the work list.
 
@@ -222,14 +237,15 @@ def work_list_attention_kernel(
         num_programs = tl.load(num_items_ptr) * NUM_KV_HEADS
         for pid in tl.range(tl.program_id(0), num_programs, tl.num_programs(0), num_stages=1):
             _work_item(pid, work_ptr, q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr,
-                       tables_ptr, limit_ptr, pos_ptr, qk_scale_log2, window, stride_qt, stride_qh, stride_ot,
-                       stride_oh, stride_cb, stride_cs, stride_ch, stride_table, NUM_KV_HEADS, NUM_HEADS, HEAD_DIM,
-                       PAGE, WORK_FIELDS, SMALL_M, SMALL_N, BIG_M, BIG_N, DOT_PRECISION, CLASSES)
+                       tables_ptr, limit_ptr, pos_ptr, qk_scale_log2, v_scale, window, stride_qt, stride_qh,
+                       stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table, NUM_KV_HEADS, NUM_HEADS,
+                       HEAD_DIM, PAGE, WORK_FIELDS, SMALL_M, SMALL_N, BIG_M, BIG_N, DOT_PRECISION, CLASSES, KV_FP8)
     else:
         _work_item(tl.program_id(0), work_ptr, q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr,
-                   v_cache_ptr, tables_ptr, limit_ptr, pos_ptr, qk_scale_log2, window, stride_qt, stride_qh,
-                   stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table, NUM_KV_HEADS, NUM_HEADS,
-                   HEAD_DIM, PAGE, WORK_FIELDS, SMALL_M, SMALL_N, BIG_M, BIG_N, DOT_PRECISION, CLASSES)
+                   v_cache_ptr, tables_ptr, limit_ptr, pos_ptr, qk_scale_log2, v_scale, window, stride_qt,
+                   stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table, NUM_KV_HEADS,
+                   NUM_HEADS, HEAD_DIM, PAGE, WORK_FIELDS, SMALL_M, SMALL_N, BIG_M, BIG_N, DOT_PRECISION, CLASSES,
+                   KV_FP8)
 
 
 @triton.jit

@@ -2,7 +2,8 @@
 
 `prefix_shared_attention` runs ONE launch of heterogeneous work (prefix MatMul tiles of every
 group + distinct tiles of every request, see work_list.py). Rows that get several partial
-results are merged by a tiny second merge kernel.
+results are merged by a tiny second merge kernel. The cache is in the query dtype, or
+float8_e4m3fn with its scales (dequantized in the kernel's registers, attention_kernels.py).
 """
 
 from __future__ import annotations
@@ -10,13 +11,15 @@ from __future__ import annotations
 import torch
 
 from batchllm.ops.attention_kernels import merge_partials_kernel, work_list_attention_kernel
+from batchllm.ops.kv_quant import check_kv_scales, is_fp8
 from batchllm.ops.validation import check, next_power_of_2
 from batchllm.ops.work_list import WORK_FIELDS, PrefixSharedPlanOnDevice
 
 LOG2_E = 1.4426950408889634
 
 
-def _validate(query, k_cache, v_cache, plan: PrefixSharedPlanOnDevice) -> None:
+def _validate(query, k_cache, v_cache, plan: PrefixSharedPlanOnDevice, k_scale: float = 1.0,
+              v_scale: float = 1.0) -> None:
     check(isinstance(plan, PrefixSharedPlanOnDevice), "plan must be a PrefixSharedPlan moved with .to(device)")
     check(query.dim() == 3, f"query must be [num_tokens, num_heads, head_dim], got {tuple(query.shape)}")
     check(k_cache.dim() == 4 and v_cache.shape == k_cache.shape,
@@ -29,18 +32,23 @@ def _validate(query, k_cache, v_cache, plan: PrefixSharedPlanOnDevice) -> None:
     check(k_cache.shape[3] == head_dim, f"cache head_dim {k_cache.shape[3]} != query's {head_dim}")
     check(head_dim in (16, 32, 64, 128, 256), f"head_dim must be a power of 2 in [16, 256], got {head_dim}")
     check(query.dtype in (torch.float16, torch.bfloat16, torch.float32), f"unsupported dtype {query.dtype}")
-    check(k_cache.dtype == query.dtype and v_cache.dtype == query.dtype,
-          f"query/cache dtypes differ: {query.dtype} / {k_cache.dtype} / {v_cache.dtype}")
+    check(k_cache.dtype == v_cache.dtype, f"k_cache/v_cache dtypes differ: {k_cache.dtype} / {v_cache.dtype}")
+    check(k_cache.dtype == query.dtype or is_fp8(k_cache.dtype),
+          f"query/cache dtypes differ: {query.dtype} / {k_cache.dtype} (a cache is in the query dtype or "
+          "float8_e4m3fn)")
+    check_kv_scales(k_scale, v_scale, k_cache.dtype)
     check(query.stride(-1) == 1 and k_cache.stride(-1) == 1, "query and caches must be contiguous in head_dim")
     check(k_cache.stride() == v_cache.stride(), "k_cache and v_cache must share strides")
     check(query.device == k_cache.device == plan.work.device, "query, caches and plan must be on one device")
 
 
 def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale,
-                  classes: int = 0, num_items=None, window: int | None = None, positions=None) -> None:
+                  classes: int = 0, num_items=None, window: int | None = None, positions=None,
+                  k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """One launch over `work`. classes: 0 both tile classes, 1 SMALL items only, 2 BIG only.
     num_items: [1] int32 device count of the items of `work` to run, by a persistent launch of
-    plan.persistent_programs programs (CUDA graphs); None: one program per item of `work`."""
+    plan.persistent_programs programs (CUDA graphs); None: one program per item of `work`.
+    k_scale / v_scale: a float8_e4m3fn cache's scales (K's folds into the softmax scale)."""
     persistent = num_items is not None
     if not persistent and work.shape[0] == 0:
         return
@@ -56,13 +64,14 @@ def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, 
         work, num_items if persistent else work,
         query, out, part_out, part_lse, k_cache, v_cache, plan.block_tables, plan.prefix_limit,
         positions if window else plan.prefix_limit,  # without a window the positions are never read
-        float(scale) * LOG2_E, window or 0,
+        float(scale) * float(k_scale) * LOG2_E, float(v_scale), window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), plan.block_tables.stride(0),
         NUM_KV_HEADS=plan.num_kv_heads, NUM_HEADS=plan.num_heads, HEAD_DIM=head_dim,
         PAGE=plan.block_size, WORK_FIELDS=WORK_FIELDS,
         SMALL_M=tile.small_m, SMALL_N=tile.small_n, BIG_M=tile.big_m, BIG_N=tile.big_n,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", CLASSES=classes, PERSISTENT=persistent,
+        KV_FP8=is_fp8(k_cache.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )
 
@@ -97,14 +106,17 @@ def prefix_shared_attention(
     scale: float,
     sliding_window: int | None = None,
     positions: torch.Tensor | None = None,  # [num_tokens] int64: each row's position (with a window)
+    k_scale: float = 1.0,  # a float8_e4m3fn cache's scales: a stored value q stands for q * scale
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Fused prefix-shared attention: one launch for all prefix and distinct tiles (two with
     plan.tile.split_classes), then the merge kernel for rows with several parts.
     With a sliding window W, a row at position p sees KV positions in (p - W, p] only: also in
     prefix tiles, where rows far past the prefix see none of its beginning.
+    The caches are in the query dtype, or float8_e4m3fn with their scales k_scale / v_scale.
     Returns out [num_tokens, num_heads, head_dim] in the query dtype.
     """
-    _validate(query, k_cache, v_cache, plan)
+    _validate(query, k_cache, v_cache, plan, k_scale, v_scale)
     if sliding_window is not None:
         check(isinstance(sliding_window, int) and sliding_window >= 1,
               f"sliding_window must be an integer >= 1, got {sliding_window!r}")
@@ -116,6 +128,6 @@ def prefix_shared_attention(
     part_lse = torch.empty((slots, plan.num_heads), dtype=torch.float32, device=query.device)
     for work, classes, num_items in _work_lists(plan):
         _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale, classes, num_items,
-                      sliding_window, positions)
+                      sliding_window, positions, k_scale, v_scale)
     _merge(plan, out, part_out, part_lse)
     return out

@@ -5,20 +5,26 @@ Layouts are those of the kernels; KV position p of a seq lives where the address
 docs/design.md ("KV addressing") puts it. Row i of a seq with q_len rows sits at position
 seq_len - q_len + i and attends KV positions <= its own (causal); with a sliding window W, only
 positions > its own - W (HF transformers' sliding-window mask: the last W positions, itself included).
+A float8_e4m3fn cache holds values quantized by the rule of kv_quant.py, with one scale for K and
+one for V; the math dequantizes them to float32.
 """
 
 from __future__ import annotations
 
 import torch
 
+from batchllm.ops.kv_quant import check_kv_scales, decode_kv, encode_kv
 
-def store_kv_reference(key, value, k_cache, v_cache, slot_mapping: torch.Tensor) -> None:
+
+def store_kv_reference(key, value, k_cache, v_cache, slot_mapping: torch.Tensor, k_scale: float = 1.0,
+                       v_scale: float = 1.0) -> None:
     """kv_store.store_kv in PyTorch: the same arguments, the same in-place writes."""
+    check_kv_scales(k_scale, v_scale, k_cache.dtype)
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
-    k_cache.view(-1, num_kv_heads, head_dim)[slots] = key[keep].to(k_cache.dtype)
-    v_cache.view(-1, num_kv_heads, head_dim)[slots] = value[keep].to(v_cache.dtype)
+    k_cache.view(-1, num_kv_heads, head_dim)[slots] = encode_kv(key[keep], k_cache.dtype, k_scale)
+    v_cache.view(-1, num_kv_heads, head_dim)[slots] = encode_kv(value[keep], v_cache.dtype, v_scale)
 
 
 def kv_slots_of_seq(
@@ -47,9 +53,12 @@ def paged_attention_reference(
     block_tables: torch.Tensor,  # [num_seqs, max_blocks]
     scale: float,
     sliding_window: int | None = None,
+    k_scale: float = 1.0,  # a float8_e4m3fn cache's scales
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of every row over its seq's paged KV, one seq at a time, in float32;
     out [num_tokens, num_heads, head_dim] in the query dtype."""
+    check_kv_scales(k_scale, v_scale, k_cache.dtype)
     num_heads, head_dim = query.shape[1:]
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     group_size = num_heads // num_kv_heads
@@ -66,8 +75,8 @@ def paged_attention_reference(
             continue
         kv_len = lens[s]
         slots = kv_slots_of_seq(block_tables[s], kv_len, shared[s], block_size)
-        k = flat_k[slots].float().repeat_interleave(group_size, dim=1)  # [kv_len, num_heads, d]
-        v = flat_v[slots].float().repeat_interleave(group_size, dim=1)
+        k = decode_kv(flat_k[slots], k_scale).repeat_interleave(group_size, dim=1)  # [kv_len, num_heads, d]
+        v = decode_kv(flat_v[slots], v_scale).repeat_interleave(group_size, dim=1)
         q = query[q_begin:q_end].float()  # [q_len, num_heads, d]
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale  # [num_heads, q_len, kv_len]
         q_pos = torch.arange(kv_len - q_len, kv_len, device=query.device)

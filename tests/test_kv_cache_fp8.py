@@ -1,0 +1,253 @@
+"""The FP8 (e4m3) KV cache: the quantization rule, its sizing, the store and attention kernels on
+an e4m3 cache against the references, and the engine backends on one."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from batchllm.engine.attention import AttentionMetadata, PagedAttention, make_backend
+from batchllm.engine.kv_cache import KVCache, kv_bytes_per_token
+from batchllm.ops.kv_quant import E4M3_MAX, dequantize_e4m3, quantize_e4m3
+from batchllm.ops.kv_store import store_kv
+from batchllm.ops.prefix_attention import prefix_shared_attention
+from batchllm.ops.reference import paged_attention_reference, store_kv_reference
+from batchllm.ops.work_list import build_prefix_shared_plan, device_num_sms
+from synthetic_batch import SeqSpec, make_batch
+
+FP8 = torch.float8_e4m3fn
+K_SCALE, V_SCALE = 0.02, 0.015  # not powers of two: the scales must really be applied
+# The Triton interpreter's float -> e4m3 conversion is not the hardware's: it rounds ties up, not
+# to even, and a round-up that carries into the exponent can halve the value (7.75 -> 4.0). Its
+# e4m3 -> float conversion is exact, so the attention kernels run on CPU; the store kernel only
+# on inputs that need no rounding.
+INTERPRETER_ROUNDING = ("the Triton interpreter rounds float -> e4m3 wrongly (ties not to even, 7.75 -> 4.0): "
+                        "the store kernel's rounding is tested on a CUDA device only")
+gpu_only_rounding = pytest.mark.skipif(not torch.cuda.is_available(), reason=INTERPRETER_ROUNDING)
+
+# A mixed step: a group's prefix chunk with its members' first chunks, a second group's decode
+# rows, a chunked prefill (a later chunk of an ungrouped seq) and ungrouped decodes.
+MIXED = [SeqSpec(13, 21, 0, 0, True), SeqSpec(6, 27, 21, 0), SeqSpec(1, 40, 21, 0), SeqSpec(1, 50, 32, 1),
+         SeqSpec(1, 70, 32, 1), SeqSpec(24, 64), SeqSpec(1, 90), SeqSpec(1, 17)]
+
+
+def _bytes(t: torch.Tensor) -> list[int]:
+    return t.view(torch.uint8).flatten().tolist()
+
+
+# ---------------------------------------------------------------- the quantization rule (CPU)
+
+def test_e4m3_bytes_of_known_values():
+    values = torch.tensor([0.0, 1.0, -1.0, 0.1, 0.3, 17.0, 19.0, 448.0, 1e6, -1e6, float("inf"), 2.0 ** -9,
+                           3e-3, 2.0 ** -11])
+    # 17 and 19 are ties (16|18, 18|20): to the even mantissa. 3e-3 is a subnormal (2^-8), 2^-11 underflows.
+    expected = [0x00, 0x38, 0xB8, 0x1D, 0x2A, 0x58, 0x5A, 0x7E, 0x7E, 0xFE, 0x7E, 0x01, 0x02, 0x00]
+    assert _bytes(quantize_e4m3(values, 1.0)) == expected
+    assert _bytes(quantize_e4m3(values * 0.5, 0.5)) == expected  # x / scale, exact for a power of two
+    assert _bytes(quantize_e4m3(torch.tensor([0.75, -300.0]), 0.25)) == [0x44, 0xFE]  # 3.0; -1200 saturates
+    assert dequantize_e4m3(torch.tensor([0x38, 0x7E, 0xFE, 0x01], dtype=torch.uint8).view(FP8), 0.5).tolist() == [
+        0.5, 224.0, -224.0, 2.0 ** -10]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_reference_store_quantizes_with_the_scale(dtype):
+    b = make_batch(MIXED, num_heads=4, num_kv_heads=2, head_dim=32, block_size=16, dtype=dtype)
+    slots = b.slot_mapping.clone()
+    slots[3] = -1  # a skipped row
+    k8 = torch.full(b.k_cache.shape, 0.5, dtype=FP8)
+    v8 = k8.clone()
+    store_kv_reference(b.key, b.value, k8, v8, slots, K_SCALE, V_SCALE)
+    flat_k, flat_v = k8.view(-1, 2, 32), v8.view(-1, 2, 32)
+    keep = slots >= 0
+    for flat, rows, scale in ((flat_k, b.key, K_SCALE), (flat_v, b.value, V_SCALE)):
+        stored = flat[slots[keep]]
+        expected = (rows[keep].float() / torch.tensor(scale)).clamp(-448, 448).to(FP8)
+        assert _bytes(stored) == _bytes(expected)
+        # round trip: half an e4m3 step, 2^-4 relative in the normal range, 2^-10 * scale below 2^-6
+        x = rows[keep].float()
+        error = (dequantize_e4m3(stored, scale) - x).abs()
+        bound = torch.maximum(x.abs() * 2.0 ** -4, torch.tensor(2.0 ** -10 * scale)) * (1 + 1e-6)
+        assert torch.all(error <= bound)
+        assert torch.all(flat[slots[3]].float() == 0.5)  # the skipped row's slot is untouched
+
+
+def test_reference_store_saturates_instead_of_nan():
+    k8 = torch.zeros(2, 4, 1, 16, dtype=FP8)
+    v8 = torch.zeros_like(k8)
+    big = torch.tensor([1.0, -1.0, 1e4, float("inf")]).repeat(4)[None, None, :] * (449 * K_SCALE)
+    store_kv_reference(big, big, k8, v8, torch.tensor([5]), K_SCALE, V_SCALE)
+    stored = k8.view(-1, 1, 16)[5].float()
+    assert not torch.isnan(stored).any()
+    assert stored.abs().eq(E4M3_MAX).all()
+    assert dequantize_e4m3(k8.view(-1, 1, 16)[5], K_SCALE).abs().max().item() == pytest.approx(448 * K_SCALE)
+
+
+def test_kv_bytes_per_token_halves_and_tokens_double():
+    bf16 = kv_bytes_per_token(32, 8, 128, torch.bfloat16)
+    fp8 = kv_bytes_per_token(32, 8, 128, FP8)
+    assert (bf16, fp8) == (2 * 32 * 8 * 128 * 2, 2 * 32 * 8 * 128)
+    budget_bytes = 40 * 2 ** 30
+    assert budget_bytes // fp8 == 2 * (budget_bytes // bf16)
+
+
+def test_allocate_fp8_cache_and_scale_checks():
+    cache = KVCache.allocate(2, 3, 16, 2, 32, FP8, torch.device("cpu"), k_scale=K_SCALE, v_scale=V_SCALE)
+    assert cache.k.dtype == cache.v.dtype == FP8 and cache.is_fp8
+    assert (cache.k_scale, cache.v_scale, cache.num_blocks) == (K_SCALE, V_SCALE, 3)
+    assert cache.k.element_size() == 1
+    plain = KVCache.allocate(2, 3, 16, 2, 32, torch.float16, torch.device("cpu"))
+    assert (plain.k_scale, plain.v_scale, plain.is_fp8) == (1.0, 1.0, False)
+    with pytest.raises(ValueError, match="float8_e4m3fn cache only"):
+        KVCache.allocate(2, 3, 16, 2, 32, torch.float16, torch.device("cpu"), k_scale=0.5)
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="finite float > 0"):
+            KVCache.allocate(1, 1, 16, 1, 16, FP8, torch.device("cpu"), v_scale=bad)
+
+
+# ---------------------------------------------------------------- kernels against the references
+
+def _fp8_caches(b):
+    """The batch's random caches quantized: the KV history of the step."""
+    return quantize_e4m3(b.k_cache, K_SCALE), quantize_e4m3(b.v_cache, V_SCALE)
+
+
+def test_store_kv_kernel_on_e4m3_grid(device):
+    """Rows whose x / scale are e4m3 values (scales 2^-3 and 2^-5), or past 448 * scale: no rounding
+    to do, so the kernel equals the reference byte for byte, in the interpreter too."""
+    k_scale, v_scale = 0.125, 2.0 ** -5
+    b = make_batch(MIXED, num_heads=6, num_kv_heads=3, head_dim=64, block_size=16, device=device)
+    codes = torch.randint(0, 256, b.key.shape, generator=torch.Generator().manual_seed(1), dtype=torch.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x7E  # no NaN codes
+    grid = codes.view(FP8).float().to(device)
+    key, value = grid * k_scale, grid * v_scale
+    key[0, 0, :4] = torch.tensor([449.0, -1e4, 1e9, -float("inf")]) * k_scale  # saturate
+    slots = b.slot_mapping.clone()
+    slots[2] = -1
+    k_ref, v_ref = _fp8_caches(b)
+    k8, v8 = k_ref.clone(), v_ref.clone()
+    store_kv_reference(key, value, k_ref, v_ref, slots, k_scale, v_scale)
+    store_kv(key, value, k8, v8, slots, k_scale, v_scale)
+    assert _bytes(k8) == _bytes(k_ref) and _bytes(v8) == _bytes(v_ref)
+
+
+@gpu_only_rounding
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_store_kv_kernel_rounds_like_reference_gpu(dtype):
+    b = make_batch(MIXED, num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=dtype, device="cuda")
+    key, value = b.key * 3, b.value * 3  # some rows saturate (past 448 * 0.015 = 6.72)
+    k_ref, v_ref = _fp8_caches(b)
+    k8, v8 = k_ref.clone(), v_ref.clone()
+    store_kv_reference(key, value, k_ref, v_ref, b.slot_mapping, K_SCALE, V_SCALE)
+    store_kv(key, value, k8, v8, b.slot_mapping, K_SCALE, V_SCALE)
+    assert torch.equal(k8.view(torch.uint8), k_ref.view(torch.uint8))
+    assert torch.equal(v8.view(torch.uint8), v_ref.view(torch.uint8))
+    assert not torch.isnan(k8.float()).any()
+
+
+def _plan(b, heads, device, groups: bool, tile=None):
+    num_heads, num_kv_heads, head_dim = heads
+    meta = b.metadata_numpy()
+    if not groups:
+        meta["group_ids"], meta["is_prefix"] = None, None
+    return build_prefix_shared_plan(**meta, block_size=b.k_cache.shape[1], num_kv_heads=num_kv_heads,
+                                    num_heads=num_heads, head_dim=head_dim, tile=tile,
+                                    num_sms=device_num_sms(device)).to(device)
+
+
+def _reference(b, k_cache, v_cache, scale, k_scale=1.0, v_scale=1.0):
+    return paged_attention_reference(b.query.float(), k_cache, v_cache, b.query_start_loc, b.seq_lens,
+                                     b.shared_kv_lens, b.block_tables, scale, k_scale=k_scale, v_scale=v_scale)
+
+
+@pytest.mark.parametrize("tile", ["default", "decode"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_attention_kernel_on_e4m3_cache_matches_reference(device, dtype, tile):
+    """Fused prefix-shared attention with fp32 / fp16 queries on an e4m3 cache (one launch, or
+    the class-split launches of decode steps) equals the reference on the same cache."""
+    from batchllm.ops.tile_config import decode_tile_config
+
+    heads = (9, 3, 64)
+    b = make_batch(MIXED, num_heads=9, num_kv_heads=3, head_dim=64, block_size=16, dtype=dtype, device=device)
+    k8, v8 = _fp8_caches(b)
+    store_kv_reference(b.key, b.value, k8, v8, b.slot_mapping, K_SCALE, V_SCALE)
+    plan = _plan(b, heads, device, groups=True, tile=decode_tile_config(64, 3) if tile == "decode" else None)
+    out = prefix_shared_attention(b.query, k8, v8, plan, 0.125, k_scale=K_SCALE, v_scale=V_SCALE)
+    ref = _reference(b, k8, v8, 0.125, K_SCALE, V_SCALE)
+    tol = 2e-5 if dtype == torch.float32 else 3e-3
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+
+
+def test_attention_validates_fp8_caches(device):
+    b = make_batch(MIXED[:3], num_heads=4, num_kv_heads=2, head_dim=32, block_size=16, dtype=torch.float16,
+                   device=device)
+    plan = _plan(b, (4, 2, 32), device, groups=True)
+    k8, v8 = _fp8_caches(b)
+    cases = [
+        ((b.query, b.k_cache.float(), b.v_cache.float()), {}, "query/cache dtypes differ"),
+        ((b.query, b.k_cache.to(torch.float8_e5m2), b.v_cache.to(torch.float8_e5m2)), {}, "float8_e4m3fn"),
+        ((b.query, k8, b.v_cache), {}, "k_cache/v_cache dtypes differ"),
+        ((b.query, b.k_cache, b.v_cache), {"k_scale": 0.5}, "float8_e4m3fn cache only"),
+        ((b.query, k8, v8), {"v_scale": 0.0}, "finite float > 0"),
+        ((b.query.to(torch.float64), k8, v8), {}, "unsupported dtype"),
+    ]
+    for (query, k_cache, v_cache), scales, message in cases:
+        with pytest.raises(ValueError, match=message):
+            prefix_shared_attention(query, k_cache, v_cache, plan, 0.1, **scales)
+    with pytest.raises(ValueError, match="float8_e4m3fn cache only"):
+        store_kv(b.key, b.value, b.k_cache, b.v_cache, b.slot_mapping, k_scale=0.5)
+    with pytest.raises(ValueError, match="float8_e4m3fn cache stores"):
+        store_kv(b.key.to(FP8), b.value.to(FP8), k8, v8, b.slot_mapping)
+
+
+# ---------------------------------------------------------------- engine backends (CPU)
+
+@pytest.mark.parametrize("backend_name", ["reference", "torch"])
+def test_cpu_backends_on_an_fp8_cache(backend_name):
+    """PagedAttention stores the step quantized with the cache's scales and attends over the
+    dequantized cache: the reference math on the same e4m3 cache."""
+    b = make_batch(MIXED, num_heads=6, num_kv_heads=2, head_dim=32, block_size=16, dtype=torch.float32)
+    k8, v8 = _fp8_caches(b)
+    cache = KVCache(torch.stack([k8, k8]), torch.stack([v8, v8]), K_SCALE, V_SCALE)
+    backend = make_backend(backend_name, torch.device("cpu"), 16, 6, 2, 32)
+    inputs = SimpleNamespace(**b.metadata_numpy(), num_tokens=b.query.shape[0])
+    metadata = AttentionMetadata(slot_mapping=b.slot_mapping, positions=torch.zeros_like(b.slot_mapping))
+    backend.prepare(inputs, metadata)
+    out = PagedAttention(cache, metadata, backend, 0.2)(1, b.query, b.key, b.value)
+    store_kv_reference(b.key, b.value, k8, v8, b.slot_mapping, K_SCALE, V_SCALE)
+    assert _bytes(cache.k[1]) == _bytes(k8) and _bytes(cache.v[1]) == _bytes(v8)
+    assert torch.equal(cache.k[0].view(torch.uint8), quantize_e4m3(b.k_cache, K_SCALE).view(torch.uint8))
+    torch.testing.assert_close(out, _reference(b, k8, v8, 0.2, K_SCALE, V_SCALE), atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- GPU: bf16 queries, the real kernels
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("groups", [True, False], ids=["fused", "paged"])
+@pytest.mark.parametrize("heads", [(32, 8, 128), (9, 3, 64)], ids=["llama", "smollm"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_store_and_attend_on_fp8_cache_gpu(dtype, heads, groups):
+    """store_kv then the fused (or plain paged) attention on an e4m3 cache equal the reference on
+    the same cache; against the same step on a cache in the query dtype the error stays small."""
+    num_heads, num_kv_heads, head_dim = heads
+    seqs = MIXED + [SeqSpec(1, 300 + 37 * i, 256, 2) for i in range(12)] + [SeqSpec(130, 700, 512, 3)]
+    b = make_batch(seqs, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=16,
+                   dtype=dtype, device="cuda")
+    scale = head_dim ** -0.5
+    plan = _plan(b, heads, "cuda", groups)
+    k8, v8 = _fp8_caches(b)
+    k_ref, v_ref = k8.clone(), v8.clone()
+    store_kv(b.key, b.value, k8, v8, b.slot_mapping, K_SCALE, V_SCALE)
+    store_kv_reference(b.key, b.value, k_ref, v_ref, b.slot_mapping, K_SCALE, V_SCALE)
+    assert torch.equal(k8.view(torch.uint8), k_ref.view(torch.uint8))
+    assert torch.equal(v8.view(torch.uint8), v_ref.view(torch.uint8))
+    out = prefix_shared_attention(b.query, k8, v8, plan, scale, k_scale=K_SCALE, v_scale=V_SCALE).float()
+    ref = _reference(b, k8, v8, scale, K_SCALE, V_SCALE)
+    tol = 2e-2 if dtype == torch.bfloat16 else 3e-3
+    torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+
+    store_kv(b.key, b.value, b.k_cache, b.v_cache, b.slot_mapping)
+    full = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan, scale).float()
+    error = out - full
+    # e4m3 keeps 3 mantissa bits: ~3.5% relative RMS error on these random caches
+    assert error.abs().max() <= 0.1 * full.abs().max()
+    assert error.pow(2).mean().sqrt() <= 0.06 * full.pow(2).mean().sqrt()

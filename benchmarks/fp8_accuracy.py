@@ -81,7 +81,8 @@ def main(argv=None) -> int:
         print(f"wrote {len(token_ids)} token ids to {args.write_tokens_file}")
         return 0
 
-    from batchllm.bench.fp8_accuracy import AccuracyOptions, fp8_unsupported_reason, gate_failures, measure_fp8_accuracy
+    from batchllm.bench.fp8_accuracy import AccuracyOptions, gate_failures, measure_fp8_accuracy
+    from batchllm.bench.fp8_support import fp8_unsupported_reason
     from batchllm.engine.loading import resolve_device
 
     reason = fp8_unsupported_reason(resolve_device(args.device))

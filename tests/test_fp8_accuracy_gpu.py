@@ -8,9 +8,9 @@ the file that BATCHLLM_FP8_TOKENS_FILE names, written elsewhere by
 import os
 
 import pytest
-import torch
 
-from batchllm.bench.fp8_accuracy import GATES, AccuracyOptions, fp8_unsupported_reason, measure_fp8_accuracy
+from batchllm.bench.fp8_accuracy import GATES, AccuracyOptions, measure_fp8_accuracy
+from batchllm.bench.fp8_support import fp8_unsupported_reason
 
 pytestmark = [pytest.mark.gpu, pytest.mark.default_model]
 
@@ -20,7 +20,7 @@ TOKENS_FILE_VARIABLE = "BATCHLLM_FP8_TOKENS_FILE"
 
 @pytest.fixture(scope="module")
 def fp8_device():
-    reason = fp8_unsupported_reason("cuda") if torch.cuda.is_available() else "no CUDA device"
+    reason = fp8_unsupported_reason("cuda")
     if reason:
         pytest.skip(reason)
     from batchllm.default_model import default_model_path

@@ -20,7 +20,6 @@ import torch
 from batchllm.bench.logit_metrics import compare_next_token, perplexity
 from batchllm.sched.interface import ScheduledChunk, SchedulerOutput
 
-FP8_MIN_COMPUTE_CAPABILITY = (8, 9)  # Ada and Hopper have e4m3 tensor cores
 SEQ_ID = 0
 
 
@@ -35,7 +34,7 @@ FP8_VARIANTS = (
     Variant("weights_activations", quantization="fp8", kv_cache_dtype="auto"),
     Variant("weights_activations_kv", quantization="fp8", kv_cache_dtype="fp8"),
 )
-REFERENCE_VARIANT = Variant("bf16")
+REFERENCE_VARIANT = Variant("reference")  # options.dtype, no quantization
 
 
 @dataclass(frozen=True)
@@ -49,18 +48,6 @@ class AccuracyOptions:
     def __post_init__(self) -> None:
         if self.chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be at least 1, got {self.chunk_tokens}")
-
-
-def fp8_unsupported_reason(device: torch.device | str) -> str | None:
-    """Why FP8 cannot run on `device`, or None when it can."""
-    device = torch.device(device)
-    requirement = "FP8 needs an NVIDIA GPU of compute capability 8.9 or higher (Ada or Hopper)"
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return f"{requirement}; this device is {device.type} (no CUDA)"
-    capability = torch.cuda.get_device_capability(device)
-    if capability < FP8_MIN_COMPUTE_CAPABILITY:
-        return f"{requirement}; {torch.cuda.get_device_name(device)} is {capability[0]}.{capability[1]}"
-    return None
 
 
 def prefill_steps(token_ids: Sequence[int], chunk_tokens: int, block_size: int) -> list[SchedulerOutput]:

@@ -12,7 +12,9 @@ MODEL = "random:tiny?vocab_size=32000"  # plain random:tiny (512 tokens) is too 
 REQUIRED = {"workload", "requests", "model", "policy", "seconds", "req_per_s", "input_tok_per_s", "output_tok_per_s",
             "processed_prefill_tokens", "saving_ratio", "optimal_saving_ratio", "steps", "mean_tokens_per_step",
             "valley_steps", "peak_kv_blocks", "peak_kv_gib", "mean_step_ms", "schedule_ms_per_step",
-            "launch_ms_per_step", "wait_ms_per_step", "flop_bound_s", "time_over_bound", "async_scheduling"}
+            "launch_ms_per_step", "wait_ms_per_step", "flop_bound_s", "time_over_bound", "async_scheduling",
+            "quantization", "kv_cache_dtype", "tensor_parallel_size", "flop_bound_peak_tflop_per_s",
+            "kv_bytes_per_token"}
 BASE = ["bench", "--model", MODEL, "--device", "cpu", "--kv-cache-tokens", "4096", "--output-tokens", "3"]
 
 
@@ -42,6 +44,10 @@ def test_micro_workload_two_policies(tmp_path, capsys):
         assert 0 <= row["saving_ratio"] <= row["optimal_saving_ratio"] + 1e-9
         assert row["peak_kv_blocks"] > 0 and row["peak_kv_gib"] > 0
         assert row["time_over_bound"] > 0 and row["steps"] >= 3
+        # the default engine: no quantization, the KV cache in the model dtype (float32 on CPU), one device
+        assert (row["quantization"], row["kv_cache_dtype"], row["tensor_parallel_size"]) == (None, "auto", 1)
+        assert row["flop_bound_peak_tflop_per_s"] == 790.0
+        assert row["kv_bytes_per_token"] == result["kv_bytes_per_token"]
     # 3 groups of 4 share 48 of 56 tokens: batchllm processes each prefix once, vllm (cold cache,
     # whole batch admitted together) recomputes more.
     assert rows["batchllm"]["optimal_saving_ratio"] == pytest.approx(3 * 48 / (4 * 56), abs=1e-3)
@@ -51,6 +57,7 @@ def test_micro_workload_two_policies(tmp_path, capsys):
     assert rows["batchllm"]["async_scheduling"] is True and rows["vllm+sync"]["async_scheduling"] is False
     table = md.read_text()
     assert len(_table_rows(table)) == len(result["rows"]) == 2
+    assert "quantization / KV cache" not in table  # only default engines: no engine column
     assert table in capsys.readouterr().out  # also printed
 
 
@@ -170,3 +177,33 @@ def test_compiled_kernel_variants_counts_triton_caches(monkeypatch):
     monkeypatch.setattr(kv_store, "fake_store_kernel", FakeJit({0: 0}), raising=False)
     counts = compiled_kernel_variants()  # other kernels count too where earlier tests compiled them (GPU)
     assert counts["work_list_attention_kernel"] == 3 and "fake_store_kernel" not in counts
+
+
+def test_fp8_variants_need_a_recent_gpu(tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for flags in (["--quantization", "fp8"], ["--kv-cache-dtype", "fp8"], ["--quantization", "none,fp8"]):
+        assert main(BASE + flags + ["--out", str(tmp_path / "r.json")]) == 2
+        err = capsys.readouterr().err
+        assert "compute capability 8.9" in err and "Ada or Hopper" in err and "fix:" in err
+    assert main(BASE + ["--quantization", "int4"]) == 2
+    assert "unknown value 'int4' in --quantization" in capsys.readouterr().err
+    assert main(BASE + ["--kv-cache-dtype", ","]) == 2
+    assert "--kv-cache-dtype is empty" in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_help_names_the_fp8_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--quantization {none,fp8}" in out and "--kv-cache-dtype {auto,fp8}" in out
+    assert "compute capability 8.9+ (Ada or Hopper)" in out and "--quantization none,fp8" in out
+
+
+def test_model_that_cannot_load(tmp_path, capsys):
+    assert main(["bench", "--model", "random:no-such-preset", "--device", "cpu", "--out", str(tmp_path / "r.json")]) == 2
+    error_lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and "cannot load the model random:no-such-preset" in error_lines[0]
+    assert "fix:" in error_lines[0] and not (tmp_path / "r.json").exists()

@@ -1,16 +1,34 @@
 """A lower bound on a run's time from arithmetic alone (docs/design.md, "Benchmark harness"): FLOPs
-of the work / the GPU's measured bf16 matmul peak. It ignores memory traffic (decode steps read the
-weights and the KV cache), so it is not the physical limit of a run. Torch-free; `arch` is a
-ModelArchConfig (num_params, num_layers, num_heads, head_dim, ...)."""
+of the work / the GPU's measured matmul peak (bf16, or FP8 for a run with FP8 linear layers). It
+ignores memory traffic (decode steps read the weights and the KV cache), so it is not the physical
+limit of a run. Torch-free; `arch` is a ModelArchConfig (num_params, num_layers, num_heads, head_dim, ...)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 H200_BF16_PEAK_FLOPS = 790e12  # a bf16 8192^3 matmul in PyTorch on an H200 ran at 780-810 TFLOP/s
+# PLACEHOLDER, not a measurement: to be replaced by the measured 8192^3 FP8 torch._scaled_mm figure
+# (row-wise scales, bf16 output) of benchmarks/gemm_peak.py on an H200.
+H200_FP8_PEAK_FLOPS = 1200e12
 
 
-def flop_bound_seconds(arch, groups, output_num_tokens: Sequence[int]) -> float:
+def peak_flops_for(quantization: str | None) -> float:
+    """The peak a run's bound is taken against: FP8 for quantization "fp8" (EngineConfig), else bf16.
+    The whole work counts at that peak (attention and the LM head too, which stay bf16): the bound
+    stays a lower bound."""
+    return H200_FP8_PEAK_FLOPS if quantization == "fp8" else H200_BF16_PEAK_FLOPS
+
+
+def flop_bound_seconds(arch, groups, output_num_tokens: Sequence[int],
+                       peak_flops: float = H200_BF16_PEAK_FLOPS) -> float:
+    """work_flops(...) / peak_flops (FLOP/s)."""
+    if peak_flops <= 0:
+        raise ValueError(f"peak_flops must be positive, got {peak_flops}")
+    return work_flops(arch, groups, output_num_tokens) / peak_flops
+
+
+def work_flops(arch, groups, output_num_tokens: Sequence[int]) -> float:
     """groups: (prefix_num_tokens, [distinct_num_tokens per member], [member request indices]).
     Counts every prefix once (optimal sharing), every distinct prompt and every decode step: the
     dense layers (2 x parameters per token), attention and the LM head of the rows that sample."""
@@ -27,4 +45,4 @@ def flop_bound_seconds(arch, groups, output_num_tokens: Sequence[int]) -> float:
     flops = 2.0 * arch.num_params(include_embeddings=False) * processed_tokens
     flops += 4.0 * arch.num_layers * arch.num_heads * arch.head_dim * attended_keys
     flops += 2.0 * arch.vocab_size * arch.hidden_size * num_sampled_rows
-    return flops / H200_BF16_PEAK_FLOPS
+    return flops

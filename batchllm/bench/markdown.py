@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS
+from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS, H200_FP8_PEAK_FLOPS
 
 # (header, row key, format)
 COLUMNS = (
@@ -33,27 +33,55 @@ def _cell(row: dict, key: str, form: str) -> str:
     return text.replace("|", "\\|")
 
 
+def engine_label(row: dict) -> str:
+    """'fp8 / fp8' for quantization fp8 with an FP8 KV cache, 'none / auto' for neither; ' / TP2'
+    appended above one GPU."""
+    label = f"{row.get('quantization') or 'none'} / {row.get('kv_cache_dtype', 'auto')}"
+    if row.get("tensor_parallel_size", 1) > 1:
+        label += f" / TP{row['tensor_parallel_size']}"
+    return label
+
+
+def _shows_engine(rows: list[dict]) -> bool:
+    """The engine column appears once some row ran anything but the default engine."""
+    return any(engine_label(row) != "none / auto" for row in rows)
+
+
 def render_markdown(result: dict) -> str:
     """Title line, a table of every row (failed policies show their error), notes."""
     title = (f"### {result.get('model', '?')} on {result.get('device', '?')} "
              f"({result.get('date', '?')}, commit {result.get('git_commit') or '?'})")
-    lines = [title, "", "| " + " | ".join(header for header, _, _ in COLUMNS) + " |",
-             "|" + "|".join("---" if i < 2 else "---:" for i in range(len(COLUMNS))) + "|"]
+    rows = result.get("rows", [])
+    columns = list(COLUMNS)
+    num_label_columns = 2  # workload, policy (then the engine when shown): left-aligned, kept on failed rows
+    if _shows_engine(rows):
+        columns.insert(2, ("quantization / KV cache", "engine", "{}"))
+        num_label_columns = 3
+    lines = [title, "", "| " + " | ".join(header for header, _, _ in columns) + " |",
+             "|" + "|".join("---" if i < num_label_columns else "---:" for i in range(len(columns))) + "|"]
     errors = []
-    for row in result.get("rows", []):
+    for row in rows:
+        row = {**row, "engine": engine_label(row)}
         if "error" in row:
             errors.append(f"- {row.get('workload')} / {row.get('policy')}: failed: {row['error']}")
-            cells = [_cell(row, "workload", "{}"), _cell(row, "policy", "{}"), "failed"]
-            cells += ["–"] * (len(COLUMNS) - len(cells))
+            cells = [_cell(row, key, form) for _, key, form in columns[:num_label_columns]]
+            cells.append("failed")
+            cells += ["–"] * (len(columns) - len(cells))
         else:
-            cells = [_cell(row, key, form) for _, key, form in COLUMNS]
+            cells = [_cell(row, key, form) for _, key, form in columns]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    fp8_bound = (f"; rows with quantization fp8 at {H200_FP8_PEAK_FLOPS / 1e12:.0f} TFLOP/s (H200 FP8)"
+                 if any(row.get("quantization") == "fp8" for row in rows) else "")
+    kv_bytes = (f"{result['kv_bytes_per_token']} bytes per token" if "kv_bytes_per_token" in result
+                else "the row's KV bytes per token (kv_bytes_per_token in the JSON rows)")
     lines.append(f"Outputs forced to max_tokens (EOS ignored). time / bound: wall time over the FLOP bound with "
-                 f"optimal prefix sharing at {H200_BF16_PEAK_FLOPS / 1e12:.0f} TFLOP/s (H200 bf16). "
+                 f"optimal prefix sharing at {H200_BF16_PEAK_FLOPS / 1e12:.0f} TFLOP/s (H200 bf16){fp8_bound}. "
                  "valleys: steps under half the token budget. peak KV GiB: peak KV blocks x block size x "
-                 f"{result.get('kv_bytes_per_token', '?')} bytes per token.")
+                 f"{kv_bytes}.")
     for entry in result.get("inputs", []):
         lines.append(f"- input {entry['file']}: {entry['requests']} requests, {entry['skipped_lines']} lines skipped")
+    for entry in result.get("load_errors", []):
+        lines.append(f"- not run: {entry['error']}")
     lines.extend(errors)
     return "\n".join(lines) + "\n"

@@ -3,7 +3,9 @@ row per (workload, policy), as docs/design.md ("Benchmark harness") describes.""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import gc
 import json
 import os
 import subprocess
@@ -12,7 +14,8 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from batchllm.bench.flop_bound import flop_bound_seconds
+from batchllm.bench.engine_variants import EngineVariant
+from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS, flop_bound_seconds, peak_flops_for
 from batchllm.bench.policies import PolicySpec, parse_policies
 from batchllm.bench.workload import DEFAULT_WORKLOAD, make_workload, read_input_workload, split_workload_spec
 from batchllm.engine.run_options import RunOptions
@@ -36,6 +39,9 @@ class BenchOptions:
     device: str = "auto"
     dtype: str = "auto"
     seed: int = 0
+    # The engines to measure, one after the other in this process (each loads the model anew); every
+    # row is tagged with its engine's quantization, KV cache dtype and tensor parallel size.
+    variants: tuple[EngineVariant, ...] = (EngineVariant(),)
     trace_dir: str | None = None
     git_commit: str | None = None
     hf_peer: int = 0  # time HF generate on the first N requests of the first workload
@@ -69,10 +75,21 @@ def save_trace(directory: str, workload: str, label: str, engine, steps):
 
 
 def engine_kv_bytes_per_token(engine) -> int:
+    """Bytes of one token's keys and values in the engine's KV cache: one byte an element for an
+    FP8 cache (kv_cache_dtype "fp8"), else the model dtype's size."""
+    import torch
+
     from batchllm.engine.kv_cache import kv_bytes_per_token
 
     arch = engine.arch
-    return kv_bytes_per_token(arch.num_layers, arch.num_kv_heads, arch.head_dim, engine.dtype)
+    dtype = torch.float8_e4m3fn if engine.config.kv_cache_dtype == "fp8" else engine.dtype
+    return kv_bytes_per_token(arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype)
+
+
+def engine_tags(engine) -> dict:
+    """What every row says about the engine that produced it."""
+    return {"quantization": engine.config.quantization, "kv_cache_dtype": engine.config.kv_cache_dtype,
+            "tensor_parallel_size": getattr(engine, "tensor_parallel_size", 1)}
 
 
 def git_commit() -> str | None:
@@ -106,12 +123,31 @@ def compiled_kernel_variants() -> dict[str, int]:
     return counts
 
 
-def load_llm(options: BenchOptions):
-    from batchllm import LLM
+def engine_config(options: BenchOptions, variant: EngineVariant):
+    """The EngineConfig of one variant; every setting the bench does not name keeps LLM's default."""
+    from batchllm.config import EngineConfig
+    from batchllm.sched.config import SchedulerConfig
 
-    return LLM(model=options.model, attention_backend=options.attention_backend,
-               kv_cache_tokens=options.kv_cache_tokens, max_num_batched_tokens=options.max_num_batched_tokens,
-               device=options.device, dtype=options.dtype, seed=options.seed)
+    return EngineConfig(model=options.model, dtype=options.dtype, device=options.device,
+                        quantization=variant.quantization, kv_cache_dtype=variant.kv_cache_dtype,
+                        kv_cache_tokens=options.kv_cache_tokens, attention_backend=options.attention_backend,
+                        seed=options.seed,
+                        scheduler=SchedulerConfig(max_num_batched_tokens=options.max_num_batched_tokens))
+
+
+def load_llm(options: BenchOptions, variant: EngineVariant = EngineVariant()):
+    """A batchllm.LLM whose engine is built from engine_config(options, variant)."""
+    from batchllm import LLM
+    from batchllm.engine.factory import create_engine
+
+    class ConfiguredLLM(LLM):
+        """LLM over an engine built from a whole EngineConfig (LLM's keywords do not name every field)."""
+
+        def __init__(self, config) -> None:
+            self.engine = create_engine(config)
+            self.last_run_stats = None
+
+    return ConfiguredLLM(engine_config(options, variant))
 
 
 def _generated_case(spec_text: str, options: BenchOptions, vocab_size: int) -> _Case:
@@ -137,7 +173,8 @@ def _input_case(path: str, engine, options: BenchOptions, log: Callable[[str], N
 
 def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float, model: str,
                base_settings: dict) -> dict:
-    """One (workload, policy) row. base_settings: the scheduler settings a label does not set.
+    """One (workload, policy) row. bound: the FLOP bound in seconds at the engine's peak
+    (flop_bound.peak_flops_for). base_settings: the scheduler settings a label does not set.
     Raises what the run raises (the caller turns it into a row)."""
     import torch
 
@@ -165,6 +202,7 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
     peak_bytes = peak_blocks * engine.scheduler_config.block_size * engine_kv_bytes_per_token(engine)
     row = {
         "workload": case.label, "requests": len(prompts), "model": model, "policy": policy.label,
+        **engine_tags(engine),
         "seconds": round(seconds, 3), "req_per_s": round(len(prompts) / seconds, 2),
         "input_tok_per_s": round(num_prompt_tokens / seconds, 1),
         "output_tok_per_s": round(num_output_tokens / seconds, 1),
@@ -180,6 +218,8 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
         "launch_ms_per_step": round(1000 * sum(s.launch_time_s for s in steps) / num_steps, 2),
         "wait_ms_per_step": round(1000 * sum(s.wait_time_s for s in steps) / num_steps, 2),
         "flop_bound_s": round(bound, 3), "time_over_bound": round(seconds / bound, 2),
+        "flop_bound_peak_tflop_per_s": round(peak_flops_for(engine.config.quantization) / 1e12, 1),
+        "kv_bytes_per_token": engine_kv_bytes_per_token(engine),
         "async_scheduling": options.async_scheduling,
     }
     if engine.runner.graphs is not None:
@@ -190,8 +230,8 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
 
 
 def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print) -> dict:
-    """Run every workload under every policy on `llm` (a loaded batchllm.LLM); returns {device, date,
-    git_commit, model, rows, ...}."""
+    """Run every workload under every policy on `llm` (a loaded batchllm.LLM, one engine variant);
+    returns {device, date, git_commit, model, rows, ...}. run_variants runs each of options.variants."""
     import torch
 
     from batchllm import SamplingParams
@@ -201,7 +241,8 @@ def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print) ->
     engine = llm.engine
     arch = engine.arch
     log(f"model {options.model}: {arch.num_layers} layers, hidden {arch.hidden_size}, "
-        f"KV cache {engine.num_kv_tokens} tokens, device {engine.device}")
+        f"KV cache {engine.num_kv_tokens} tokens, device {engine.device}, "
+        f"{EngineVariant(engine.config.quantization, engine.config.kv_cache_dtype).label}")
     base_settings = {name: getattr(engine.scheduler_config, name) for name in SCHEDULER_SETTINGS}
     rows: list[dict] = []
     inputs: list[dict] = []
@@ -220,7 +261,7 @@ def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print) ->
         plan = plan_prefix_groups(case.prompts)
         groups = [(len(g.prefix_token_ids), [len(d) for d in g.distinct_token_ids], g.request_indices)
                   for g in plan.groups]
-        bound = flop_bound_seconds(arch, groups, case.max_tokens)
+        bound = flop_bound_seconds(arch, groups, case.max_tokens, peak_flops_for(engine.config.quantization))
         params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in case.max_tokens]
         if options.warm_pass and index == 0:
             started = time.perf_counter()
@@ -236,7 +277,7 @@ def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print) ->
                     traces.append(save_trace(options.trace_dir, case.label, policy.label, engine, steps))
             except Exception as error:  # noqa: BLE001 -- keep measuring the other policies; the row says what failed
                 traceback.print_exc()
-                row = {"workload": case.label, "policy": policy.label, "error": repr(error)}
+                row = {"workload": case.label, "policy": policy.label, **engine_tags(engine), "error": repr(error)}
             rows.append(row)
             log(json.dumps(row))
         engine.configure_scheduler(**base_settings)
@@ -248,7 +289,11 @@ def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print) ->
         if options.hf_peer and index == 0:
             from batchllm.bench.hf_peer import hf_peer_row
 
-            row = hf_peer_row(engine, case.label, options.model, case.prompts, case.max_tokens, options.hf_peer, bound)
+            # HF generate runs the bf16 model: its bound is at the bf16 peak whatever this engine runs
+            bf16_bound = flop_bound_seconds(arch, groups, case.max_tokens, H200_BF16_PEAK_FLOPS)
+            row = hf_peer_row(engine, case.label, options.model, case.prompts, case.max_tokens, options.hf_peer,
+                              bf16_bound)
+            row = {**row, "quantization": None, "kv_cache_dtype": "auto", "tensor_parallel_size": 1}
             rows.append(row)
             log(json.dumps(row))
     device = torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else engine.device.type
@@ -258,4 +303,57 @@ def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print) ->
               "compiled_kernel_variants": compiled_kernel_variants(), "rows": rows}
     if inputs:
         result["inputs"] = inputs
+    return result
+
+
+LOAD_ERRORS = (FileNotFoundError, ValueError, OSError)  # a model or setting that cannot load: a note, not a crash
+
+
+def free_device_memory() -> None:
+    """Collect dropped engines and hand their cached GPU memory back, so the next engine sizes its
+    KV cache from all of it."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def merge_results(results: list[dict]) -> dict:
+    """One result of several variants' run_bench results: the first's header, every row in order,
+    the last count of compiled kernels (they add up in the process). kv_bytes_per_token stays at the
+    top only when every variant has the same; the rows carry their own."""
+    merged = {**results[0], "rows": [row for result in results for row in result["rows"]],
+              "compiled_kernel_variants": results[-1]["compiled_kernel_variants"]}
+    if len({result["kv_bytes_per_token"] for result in results}) > 1:
+        del merged["kv_bytes_per_token"]
+    return merged
+
+
+def run_variants(options: BenchOptions, load: Callable = load_llm, log: Callable[[str], None] = print) -> dict:
+    """run_bench on each of options.variants in turn, each on its own engine (load(options, variant));
+    the HF peer (bf16) runs with the first only. A variant that cannot load is listed under
+    "load_errors" (the rendered table notes it) and the others still run; with no variant loaded,
+    the result has no rows."""
+    results: list[dict] = []
+    load_errors: list[dict] = []
+    for variant in options.variants:
+        variant_options = options if not results else dataclasses.replace(options, hf_peer=0)
+        try:
+            llm = load(variant_options, variant)
+        except LOAD_ERRORS as error:
+            load_errors.append({"quantization": variant.quantization, "kv_cache_dtype": variant.kv_cache_dtype,
+                                "error": f"cannot load the model {options.model} ({variant.label}): {error}"})
+            continue
+        try:
+            results.append(run_bench(variant_options, llm, log))
+        finally:
+            shutdown = getattr(llm.engine, "shutdown", None)  # tensor parallel workers
+            if shutdown is not None:
+                shutdown()
+            del llm
+            free_device_memory()
+    result = merge_results(results) if results else {"model": options.model, "rows": []}
+    if load_errors:
+        result["load_errors"] = load_errors
     return result

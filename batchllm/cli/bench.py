@@ -6,10 +6,13 @@ import json
 import os
 import sys
 
+from batchllm.bench.engine_variants import KV_CACHE_DTYPE_CHOICES, NO_QUANTIZATION, QUANTIZATION_CHOICES
+from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS, H200_FP8_PEAK_FLOPS
+
 DEFAULT_GPU_MODEL = "random:llama-3.1-8b"
 CPU_SMOKE_MODEL = "random:tiny?vocab_size=32000"
 
-EPILOG = f"""\
+EPILOG = """\
 examples:
   # three policies on a GPU: 512 requests of micro 2000/200 sd16 (the table is printed; nothing written)
   batchllm bench --workload micro:2000:200:16 --policies batchllm,vllm,sglang
@@ -22,18 +25,24 @@ examples:
   batchllm bench --input requests.jsonl --policies batchllm,vllm
 
   # batchllm with and without asynchronous scheduling and CUDA graphs, rows saved under results/
-  batchllm bench --workload micro:2000:200:16#1024 --policies batchllm,batchllm+sync,batchllm+eager \
+  batchllm bench --workload micro:2000:200:16#1024 --policies batchllm,batchllm+sync,batchllm+eager \\
       --out results/bench.json
 
+  # bf16 and FP8 engines in one invocation (FP8 needs a GPU of compute capability 8.9+, Ada/Hopper):
+  # every policy runs on each, rows are tagged with quantization and kv_cache_dtype
+  batchllm bench --workload micro:2000:200:16#1024 --policies batchllm,vllm --quantization none,fp8 \\
+      --kv-cache-dtype auto,fp8 --out results/fp8.json
+
   # a quick smoke test on a CPU
-  batchllm bench --model '{CPU_SMOKE_MODEL}' --workload micro:64:16:4 --requests 16 --output-tokens 4 \\
+  batchllm bench --model '{cpu_model}' --workload micro:64:16:4 --requests 16 --output-tokens 4 \\
       --policies batchllm,vllm --out /tmp/bench.json
 
 Policies: batchllm, vllm, sglang, simple; NAME@TOKENS sets the token budget, NAME@SEQS/TOKENS also
 the request cap; suffix +eager runs without CUDA graphs, +sync without asynchronous scheduling.
 Outputs are forced to max_tokens (EOS ignored), so every policy does the same work. Each policy
 runs after a warm-up batch of 8 requests (kernel compilation excluded). time/bound: wall time over
-the FLOP bound with optimal prefix sharing at the H200 bf16 peak (790 TFLOP/s).
+the FLOP bound with optimal prefix sharing at the H200 bf16 peak ({bf16_tflops:.0f} TFLOP/s), or for
+rows with --quantization fp8 at the H200 FP8 peak ({fp8_tflops:.0f} TFLOP/s).
 """
 
 
@@ -50,7 +59,8 @@ def add_parser(subparsers) -> None:
             f"Default model: {DEFAULT_GPU_MODEL} (random weights) on a CUDA GPU; on a machine without\n"
             f"CUDA pass --model (e.g. '{CPU_SMOKE_MODEL}' or a small .gguf file)."
         ),
-        epilog=EPILOG,
+        epilog=EPILOG.format(cpu_model=CPU_SMOKE_MODEL, bf16_tflops=H200_BF16_PEAK_FLOPS / 1e12,
+                             fp8_tflops=H200_FP8_PEAK_FLOPS / 1e12),
     )
     parser.add_argument("--model", default=None,
                         help=f"random:PRESET (random:llama-3.1-8b, random:qwen2.5-7b, random:qwen2.5-14b, "
@@ -74,6 +84,17 @@ def add_parser(subparsers) -> None:
                         choices=["auto", "reference", "torch", "triton", "fused"])
     parser.add_argument("--kv-cache-tokens", type=int, default=None,
                         help="KV cache capacity in tokens (default: free GPU memory; 32768 on CPU)")
+    parser.add_argument("--quantization", default=NO_QUANTIZATION, metavar="{" + ",".join(QUANTIZATION_CHOICES) + "}",
+                        help="fp8: the decoder's linear layers run FP8 (e4m3) GEMMs, weights scaled per output "
+                             "channel, activations per token; the embedding, LM head and norms stay bf16. "
+                             "none (default): no quantization. A comma list (none,fp8) runs each in this one "
+                             "invocation, the model loaded once per value, and tags every row with it. FP8 "
+                             "needs an NVIDIA GPU of compute capability 8.9+ (Ada or Hopper)")
+    parser.add_argument("--kv-cache-dtype", default="auto", metavar="{" + ",".join(KV_CACHE_DTYPE_CHOICES) + "}",
+                        help="auto (default): the KV cache in the model dtype; fp8: an e4m3 KV cache (twice "
+                             "the tokens in the same memory; needs an NVIDIA GPU of compute capability 8.9+, "
+                             "Ada or Hopper). A comma list (auto,fp8) runs each; with a --quantization list, "
+                             "every combination runs")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
                         help="auto: float32 on CPU, bfloat16 on GPU")
@@ -129,9 +150,11 @@ def _cuda(device: str) -> bool:
 
 
 def options_from_args(args, model: str):
+    from batchllm.bench.engine_variants import parse_variants
     from batchllm.bench.runner import BenchOptions
 
-    return BenchOptions(model=model, workloads=list(args.workload or []), inputs=list(args.input),
+    return BenchOptions(model=model, variants=parse_variants(args.quantization, args.kv_cache_dtype),
+                        workloads=list(args.workload or []), inputs=list(args.input),
                         requests=args.requests, output_tokens=args.output_tokens, policies=args.policies,
                         max_num_batched_tokens=args.max_num_batched_tokens, attention_backend=args.attention_backend,
                         kv_cache_tokens=args.kv_cache_tokens, device=args.device, dtype=args.dtype, seed=args.seed,
@@ -147,13 +170,36 @@ def output_files(args) -> list[tuple[str, str]]:
     return files
 
 
+def fp8_problem(options) -> str | None:
+    """Why the FP8 variants of options (BenchOptions) cannot run on its device, or None."""
+    if not any(variant.uses_fp8 for variant in options.variants):
+        return None
+    from batchllm.bench.fp8_support import fp8_unsupported_reason
+    from batchllm.engine.loading import resolve_device
+
+    reason = fp8_unsupported_reason(resolve_device(options.device))
+    if reason is None:
+        return None
+    return f"{reason} (fix: run on such a GPU, or leave out --quantization fp8 / --kv-cache-dtype fp8)"
+
+
+def _load(options, variant):
+    from batchllm.bench.runner import load_llm
+
+    print(f"loading model {options.model} ({variant.label}) ...", file=sys.stderr)
+    return load_llm(options, variant)
+
+
 def bench_command(args) -> int:
-    """Exit codes: 0 every row measured, 1 some policy failed (its row has "error"), 2 nothing ran."""
+    """Exit codes: 0 every row measured, 1 some policy or engine variant failed (its row has "error",
+    or the result lists it under "load_errors"), 2 nothing ran."""
+    from batchllm.bench.engine_variants import parse_variants
     from batchllm.bench.policies import parse_policies
     from batchllm.cli.run import _input_problem
 
     try:
         parse_policies(args.policies)
+        parse_variants(args.quantization, args.kv_cache_dtype)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -168,26 +214,29 @@ def bench_command(args) -> int:
     model = resolve_model(args)
     if model is None:
         return 2
-    from batchllm.bench.markdown import render_markdown
-    from batchllm.bench.runner import load_llm, run_bench
-
     options = options_from_args(args, model)
-    print(f"loading model {model} ...", file=sys.stderr)
-    try:
-        llm = load_llm(options)
-    except (FileNotFoundError, ValueError, OSError) as error:
-        print(f"error: cannot load the model {model}: {error} "
-              "(fix: pass --model a .gguf file, a HF model directory or random:PRESET)", file=sys.stderr)
+    problem = fp8_problem(options)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
+    from batchllm.bench.markdown import render_markdown
+    from batchllm.bench.runner import run_variants
+
     try:
-        result = run_bench(options, llm=llm, log=lambda text: print(text, flush=True))
+        result = run_variants(options, load=_load, log=lambda text: print(text, flush=True))
     except SystemExit as error:  # a bad workload spec or a vocabulary too small for it
         if isinstance(error.code, int):
             raise
         print(f"error: {error.code}", file=sys.stderr)
         return 2
     if not result["rows"]:
-        print("error: nothing ran (no request could run)", file=sys.stderr)
+        if result.get("load_errors"):
+            first = result["load_errors"][0]
+            fp8 = first["quantization"] == "fp8" or first["kv_cache_dtype"] == "fp8"
+            print(f"error: {first['error']} (fix: pass --model a .gguf file, a HF model directory or "
+                  f"random:PRESET{', or leave out the FP8 flags' if fp8 else ''})", file=sys.stderr)
+        else:
+            print("error: nothing ran (no request could run)", file=sys.stderr)
         return 2
     table = render_markdown(result)
     files = output_files(args)
@@ -199,4 +248,5 @@ def bench_command(args) -> int:
     print(table, end="")
     if files:
         print("\nwrote " + " and ".join(path for path, _ in files))
-    return 1 if any("error" in row for row in result["rows"]) else 0
+    failed = result.get("load_errors") or any("error" in row for row in result["rows"])
+    return 1 if failed else 0

@@ -1,0 +1,157 @@
+"""Matmul peaks of the GPU: an M=N=K=8192 bf16 matmul and the same in FP8 through torch._scaled_mm.
+
+FP8: float8_e4m3fn operands, the second one column-major (b.t() of a row-major [N, K] tensor),
+float32 row-wise scales (scale_a [M, 1], scale_b [1, N]), bf16 output; measured with
+use_fast_accum off and on. Each figure is timed with CUDA events over --iters products after
+--warmup untimed ones, --repeats times; TFLOP/s counts 2*M*N*K per product. Prints the median and
+the spread over the repeats and writes JSON to --out. The bench's FLOP bound divides by these
+peaks (batchllm/bench/flop_bound.py). Runs on torch 2.11 and later.
+
+    PYTHONPATH=. python3 benchmarks/gemm_peak.py --out benchmarks/results/gemm_peak.json
+    PYTHONPATH=. python3 benchmarks/gemm_peak.py --dry-run   # small shapes on the CPU: checks the code only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from batchllm.bench.fp8_support import fp8_unsupported_reason
+
+FP8_DTYPE = torch.float8_e4m3fn
+
+
+@dataclass(frozen=True)
+class TimingOptions:
+    repeats: int = 5
+    iters: int = 50  # products per repeat
+    warmup: int = 20  # untimed products before the first repeat (the clocks ramp up meanwhile)
+
+
+def time_per_call_s(fn: Callable[[], object], device: torch.device, iters: int) -> float:
+    """Seconds per call of fn, over iters calls (CUDA events on a GPU, a wall clock elsewhere)."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / iters
+    started = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - started) / iters
+
+
+def measure_tflops(fn: Callable[[], object], flops: float, device: torch.device, timing: TimingOptions) -> dict:
+    for _ in range(timing.warmup):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    rates = [flops / time_per_call_s(fn, device, timing.iters) / 1e12 for _ in range(timing.repeats)]
+    return {"tflop_per_s_median": round(statistics.median(rates), 1), "tflop_per_s_min": round(min(rates), 1),
+            "tflop_per_s_max": round(max(rates), 1), "tflop_per_s_repeats": [round(r, 1) for r in rates]}
+
+
+@dataclass
+class Fp8Operands:
+    a: torch.Tensor  # [M, K] float8_e4m3fn, row-major
+    b: torch.Tensor  # [K, N] float8_e4m3fn, column-major (the transpose of a row-major [N, K])
+    scale_a: torch.Tensor  # [M, 1] float32
+    scale_b: torch.Tensor  # [1, N] float32
+
+    def product(self, use_fast_accum: bool) -> torch.Tensor:
+        return torch._scaled_mm(self.a, self.b, scale_a=self.scale_a, scale_b=self.scale_b,
+                                out_dtype=torch.bfloat16, use_fast_accum=use_fast_accum)
+
+
+def fp8_operands(m: int, n: int, k: int, device: torch.device, generator: torch.Generator) -> Fp8Operands:
+    """Normal values (well inside e4m3's range) and row-wise scales around 1."""
+    a = torch.randn(m, k, device=device, generator=generator).to(FP8_DTYPE)
+    b = torch.randn(n, k, device=device, generator=generator).to(FP8_DTYPE).t()
+    scale_a = torch.rand(m, 1, device=device, generator=generator) + 0.5
+    scale_b = torch.rand(1, n, device=device, generator=generator) + 0.5
+    return Fp8Operands(a, b, scale_a, scale_b)
+
+
+def check_fp8_product(operands: Fp8Operands, rows: int = 256) -> float:
+    """Largest relative error of the first rows x rows block of the FP8 product against float32
+    arithmetic on the same e4m3 values (a wrong layout or scale gives errors near 1)."""
+    got = operands.product(use_fast_accum=False)[:rows, :rows].float()
+    a = operands.a[:rows].float() * operands.scale_a[:rows]
+    b = operands.b[:, :rows].float() * operands.scale_b[:, :rows]
+    want = a @ b
+    return float((got - want).abs().max() / want.abs().max())
+
+
+def run(size: int, device: torch.device, timing: TimingOptions, log: Callable[[str], None] = print) -> dict:
+    generator = torch.Generator(device=device).manual_seed(0)
+    flops = 2.0 * size ** 3
+    result: dict = {"shape_mnk": [size, size, size], "torch": torch.__version__,
+                    "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
+                    "repeats": timing.repeats, "iters_per_repeat": timing.iters}
+    a = torch.randn(size, size, device=device, generator=generator, dtype=torch.bfloat16)
+    b = torch.randn(size, size, device=device, generator=generator, dtype=torch.bfloat16)
+    result["bf16"] = measure_tflops(lambda: a @ b, flops, device, timing)
+    log(_line("bf16 matmul", result["bf16"]))
+    del a, b
+    operands = fp8_operands(size, size, size, device, generator)
+    result["fp8_rowwise_max_rel_error"] = check_fp8_product(operands)
+    if result["fp8_rowwise_max_rel_error"] > 0.02:
+        raise RuntimeError(f"the FP8 product is wrong (relative error {result['fp8_rowwise_max_rel_error']:.3g})")
+    for key, fast in (("fp8_rowwise", False), ("fp8_rowwise_fast_accum", True)):
+        result[key] = measure_tflops(lambda: operands.product(fast), flops, device, timing)
+        log(_line(f"fp8 _scaled_mm (row-wise scales, use_fast_accum={fast})", result[key]))
+    bf16_median = result["bf16"]["tflop_per_s_median"]
+    result["fp8_over_bf16"] = round(result["fp8_rowwise"]["tflop_per_s_median"] / bf16_median, 3) if bf16_median else None
+    return result
+
+
+def _line(label: str, figures: dict) -> str:
+    return (f"{label}: {figures['tflop_per_s_median']:,.1f} TFLOP/s median "
+            f"(min {figures['tflop_per_s_min']:,.1f}, max {figures['tflop_per_s_max']:,.1f}, "
+            f"{len(figures['tflop_per_s_repeats'])} repeats)")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="benchmarks/results/gemm_peak.json", metavar="FILE.json",
+                        help="where to write the JSON (default benchmarks/results/gemm_peak.json)")
+    parser.add_argument("--size", type=int, default=8192, help="M = N = K (default 8192)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats; median and spread over them (default 5)")
+    parser.add_argument("--iters", type=int, default=50, help="products per repeat (default 50)")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed products first (default 20)")
+    parser.add_argument("--device", default="cuda", help="cuda, cuda:1 ... (default cuda)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="size 256, 1 repeat of 2 products on the CPU, nothing written: checks the code runs")
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        device, size, timing = torch.device("cpu"), 256, TimingOptions(repeats=1, iters=2, warmup=1)
+    else:
+        device, size = torch.device(args.device), args.size
+        timing = TimingOptions(repeats=args.repeats, iters=args.iters, warmup=args.warmup)
+        reason = fp8_unsupported_reason(device)
+        if reason:
+            print(f"error: {reason} (--dry-run checks the code on a CPU)", file=sys.stderr)
+            return 2
+    result = run(size, device, timing)
+    if args.dry_run:
+        return 0
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as handle:
+        handle.write(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""benchmarks/gemm_peak.py on the CPU (--dry-run: small shapes): the FP8 operands' layout and scales
+give the right product, and the script runs end to end. The peaks themselves need a GPU."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+
+def _script():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gemm_peak.py"
+    spec = importlib.util.spec_from_file_location("gemm_peak_script", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_fp8_operands_and_product():
+    script = _script()
+    operands = script.fp8_operands(64, 48, 32, torch.device("cpu"), torch.Generator().manual_seed(0))
+    assert operands.a.shape == (64, 32) and operands.b.shape == (32, 48)
+    assert operands.a.dtype == operands.b.dtype == torch.float8_e4m3fn
+    assert operands.b.stride() == (1, 32)  # column-major: the transpose of a row-major [N, K]
+    assert operands.scale_a.shape == (64, 1) and operands.scale_b.shape == (1, 48)
+    assert operands.product(use_fast_accum=False).dtype == torch.bfloat16
+    assert script.check_fp8_product(operands, rows=32) < 0.02
+
+
+def test_dry_run(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert _script().main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "bf16 matmul" in out and "use_fast_accum=True" in out and "TFLOP/s median" in out
+    assert list(tmp_path.iterdir()) == []  # a dry run writes nothing
+
+
+def test_refuses_a_machine_without_fp8(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _script().main(["--out", "unused.json"]) == 2
+    assert "compute capability 8.9" in capsys.readouterr().err

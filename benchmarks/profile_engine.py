@@ -50,7 +50,7 @@ CATEGORIES = (  # (category, substrings of kernel names), first match wins
     ("attention", ("work_list_attention", "merge_partials")),
     ("kv_store", ("store_kv", "kv_store")),
     ("gemm", ("gemm", "cutlass", "xmma", "sm90", "cublas", "matmul", "nvjet")),
-    ("norm_rope_silu", ("rms", "rope", "silu")),
+    ("norm_rope_silu", ("rms", "rope", "silu", "quantize_rows")),
     ("sampling", ("argmax", "softmax", "topk", "sort", "log_softmax")),
 )
 
@@ -160,6 +160,8 @@ def main() -> int:
     parser.add_argument("--profile-requests", type=int, default=64, help="requests in the torch.profiler run")
     parser.add_argument("--out", default="profile.json")
     parser.add_argument("--kv-cache-tokens", type=int, default=None)
+    parser.add_argument("--quantization", default=None, choices=["fp8"], help="FP8 linear layers")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
     parser.add_argument("--windows", default="",
                         help="profile step windows of a second full run instead of a run of the first "
                              "--profile-requests requests, e.g. '40:44,150:154,260:264' (step indices, end excluded)")
@@ -171,7 +173,8 @@ def main() -> int:
     from batchllm import LLM, SamplingParams
 
     llm = LLM(model=args.model, policy=args.policy, max_num_batched_tokens=args.max_num_batched_tokens,
-              kv_cache_tokens=args.kv_cache_tokens)
+              kv_cache_tokens=args.kv_cache_tokens, quantization=args.quantization,
+              kv_cache_dtype=args.kv_cache_dtype)
     arch = llm.engine.arch
     workload = make_workload(args.workload, args.requests, args.output_tokens, arch.vocab_size, 0)
     prompts = [p.tolist() for p in workload.prompts]
@@ -181,7 +184,8 @@ def main() -> int:
     started = time.perf_counter()
     llm.generate(prompts, params, use_tqdm=False)
     _sync(torch)
-    result = {"model": args.model, "workload": args.workload, "requests": len(prompts), "policy": args.policy,
+    result = {"model": args.model, "quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype,
+              "workload": args.workload, "requests": len(prompts), "policy": args.policy,
               "seconds": round(time.perf_counter() - started, 3),
               "phases": _phase_summary(llm.last_run_stats.step_records)}
     print(json.dumps(result, indent=1), flush=True)

@@ -40,12 +40,15 @@ class QuantizedActivation(NamedTuple):
 def quantize_rows_reference(x: torch.Tensor, static_scale: torch.Tensor | None = None) -> QuantizedActivation:
     """x [T, K] -> per-row e4m3 (static_scale: one float32 scale for every row)."""
     x32 = x.float()
+    # Tensor-by-tensor divisions: CUDA torch turns a division by a Python number into a
+    # multiplication by its reciprocal, which is not the correctly rounded quotient.
     if static_scale is None:
         amax = x32.abs().amax(dim=-1, keepdim=True).clamp(min=MIN_AMAX)
-        inv, scales = FP8_MAX / amax, amax / FP8_MAX
+        fp8_max = torch.full_like(amax, FP8_MAX)
+        inv, scales = fp8_max / amax, amax / fp8_max
     else:
         scales = static_scale.float().reshape(1, 1).expand(x.shape[0], 1).contiguous()
-        inv = 1.0 / scales
+        inv = torch.ones_like(scales) / scales
     values = (x32 * inv).clamp(-FP8_MAX, FP8_MAX).to(torch.float16).to(FP8_DTYPE)
     return QuantizedActivation(values, scales)
 

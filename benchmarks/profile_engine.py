@@ -188,6 +188,9 @@ def main() -> int:
               "workload": args.workload, "requests": len(prompts), "policy": args.policy,
               "seconds": round(time.perf_counter() - started, 3),
               "phases": _phase_summary(llm.last_run_stats.step_records)}
+    graphs = llm.engine.runner.graphs
+    if graphs is not None:
+        result["graphs"] = {"captured": len(graphs.graphs), "replays": graphs.num_replays}
     print(json.dumps(result, indent=1), flush=True)
 
     if args.windows:

@@ -31,11 +31,12 @@ class DenseCausalAttention:
         group = num_heads // key.shape[1]
         key = key.repeat_interleave(group, dim=1)  # [T, num_heads, head_dim]
         value = value.repeat_interleave(group, dim=1)
+        device = query.device
         seq_ids = torch.repeat_interleave(
-            torch.arange(len(self.seq_lens or [num_tokens])),
-            torch.tensor(self.seq_lens or [num_tokens]),
+            torch.arange(len(self.seq_lens or [num_tokens]), device=device),
+            torch.tensor(self.seq_lens or [num_tokens], device=device),
         )
-        index = torch.arange(num_tokens)
+        index = torch.arange(num_tokens, device=device)
         allowed = (seq_ids[:, None] == seq_ids[None, :]) & (index[None, :] <= index[:, None])  # [T, T]
         scores = torch.einsum("qhd,khd->hqk", query.float(), key.float()) / head_dim**0.5
         scores = scores.masked_fill(~allowed, float("-inf"))

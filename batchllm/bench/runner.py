@@ -88,8 +88,10 @@ def engine_kv_bytes_per_token(engine) -> int:
 
 def engine_tags(engine) -> dict:
     """What every row says about the engine that produced it."""
+    kv_cache = getattr(engine, "kv_cache", None)
+    capacity = None if kv_cache is None else kv_cache.num_blocks * engine.scheduler_config.block_size
     return {"quantization": engine.config.quantization, "kv_cache_dtype": engine.config.kv_cache_dtype,
-            "tensor_parallel_size": getattr(engine, "tensor_parallel_size", 1)}
+            "tensor_parallel_size": getattr(engine, "tensor_parallel_size", 1), "kv_cache_tokens": capacity}
 
 
 def git_commit() -> str | None:
@@ -123,31 +125,15 @@ def compiled_kernel_variants() -> dict[str, int]:
     return counts
 
 
-def engine_config(options: BenchOptions, variant: EngineVariant):
-    """The EngineConfig of one variant; every setting the bench does not name keeps LLM's default."""
-    from batchllm.config import EngineConfig
-    from batchllm.sched.config import SchedulerConfig
-
-    return EngineConfig(model=options.model, dtype=options.dtype, device=options.device,
-                        quantization=variant.quantization, kv_cache_dtype=variant.kv_cache_dtype,
-                        kv_cache_tokens=options.kv_cache_tokens, attention_backend=options.attention_backend,
-                        seed=options.seed,
-                        scheduler=SchedulerConfig(max_num_batched_tokens=options.max_num_batched_tokens))
-
-
 def load_llm(options: BenchOptions, variant: EngineVariant = EngineVariant()):
-    """A batchllm.LLM whose engine is built from engine_config(options, variant)."""
+    """A batchllm.LLM for one engine variant; every setting the bench does not name keeps LLM's
+    default."""
     from batchllm import LLM
-    from batchllm.engine.factory import create_engine
 
-    class ConfiguredLLM(LLM):
-        """LLM over an engine built from a whole EngineConfig (LLM's keywords do not name every field)."""
-
-        def __init__(self, config) -> None:
-            self.engine = create_engine(config)
-            self.last_run_stats = None
-
-    return ConfiguredLLM(engine_config(options, variant))
+    return LLM(model=options.model, dtype=options.dtype, device=options.device, quantization=variant.quantization,
+               kv_cache_dtype=variant.kv_cache_dtype, kv_cache_tokens=options.kv_cache_tokens,
+               attention_backend=options.attention_backend, seed=options.seed,
+               max_num_batched_tokens=options.max_num_batched_tokens)
 
 
 def _generated_case(spec_text: str, options: BenchOptions, vocab_size: int) -> _Case:

@@ -14,7 +14,8 @@ REQUIRED = {"workload", "requests", "model", "policy", "seconds", "req_per_s", "
             "valley_steps", "peak_kv_blocks", "peak_kv_gib", "mean_step_ms", "schedule_ms_per_step",
             "launch_ms_per_step", "wait_ms_per_step", "flop_bound_s", "time_over_bound", "async_scheduling",
             "quantization", "kv_cache_dtype", "tensor_parallel_size", "flop_bound_peak_tflop_per_s",
-            "kv_bytes_per_token"}
+            "kv_bytes_per_token", "roofline_s", "time_over_roofline", "roofline_memory_bound_steps",
+            "roofline_bandwidth_tb_per_s", "roofline_replay_matches_run"}
 BASE = ["bench", "--model", MODEL, "--device", "cpu", "--kv-cache-tokens", "4096", "--output-tokens", "3"]
 
 
@@ -44,6 +45,10 @@ def test_micro_workload_two_policies(tmp_path, capsys):
         assert 0 <= row["saving_ratio"] <= row["optimal_saving_ratio"] + 1e-9
         assert row["peak_kv_blocks"] > 0 and row["peak_kv_gib"] > 0
         assert row["time_over_bound"] > 0 and row["steps"] >= 3
+        # the roofline charges the run's own steps at least their FLOPs: never below the FLOP bound
+        assert row["roofline_replay_matches_run"] is True and row["roofline_s"] > 0
+        assert 0 < row["time_over_roofline"] <= row["time_over_bound"]
+        assert row["roofline_memory_bound_steps"] == row["steps"]  # a tiny model: every step is reads
         # the default engine: no quantization, the KV cache in the model dtype (float32 on CPU), one device
         assert (row["quantization"], row["kv_cache_dtype"], row["tensor_parallel_size"]) == (None, "auto", 1)
         assert row["flop_bound_peak_tflop_per_s"] == 790.0
@@ -58,6 +63,7 @@ def test_micro_workload_two_policies(tmp_path, capsys):
     table = md.read_text()
     assert len(_table_rows(table)) == len(result["rows"]) == 2
     assert "quantization / KV cache" not in table  # only default engines: no engine column
+    assert "| time / bound | roofline s | time / roofline |" in table and "4.2 TB/s (H200 copy ceiling)" in table
     assert table in capsys.readouterr().out  # also printed
 
 

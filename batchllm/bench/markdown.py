@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS, H200_FP8_PEAK_FLOPS
+from batchllm.bench.roofline import H200_COPY_BANDWIDTH_BYTES_PER_S
 
 # (header, row key, format)
 COLUMNS = (
@@ -19,6 +20,8 @@ COLUMNS = (
     ("valleys", "valley_steps", "{}"),
     ("peak KV GiB", "peak_kv_gib", "{:.3g}"),
     ("time / bound", "time_over_bound", "{:,.2f}"),
+    ("roofline s", "roofline_s", "{:.3g}"),
+    ("time / roofline", "time_over_roofline", "{:,.2f}"),
 )
 
 
@@ -78,7 +81,10 @@ def render_markdown(result: dict) -> str:
     lines.append(f"Outputs forced to max_tokens (EOS ignored). time / bound: wall time over the FLOP bound with "
                  f"optimal prefix sharing at {H200_BF16_PEAK_FLOPS / 1e12:.0f} TFLOP/s (H200 bf16){fp8_bound}. "
                  "valleys: steps under half the token budget. peak KV GiB: peak KV blocks x block size x "
-                 f"{kv_bytes}.")
+                 f"{kv_bytes}. roofline s: the sum over the run's steps of max(FLOPs / that peak, bytes read / "
+                 f"{H200_COPY_BANDWIDTH_BYTES_PER_S / 1e12:.1f} TB/s (H200 copy ceiling)), the bytes being every "
+                 "weight, the LM head when a row samples and the KV each step attends (a prefix-sharing group's "
+                 "prefix once); time / roofline: wall time over it.")
     for entry in result.get("inputs", []):
         lines.append(f"- input {entry['file']}: {entry['requests']} requests, {entry['skipped_lines']} lines skipped")
     for entry in result.get("load_errors", []):

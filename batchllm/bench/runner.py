@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from batchllm.bench.engine_variants import EngineVariant
 from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS, flop_bound_seconds, peak_flops_for
 from batchllm.bench.policies import PolicySpec, parse_policies
+from batchllm.bench.roofline import H200_COPY_BANDWIDTH_BYTES_PER_S, TrafficModel, roofline
+from batchllm.bench.schedule_replay import replay_schedule
 from batchllm.bench.workload import DEFAULT_WORKLOAD, make_workload, read_input_workload, split_workload_spec
 from batchllm.engine.run_options import RunOptions
 from batchllm.sched.trace import Trace, write_trace
@@ -84,6 +86,13 @@ def engine_kv_bytes_per_token(engine) -> int:
     arch = engine.arch
     dtype = torch.float8_e4m3fn if engine.config.kv_cache_dtype == "fp8" else engine.dtype
     return kv_bytes_per_token(arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype)
+
+
+def engine_traffic(engine) -> TrafficModel:
+    """Bytes per element the roofline charges an engine's steps (roofline.TrafficModel)."""
+    itemsize = engine.dtype.itemsize
+    return TrafficModel(weight_bytes_per_element=1 if engine.config.quantization == "fp8" else itemsize,
+                        lm_head_bytes_per_element=itemsize, kv_bytes_per_token=engine_kv_bytes_per_token(engine))
 
 
 def engine_tags(engine) -> dict:
@@ -171,6 +180,22 @@ def _input_case(path: str, engine, options: BenchOptions, log: Callable[[str], N
                  skipped_lines=len(skipped))
 
 
+def significant(value: float, digits: int = 4) -> float:
+    return float(f"{value:.{digits}g}")
+
+
+def roofline_fields(engine, case: _Case, seconds: float, steps) -> dict:
+    """The row's roofline (roofline.py) over the run's steps, their chunks replayed on the host
+    (schedule_replay.py) under the scheduler settings the run had; roofline_replay_matches_run
+    says whether the replay made the same steps as the run's records."""
+    replay = replay_schedule(case.prompts, case.max_tokens, engine.scheduler_config)
+    bound = roofline(engine.arch, replay.steps, engine_traffic(engine), peak_flops_for(engine.config.quantization))
+    return {"roofline_s": significant(bound.seconds), "time_over_roofline": round(seconds / bound.seconds, 2),
+            "roofline_memory_bound_steps": bound.num_memory_bound_steps,
+            "roofline_bandwidth_tb_per_s": round(H200_COPY_BANDWIDTH_BYTES_PER_S / 1e12, 2),
+            "roofline_replay_matches_run": replay.matches(steps)}
+
+
 def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float, model: str,
                base_settings: dict) -> dict:
     """One (workload, policy) row. bound: the FLOP bound in seconds at the engine's peak
@@ -219,6 +244,7 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
         "wait_ms_per_step": round(1000 * sum(s.wait_time_s for s in steps) / num_steps, 2),
         "flop_bound_s": round(bound, 3), "time_over_bound": round(seconds / bound, 2),
         "flop_bound_peak_tflop_per_s": round(peak_flops_for(engine.config.quantization) / 1e12, 1),
+        **roofline_fields(engine, case, seconds, steps),
         "kv_bytes_per_token": engine_kv_bytes_per_token(engine),
         "async_scheduling": options.async_scheduling,
     }

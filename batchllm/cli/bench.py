@@ -8,6 +8,7 @@ import sys
 
 from batchllm.bench.engine_variants import KV_CACHE_DTYPE_CHOICES, NO_QUANTIZATION, QUANTIZATION_CHOICES
 from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS, H200_FP8_PEAK_FLOPS
+from batchllm.bench.roofline import H200_COPY_BANDWIDTH_BYTES_PER_S
 
 DEFAULT_GPU_MODEL = "random:llama-3.1-8b"
 CPU_SMOKE_MODEL = "random:tiny?vocab_size=32000"
@@ -42,7 +43,10 @@ the request cap; suffix +eager runs without CUDA graphs, +sync without asynchron
 Outputs are forced to max_tokens (EOS ignored), so every policy does the same work. Each policy
 runs after a warm-up batch of 8 requests (kernel compilation excluded). time/bound: wall time over
 the FLOP bound with optimal prefix sharing at the H200 bf16 peak ({bf16_tflops:.0f} TFLOP/s), or for
-rows with --quantization fp8 at the H200 FP8 peak ({fp8_tflops:.0f} TFLOP/s).
+rows with --quantization fp8 at the H200 FP8 peak ({fp8_tflops:.0f} TFLOP/s): arithmetic only.
+time/roofline: wall time over the sum over the run's steps of max(FLOPs / that peak, bytes read /
+{bandwidth_tbs:.1f} TB/s, the H200 copy ceiling), the bytes being the weights, the LM head when a row
+samples and the KV each step attends (a batchllm group's shared prefix once per step).
 """
 
 
@@ -54,13 +58,14 @@ def add_parser(subparsers) -> None:
             "Generate a workload (or read --input FILE), load the model once, run every policy on it\n"
             "and report for each: wall time, requests/s, input and output tokens/s, processed prefill\n"
             "tokens and saving ratio, mean tokens per step, valleys, peak KV memory and time over the\n"
-            "FLOP bound. The table is printed; rows go to --out (JSON) and the table to --markdown\n"
-            "only when asked for.\n"
+            "FLOP bound and over the roofline. The table is printed; rows go to --out (JSON) and the\n"
+            "table to --markdown only when asked for.\n"
             f"Default model: {DEFAULT_GPU_MODEL} (random weights) on a CUDA GPU; on a machine without\n"
             f"CUDA pass --model (e.g. '{CPU_SMOKE_MODEL}' or a small .gguf file)."
         ),
         epilog=EPILOG.format(cpu_model=CPU_SMOKE_MODEL, bf16_tflops=H200_BF16_PEAK_FLOPS / 1e12,
-                             fp8_tflops=H200_FP8_PEAK_FLOPS / 1e12),
+                             fp8_tflops=H200_FP8_PEAK_FLOPS / 1e12,
+                             bandwidth_tbs=H200_COPY_BANDWIDTH_BYTES_PER_S / 1e12),
     )
     parser.add_argument("--model", default=None,
                         help=f"random:PRESET (random:llama-3.1-8b, random:qwen2.5-7b, random:qwen2.5-14b, "

@@ -213,3 +213,25 @@ def test_model_that_cannot_load(tmp_path, capsys):
     error_lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(error_lines) == 1 and "cannot load the model random:no-such-preset" in error_lines[0]
     assert "fix:" in error_lines[0] and not (tmp_path / "r.json").exists()
+
+
+def test_hf_peer_sweep(tmp_path, capsys):
+    """--hf-peer B,B: HF generate timed at each batch size after the engine rows, the fastest
+    reported with every size under "sweep"; the table notes the sweep."""
+    out = tmp_path / "r.json"
+    assert main(BASE + ["--workload", "micro:32:8:2#6", "--policies", "batchllm", "--hf-peer", "2,4",
+                        "--hf-peer-requests", "4", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["policy"].split(" ")[0] for row in rows] == ["batchllm", "hf-generate"]
+    peer = rows[-1]
+    assert [(entry["batch_size"], entry["requests"]) for entry in peer["sweep"]] == [(2, 4), (4, 4)]
+    best = max(peer["sweep"], key=lambda entry: entry["req_per_s"])
+    assert peer["batch_size"] == best["batch_size"] and peer["measured_requests"] == 4 and peer["requests"] == 6
+    assert peer["policy"] == f"hf-generate (static batch {best['batch_size']}, sdpa; scaled)"
+    assert peer["roofline_s"] > 0 and peer["time_over_roofline"] > 0
+    assert (peer["quantization"], peer["kv_cache_dtype"], peer["tensor_parallel_size"]) == (None, "auto", 1)
+    markdown = (tmp_path / "r.md").read_text()
+    assert len(_table_rows(markdown)) == 2 and "batch 2: " in markdown and "(reported)" in markdown
+    for bad in (["--hf-peer", "64,x"], ["--hf-peer", "0,64"], ["--hf-peer", "8", "--hf-peer-requests", "0"]):
+        assert main(BASE + bad) == 2
+        assert "--hf-peer" in capsys.readouterr().err

@@ -50,6 +50,21 @@ def _shows_engine(rows: list[dict]) -> bool:
     return any(engine_label(row) != "none / auto" for row in rows)
 
 
+def _sweep_note(row: dict) -> str | None:
+    """'- hf-generate on W: batch 64: 8.45 req/s; batch 128: 8.49 req/s (reported)' for a peer row."""
+    if not row.get("sweep"):
+        return None
+    parts = []
+    for entry in row["sweep"]:
+        if "error" in entry:
+            parts.append(f"batch {entry['batch_size']}: failed ({entry['error']})")
+            continue
+        reported = " (reported)" if entry["batch_size"] == row.get("batch_size") else ""
+        parts.append(f"batch {entry['batch_size']}: {entry['req_per_s']:.2f} req/s over {entry['requests']} "
+                     f"requests{reported}")
+    return f"- {row.get('policy')} on {row.get('workload')}: " + "; ".join(parts)
+
+
 def render_markdown(result: dict) -> str:
     """Title line, a table of every row (failed policies show their error), notes."""
     title = (f"### {result.get('model', '?')} on {result.get('device', '?')} "
@@ -89,5 +104,6 @@ def render_markdown(result: dict) -> str:
         lines.append(f"- input {entry['file']}: {entry['requests']} requests, {entry['skipped_lines']} lines skipped")
     for entry in result.get("load_errors", []):
         lines.append(f"- not run: {entry['error']}")
+    lines.extend(note for note in map(_sweep_note, rows) if note)
     lines.extend(errors)
     return "\n".join(lines) + "\n"

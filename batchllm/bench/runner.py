@@ -1,9 +1,9 @@
 """Run several policies in ONE process on the same model and measure each (`batchllm bench`): one
-row per (workload, policy), as docs/design.md ("Benchmark harness") describes."""
+row per (workload, policy), as docs/design.md ("Benchmark harness") describes, then the HF
+generate peer once every engine is freed."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import gc
 import json
@@ -46,7 +46,10 @@ class BenchOptions:
     variants: tuple[EngineVariant, ...] = (EngineVariant(),)
     trace_dir: str | None = None
     git_commit: str | None = None
-    hf_peer: int = 0  # time HF generate on the first N requests of the first workload
+    # Batch sizes at which to time HF generate on the first workload (empty: no peer), over whole
+    # batches covering its first hf_peer_requests requests (None: the largest batch size).
+    hf_peer: tuple[int, ...] = ()
+    hf_peer_requests: int | None = None
     # An untimed pass of the first policy over the first workload before any timed run, so that the
     # one-time costs (docs/design.md; about 1 s on the 8B micro set) fall on no policy.
     warm_pass: bool = True
@@ -255,9 +258,27 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
     return row
 
 
+def _sources(options: BenchOptions) -> list[tuple[str, str]]:
+    """("workload", spec) and ("input", path) in the order they run."""
+    specs = options.workloads or ([] if options.inputs else [DEFAULT_WORKLOAD])
+    return [("workload", spec) for spec in specs] + [("input", path) for path in options.inputs]
+
+
+def _make_case(kind: str, source: str, engine, options: BenchOptions, log: Callable[[str], None]) -> _Case:
+    if kind == "workload":
+        return _generated_case(source, options, engine.arch.vocab_size)
+    return _input_case(source, engine, options, log)
+
+
+def _prefix_groups(plan) -> list[tuple[int, list[int], list[int]]]:
+    """flop_bound's groups: (prefix tokens, [distinct tokens per member], [member request indices])."""
+    return [(len(g.prefix_token_ids), [len(d) for d in g.distinct_token_ids], g.request_indices) for g in plan.groups]
+
+
 def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print) -> dict:
     """Run every workload under every policy on `llm` (a loaded batchllm.LLM, one engine variant);
-    returns {device, date, git_commit, model, rows, ...}. run_variants runs each of options.variants."""
+    returns {device, date, git_commit, model, rows, ...}. run_variants runs each of
+    options.variants, then the HF peer."""
     import torch
 
     from batchllm import SamplingParams
@@ -270,24 +291,30 @@ def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print) ->
         f"KV cache {engine.num_kv_tokens} tokens, device {engine.device}, "
         f"{EngineVariant(engine.config.quantization, engine.config.kv_cache_dtype).label}")
     base_settings = {name: getattr(engine.scheduler_config, name) for name in SCHEDULER_SETTINGS}
-    rows: list[dict] = []
+    device = torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else engine.device.type
+    result = {"device": device, "date": datetime.date.today().isoformat(),
+              "git_commit": options.git_commit or git_commit(), "model": options.model,
+              "kv_bytes_per_token": engine_kv_bytes_per_token(engine),
+              "compiled_kernel_variants": compiled_kernel_variants(), "rows": []}
     inputs: list[dict] = []
-    specs = options.workloads or ([] if options.inputs else [DEFAULT_WORKLOAD])
-    sources = [("workload", spec) for spec in specs] + [("input", p) for p in options.inputs]
-    for index, (kind, source) in enumerate(sources):
-        if kind == "workload":
-            case = _generated_case(source, options, arch.vocab_size)
-        else:
-            case = _input_case(source, engine, options, log)
+
+    def add_row(row: dict) -> None:
+        result["rows"].append(row)
+        result["compiled_kernel_variants"] = compiled_kernel_variants()
+        log(json.dumps(row))
+
+    for index, (kind, source) in enumerate(_sources(options)):
+        case = _make_case(kind, source, engine, options, log)
+        if kind == "input":
             inputs.append({"file": source, "workload": case.label, "requests": len(case.prompts),
                            "skipped_lines": case.skipped_lines})
+            result["inputs"] = inputs
             if not case.prompts:
                 log(f"{source}: no request can run, skipped")
                 continue
         plan = plan_prefix_groups(case.prompts)
-        groups = [(len(g.prefix_token_ids), [len(d) for d in g.distinct_token_ids], g.request_indices)
-                  for g in plan.groups]
-        bound = flop_bound_seconds(arch, groups, case.max_tokens, peak_flops_for(engine.config.quantization))
+        bound = flop_bound_seconds(arch, _prefix_groups(plan), case.max_tokens,
+                                   peak_flops_for(engine.config.quantization))
         params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in case.max_tokens]
         if options.warm_pass and index == 0:
             started = time.perf_counter()
@@ -304,32 +331,45 @@ def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print) ->
             except Exception as error:  # noqa: BLE001 -- keep measuring the other policies; the row says what failed
                 traceback.print_exc()
                 row = {"workload": case.label, "policy": policy.label, **engine_tags(engine), "error": repr(error)}
-            rows.append(row)
-            log(json.dumps(row))
+            add_row(row)
         engine.configure_scheduler(**base_settings)
         if traces:
             from batchllm.bench.plot import plot_timelines
 
             plot_timelines(traces, os.path.join(options.trace_dir, f"timeline-{slug(case.label)}.png"),
                            title=f"{options.model}, {case.label}, {len(case.prompts)} requests")
-        if options.hf_peer and index == 0:
-            from batchllm.bench.hf_peer import hf_peer_row
-
-            # HF generate runs the bf16 model: its bound is at the bf16 peak whatever this engine runs
-            bf16_bound = flop_bound_seconds(arch, groups, case.max_tokens, H200_BF16_PEAK_FLOPS)
-            row = hf_peer_row(engine, case.label, options.model, case.prompts, case.max_tokens, options.hf_peer,
-                              bf16_bound)
-            row = {**row, "quantization": None, "kv_cache_dtype": "auto", "tensor_parallel_size": 1}
-            rows.append(row)
-            log(json.dumps(row))
-    device = torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else engine.device.type
-    result = {"device": device, "date": datetime.date.today().isoformat(),
-              "git_commit": options.git_commit or git_commit(), "model": options.model,
-              "kv_bytes_per_token": engine_kv_bytes_per_token(engine),
-              "compiled_kernel_variants": compiled_kernel_variants(), "rows": rows}
-    if inputs:
-        result["inputs"] = inputs
+    result["compiled_kernel_variants"] = compiled_kernel_variants()
     return result
+
+
+def peer_job(options: BenchOptions, llm):
+    """The HF peer's job (hf_peer.PeerJob) on the first workload, taken from a loaded engine before
+    it is freed; None when that workload has no request."""
+    from batchllm.bench.hf_peer import PeerJob
+    from batchllm.prefix.planner import plan_prefix_groups
+
+    engine = llm.engine
+    case = _make_case(*_sources(options)[0], engine, options, log=lambda text: None)
+    if not case.prompts:
+        return None
+    # HF generate runs the model unquantized: its bound is at the bf16 peak whatever the engine ran
+    bound = flop_bound_seconds(engine.arch, _prefix_groups(plan_prefix_groups(case.prompts)), case.max_tokens,
+                               H200_BF16_PEAK_FLOPS)
+    return PeerJob(case.label, options.model, engine.arch, engine.device, engine.dtype, case.prompts,
+                   case.max_tokens, bound)
+
+
+def run_peer(job, options: BenchOptions, log: Callable[[str], None]) -> dict:
+    """The HF peer's row, or a row with its error."""
+    from batchllm.bench.hf_peer import hf_peer_row
+
+    num_requests = options.hf_peer_requests or max(options.hf_peer)
+    try:
+        return hf_peer_row(job, options.hf_peer, num_requests, log)
+    except Exception as error:  # noqa: BLE001 -- the engine rows stay; the row says what failed
+        traceback.print_exc()
+        return {"workload": job.workload_label, "policy": "hf-generate", "quantization": None,
+                "kv_cache_dtype": "auto", "tensor_parallel_size": 1, "error": repr(error)}
 
 
 LOAD_ERRORS = (FileNotFoundError, ValueError, OSError)  # a model or setting that cannot load: a note, not a crash
@@ -337,7 +377,7 @@ LOAD_ERRORS = (FileNotFoundError, ValueError, OSError)  # a model or setting tha
 
 def free_device_memory() -> None:
     """Collect dropped engines and hand their cached GPU memory back, so the next engine sizes its
-    KV cache from all of it."""
+    KV cache from all of it (and the HF peer runs with none of it held)."""
     import torch
 
     gc.collect()
@@ -356,30 +396,41 @@ def merge_results(results: list[dict]) -> dict:
     return merged
 
 
+def _combined(options: BenchOptions, results: list[dict], load_errors: list[dict], extra_rows: list[dict]) -> dict:
+    result = merge_results(results) if results else {"model": options.model, "rows": []}
+    result["rows"] = result["rows"] + extra_rows
+    if load_errors:
+        result["load_errors"] = list(load_errors)
+    return result
+
+
 def run_variants(options: BenchOptions, load: Callable = load_llm, log: Callable[[str], None] = print) -> dict:
-    """run_bench on each of options.variants in turn, each on its own engine (load(options, variant));
-    the HF peer (bf16) runs with the first only. A variant that cannot load is listed under
-    "load_errors" (the rendered table notes it) and the others still run; with no variant loaded,
-    the result has no rows."""
+    """run_bench on each of options.variants in turn, each on its own engine (load(options, variant)),
+    freed before the next loads; then, with every engine freed, the HF peer (options.hf_peer) on
+    the first workload. A variant that cannot load is listed under "load_errors" (the rendered
+    table notes it) and the others still run; with no variant loaded, the result has no rows."""
     results: list[dict] = []
     load_errors: list[dict] = []
+    job = None
     for variant in options.variants:
-        variant_options = options if not results else dataclasses.replace(options, hf_peer=0)
         try:
-            llm = load(variant_options, variant)
+            llm = load(options, variant)
         except LOAD_ERRORS as error:
             load_errors.append({"quantization": variant.quantization, "kv_cache_dtype": variant.kv_cache_dtype,
                                 "error": f"cannot load the model {options.model} ({variant.label}): {error}"})
             continue
         try:
-            results.append(run_bench(variant_options, llm, log))
+            results.append(run_bench(options, llm, log))
+            if options.hf_peer and job is None:
+                job = peer_job(options, llm)
         finally:
             shutdown = getattr(llm.engine, "shutdown", None)  # tensor parallel workers
             if shutdown is not None:
                 shutdown()
             del llm
             free_device_memory()
-    result = merge_results(results) if results else {"model": options.model, "rows": []}
-    if load_errors:
-        result["load_errors"] = load_errors
-    return result
+    peer_rows: list[dict] = []
+    if job is not None:
+        peer_rows.append(run_peer(job, options, log))
+        log(json.dumps(peer_rows[-1]))
+    return _combined(options, results, load_errors, peer_rows)

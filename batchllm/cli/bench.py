@@ -18,9 +18,10 @@ examples:
   # three policies on a GPU: 512 requests of micro 2000/200 sd16 (the table is printed; nothing written)
   batchllm bench --workload micro:2000:200:16 --policies batchllm,vllm,sglang
 
-  # several workloads (#N = its request count), a bigger budget, and the HF generate peer on 64 requests
+  # several workloads (#N = its request count), a bigger budget, and the HF generate peer timed at
+  # batch sizes 64 and 128 on the first 128 requests of the first workload (the faster one reported)
   batchllm bench --model random:qwen2.5-7b --workload micro:2000:1000:4#1024 --workload industrial#2000 \\
-      --policies batchllm@4096,batchllm,vllm --hf-peer 64 --out qwen.json --markdown qwen.md
+      --policies batchllm@4096,batchllm,vllm --hf-peer 64,128 --out qwen.json --markdown qwen.md
 
   # your own batch file (prompt_token_ids lines work with any model; text needs a tokenizer)
   batchllm bench --input requests.jsonl --policies batchllm,vllm
@@ -116,9 +117,17 @@ def add_parser(subparsers) -> None:
                         help="skip the untimed pass of the first policy over the first workload (by default "
                              "it runs first, so one-time costs such as CUDA graph captures do not fall on the "
                              "first timed policy)")
-    parser.add_argument("--hf-peer", type=int, default=0, metavar="N",
-                        help="also time HF transformers static `generate` (sdpa) on the first N requests of the "
-                             "first workload as one batch, and scale its time to the whole workload")
+    parser.add_argument("--hf-peer", default="0", metavar="B[,B...]",
+                        help="also time HF transformers `generate` (static batches, sdpa, its own random weights) "
+                             "on the first workload at each of these batch sizes (e.g. 64,128), after every engine "
+                             "row with the engines freed; requests of equal prompt length are batched together "
+                             "(no padding), each size is warmed up on its batch shapes and timed over whole "
+                             "batches covering the first --hf-peer-requests requests; the fastest size's time, "
+                             "scaled to the whole workload, is the row, every size's under \"sweep\" "
+                             "(default 0: no peer)")
+    parser.add_argument("--hf-peer-requests", type=int, default=None, metavar="N",
+                        help="requests the HF peer's timed batches cover at least (default: the largest "
+                             "--hf-peer batch size)")
     parser.set_defaults(func=bench_command)
 
 
@@ -156,6 +165,7 @@ def _cuda(device: str) -> bool:
 
 def options_from_args(args, model: str):
     from batchllm.bench.engine_variants import parse_variants
+    from batchllm.bench.hf_batches import parse_batch_sizes
     from batchllm.bench.runner import BenchOptions
 
     return BenchOptions(model=model, variants=parse_variants(args.quantization, args.kv_cache_dtype),
@@ -163,7 +173,8 @@ def options_from_args(args, model: str):
                         requests=args.requests, output_tokens=args.output_tokens, policies=args.policies,
                         max_num_batched_tokens=args.max_num_batched_tokens, attention_backend=args.attention_backend,
                         kv_cache_tokens=args.kv_cache_tokens, device=args.device, dtype=args.dtype, seed=args.seed,
-                        trace_dir=args.trace_dir, git_commit=args.git_commit, hf_peer=args.hf_peer,
+                        trace_dir=args.trace_dir, git_commit=args.git_commit,
+                        hf_peer=parse_batch_sizes(args.hf_peer), hf_peer_requests=args.hf_peer_requests,
                         warm_pass=args.warm_pass)
 
 
@@ -199,12 +210,16 @@ def bench_command(args) -> int:
     """Exit codes: 0 every row measured, 1 some policy or engine variant failed (its row has "error",
     or the result lists it under "load_errors"), 2 nothing ran."""
     from batchllm.bench.engine_variants import parse_variants
+    from batchllm.bench.hf_batches import parse_batch_sizes
     from batchllm.bench.policies import parse_policies
     from batchllm.cli.run import _input_problem
 
     try:
         parse_policies(args.policies)
         parse_variants(args.quantization, args.kv_cache_dtype)
+        parse_batch_sizes(args.hf_peer)
+        if args.hf_peer_requests is not None and args.hf_peer_requests < 1:
+            raise ValueError("--hf-peer-requests must be at least 1")
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

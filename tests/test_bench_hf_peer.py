@@ -147,9 +147,11 @@ def test_peer_runs_after_every_engine_row_with_the_engines_freed(monkeypatch):
     monkeypatch.setattr(hf_peer, "hf_peer_row", peer_row)
     options = BenchOptions(model=MODEL, workloads=["micro:32:8:2#4"], output_tokens=2, policies="batchllm,vllm",
                            kv_cache_tokens=4096, device="cpu", git_commit="abc", hf_peer=(2, 4))
-    result = run_variants(options, load=load, log=lambda text: None)
+    updates = []
+    result = run_variants(options, load=load, log=lambda text: None, on_update=updates.append)
     assert [row["policy"] for row in result["rows"]] == ["batchllm", "vllm", "hf-generate (stand-in)"]
-    assert len(engines) == 1
+    assert [len(update["rows"]) for update in updates] == [1, 2, 3]
+    assert updates[-1] == result and len(engines) == 1
 
 
 def test_a_failing_peer_keeps_the_engine_rows(monkeypatch):

@@ -1,6 +1,7 @@
 """Run several policies in ONE process on the same model and measure each (`batchllm bench`): one
 row per (workload, policy), as docs/design.md ("Benchmark harness") describes, then the HF
-generate peer once every engine is freed."""
+generate peer once every engine is freed. Every new row is handed to an `on_update` callback
+with the whole result so far (the command line rewrites its output files with it)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from batchllm.sched.trace import Trace, write_trace
 from batchllm.workloads import DEFAULT_LOW_TOKEN_ID
 
 GIB = 1 << 30
+
+ResultListener = Callable[[dict], None]  # gets the whole result so far, after every new row
 
 
 @dataclass
@@ -275,10 +278,11 @@ def _prefix_groups(plan) -> list[tuple[int, list[int], list[int]]]:
     return [(len(g.prefix_token_ids), [len(d) for d in g.distinct_token_ids], g.request_indices) for g in plan.groups]
 
 
-def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print) -> dict:
+def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print,
+              on_update: ResultListener | None = None) -> dict:
     """Run every workload under every policy on `llm` (a loaded batchllm.LLM, one engine variant);
-    returns {device, date, git_commit, model, rows, ...}. run_variants runs each of
-    options.variants, then the HF peer."""
+    returns {device, date, git_commit, model, rows, ...}, also handed to on_update after every
+    row. run_variants runs each of options.variants, then the HF peer."""
     import torch
 
     from batchllm import SamplingParams
@@ -302,6 +306,8 @@ def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print) ->
         result["rows"].append(row)
         result["compiled_kernel_variants"] = compiled_kernel_variants()
         log(json.dumps(row))
+        if on_update is not None:
+            on_update(result)
 
     for index, (kind, source) in enumerate(_sources(options)):
         case = _make_case(kind, source, engine, options, log)
@@ -404,14 +410,21 @@ def _combined(options: BenchOptions, results: list[dict], load_errors: list[dict
     return result
 
 
-def run_variants(options: BenchOptions, load: Callable = load_llm, log: Callable[[str], None] = print) -> dict:
+def run_variants(options: BenchOptions, load: Callable = load_llm, log: Callable[[str], None] = print,
+                 on_update: ResultListener | None = None) -> dict:
     """run_bench on each of options.variants in turn, each on its own engine (load(options, variant)),
     freed before the next loads; then, with every engine freed, the HF peer (options.hf_peer) on
     the first workload. A variant that cannot load is listed under "load_errors" (the rendered
-    table notes it) and the others still run; with no variant loaded, the result has no rows."""
+    table notes it) and the others still run; with no variant loaded, the result has no rows.
+    on_update gets the whole result so far after every row."""
     results: list[dict] = []
     load_errors: list[dict] = []
     job = None
+
+    def publish(current: dict | None = None, extra_rows: tuple[dict, ...] = ()) -> None:
+        if on_update is not None:
+            on_update(_combined(options, results + ([current] if current else []), load_errors, list(extra_rows)))
+
     for variant in options.variants:
         try:
             llm = load(options, variant)
@@ -420,7 +433,7 @@ def run_variants(options: BenchOptions, load: Callable = load_llm, log: Callable
                                 "error": f"cannot load the model {options.model} ({variant.label}): {error}"})
             continue
         try:
-            results.append(run_bench(options, llm, log))
+            results.append(run_bench(options, llm, log, on_update=publish))
             if options.hf_peer and job is None:
                 job = peer_job(options, llm)
         finally:
@@ -433,4 +446,5 @@ def run_variants(options: BenchOptions, load: Callable = load_llm, log: Callable
     if job is not None:
         peer_rows.append(run_peer(job, options, log))
         log(json.dumps(peer_rows[-1]))
+        publish(extra_rows=tuple(peer_rows))
     return _combined(options, results, load_errors, peer_rows)

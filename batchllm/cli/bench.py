@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -48,6 +47,7 @@ rows with --quantization fp8 at the H200 FP8 peak ({fp8_tflops:.0f} TFLOP/s): ar
 time/roofline: wall time over the sum over the run's steps of max(FLOPs / that peak, bytes read /
 {bandwidth_tbs:.1f} TB/s, the H200 copy ceiling), the bytes being the weights, the LM head when a row
 samples and the KV each step attends (a batchllm group's shared prefix once per step).
+--out and --markdown are rewritten after every row, so a run that dies keeps what it measured.
 """
 
 
@@ -60,7 +60,7 @@ def add_parser(subparsers) -> None:
             "and report for each: wall time, requests/s, input and output tokens/s, processed prefill\n"
             "tokens and saving ratio, mean tokens per step, valleys, peak KV memory and time over the\n"
             "FLOP bound and over the roofline. The table is printed; rows go to --out (JSON) and the\n"
-            "table to --markdown only when asked for.\n"
+            "table to --markdown only when asked for, rewritten after every row.\n"
             f"Default model: {DEFAULT_GPU_MODEL} (random weights) on a CUDA GPU; on a machine without\n"
             f"CUDA pass --model (e.g. '{CPU_SMOKE_MODEL}' or a small .gguf file)."
         ),
@@ -178,12 +178,12 @@ def options_from_args(args, model: str):
                         warm_pass=args.warm_pass)
 
 
-def output_files(args) -> list[tuple[str, str]]:
-    """(path, "json" | "markdown") of the files to write: none unless --out or --markdown."""
-    files = [(args.out, "json")] if args.out else []
-    if args.markdown or args.out:
-        files.append((args.markdown or os.path.splitext(args.out)[0] + ".md", "markdown"))
-    return files
+def output_files(args):
+    """The files to write (result_files.ResultFiles): none unless --out or --markdown."""
+    from batchllm.bench.result_files import ResultFiles
+
+    markdown = args.markdown or (os.path.splitext(args.out)[0] + ".md" if args.out else None)
+    return ResultFiles(json_path=args.out, markdown_path=markdown)
 
 
 def fp8_problem(options) -> str | None:
@@ -242,8 +242,9 @@ def bench_command(args) -> int:
     from batchllm.bench.markdown import render_markdown
     from batchllm.bench.runner import run_variants
 
+    files = output_files(args)
     try:
-        result = run_variants(options, load=_load, log=lambda text: print(text, flush=True))
+        result = run_variants(options, load=_load, log=lambda text: print(text, flush=True), on_update=files.write)
     except SystemExit as error:  # a bad workload spec or a vocabulary too small for it
         if isinstance(error.code, int):
             raise
@@ -258,15 +259,10 @@ def bench_command(args) -> int:
         else:
             print("error: nothing ran (no request could run)", file=sys.stderr)
         return 2
-    table = render_markdown(result)
-    files = output_files(args)
-    for path, kind in files:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w") as handle:
-            handle.write(json.dumps(result, indent=1) if kind == "json" else table)
+    files.write(result)
     print()
-    print(table, end="")
-    if files:
-        print("\nwrote " + " and ".join(path for path, _ in files))
+    print(render_markdown(result), end="")
+    if files.paths:
+        print("\nwrote " + " and ".join(files.paths))
     failed = result.get("load_errors") or any("error" in row for row in result["rows"])
     return 1 if failed else 0

@@ -14,7 +14,8 @@ REQUIRED = {"workload", "requests", "model", "policy", "seconds", "req_per_s", "
             "valley_steps", "peak_kv_blocks", "peak_kv_gib", "mean_step_ms", "schedule_ms_per_step",
             "launch_ms_per_step", "wait_ms_per_step", "flop_bound_s", "time_over_bound", "async_scheduling",
             "quantization", "kv_cache_dtype", "tensor_parallel_size", "flop_bound_peak_tflop_per_s",
-            "kv_bytes_per_token"}
+            "kv_bytes_per_token", "roofline_s", "time_over_roofline", "roofline_memory_bound_steps",
+            "roofline_bandwidth_tb_per_s", "roofline_replay_matches_run"}
 BASE = ["bench", "--model", MODEL, "--device", "cpu", "--kv-cache-tokens", "4096", "--output-tokens", "3"]
 
 
@@ -44,6 +45,10 @@ def test_micro_workload_two_policies(tmp_path, capsys):
         assert 0 <= row["saving_ratio"] <= row["optimal_saving_ratio"] + 1e-9
         assert row["peak_kv_blocks"] > 0 and row["peak_kv_gib"] > 0
         assert row["time_over_bound"] > 0 and row["steps"] >= 3
+        # the roofline charges the run's own steps at least their FLOPs: never below the FLOP bound
+        assert row["roofline_replay_matches_run"] is True and row["roofline_s"] > 0
+        assert 0 < row["time_over_roofline"] <= row["time_over_bound"]
+        assert row["roofline_memory_bound_steps"] == row["steps"]  # a tiny model: every step is reads
         # the default engine: no quantization, the KV cache in the model dtype (float32 on CPU), one device
         assert (row["quantization"], row["kv_cache_dtype"], row["tensor_parallel_size"]) == (None, "auto", 1)
         assert row["flop_bound_peak_tflop_per_s"] == 790.0
@@ -58,6 +63,7 @@ def test_micro_workload_two_policies(tmp_path, capsys):
     table = md.read_text()
     assert len(_table_rows(table)) == len(result["rows"]) == 2
     assert "quantization / KV cache" not in table  # only default engines: no engine column
+    assert "| time / bound | roofline s | time / roofline |" in table and "4.2 TB/s (H200 copy ceiling)" in table
     assert table in capsys.readouterr().out  # also printed
 
 
@@ -207,3 +213,25 @@ def test_model_that_cannot_load(tmp_path, capsys):
     error_lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(error_lines) == 1 and "cannot load the model random:no-such-preset" in error_lines[0]
     assert "fix:" in error_lines[0] and not (tmp_path / "r.json").exists()
+
+
+def test_hf_peer_sweep(tmp_path, capsys):
+    """--hf-peer B,B: HF generate timed at each batch size after the engine rows, the fastest
+    reported with every size under "sweep"; the table notes the sweep."""
+    out = tmp_path / "r.json"
+    assert main(BASE + ["--workload", "micro:32:8:2#6", "--policies", "batchllm", "--hf-peer", "2,4",
+                        "--hf-peer-requests", "4", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["policy"].split(" ")[0] for row in rows] == ["batchllm", "hf-generate"]
+    peer = rows[-1]
+    assert [(entry["batch_size"], entry["requests"]) for entry in peer["sweep"]] == [(2, 4), (4, 4)]
+    best = max(peer["sweep"], key=lambda entry: entry["req_per_s"])
+    assert peer["batch_size"] == best["batch_size"] and peer["measured_requests"] == 4 and peer["requests"] == 6
+    assert peer["policy"] == f"hf-generate (static batch {best['batch_size']}, sdpa; scaled)"
+    assert peer["roofline_s"] > 0 and peer["time_over_roofline"] > 0
+    assert (peer["quantization"], peer["kv_cache_dtype"], peer["tensor_parallel_size"]) == (None, "auto", 1)
+    markdown = (tmp_path / "r.md").read_text()
+    assert len(_table_rows(markdown)) == 2 and "batch 2: " in markdown and "(reported)" in markdown
+    for bad in (["--hf-peer", "64,x"], ["--hf-peer", "0,64"], ["--hf-peer", "8", "--hf-peer-requests", "0"]):
+        assert main(BASE + bad) == 2
+        assert "--hf-peer" in capsys.readouterr().err

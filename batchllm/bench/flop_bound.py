@@ -1,7 +1,8 @@
-"""A lower bound on a run's time from arithmetic alone (docs/design.md, "Benchmark harness"): FLOPs
-of the work / the GPU's measured matmul peak (bf16, or FP8 for a run with FP8 linear layers). It
-ignores memory traffic (decode steps read the weights and the KV cache), so it is not the physical
-limit of a run. Torch-free; `arch` is a ModelArchConfig (num_params, num_layers, num_heads, head_dim, ...)."""
+"""A compute-only bound on a run's time (docs/design.md, "Benchmark harness"): FLOPs of the work /
+the GPU's measured matmul peak (bf16, or FP8 for a run with FP8 linear layers). It counts no
+memory traffic, so decode steps, which are bound by reading the weights and the KV cache, can
+take far longer than it says; roofline.py adds the bytes each step reads. Torch-free; `arch` is a
+ModelArchConfig (num_params, num_layers, num_heads, head_dim, ...)."""
 
 from __future__ import annotations
 

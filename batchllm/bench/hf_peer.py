@@ -1,53 +1,190 @@
-"""The HF transformers `generate` peer: static batches, sdpa attention, its own random weights."""
+"""The HF transformers `generate` peer, timed at its best: static batches of equal-length prompts
+(hf_batches.py), sdpa attention, its own random weights (speed does not depend on them), each
+batch size of a sweep warmed up on its own batch shapes, the best one reported. It runs after
+every engine row, with the engines freed (runner.run_variants): the engine's KV cache would
+otherwise hold most of the GPU memory."""
 
 from __future__ import annotations
 
+import gc
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS
+from batchllm.bench.hf_batches import PeerBatch, plan_peer_batches, static_batch_steps
+from batchllm.bench.roofline import TrafficModel, roofline
+
+GIB = 1 << 30
 
 
-def hf_peer_row(engine, workload_label: str, model: str, prompts: list[list[int]], max_tokens, num_peer: int,
-                bound_seconds: float) -> dict:
-    """Time HF transformers `generate` on the same architecture (its own random weights: speed does
-    not depend on them) over the first num_peer requests as one left-padded static batch, greedy,
-    every member generating the batch's longest max_tokens as a static batch does; scale the time
-    to the workload."""
-    import torch
+@dataclass(frozen=True)
+class PeerJob:
+    """What the peer needs from the bench once the engines are gone."""
+
+    workload_label: str
+    model: str
+    arch: object  # ModelArchConfig
+    device: object  # torch.device
+    dtype: object  # torch.dtype of the engine's (unquantized) weights
+    prompts: list[list[int]]
+    max_tokens: list[int]
+    bound_seconds: float  # the workload's FLOP bound at the bf16 peak (HF runs no FP8)
+
+
+@dataclass(frozen=True)
+class _Measurement:
+    batch_size: int
+    batches: list[PeerBatch]
+    seconds: float
+
+    @property
+    def num_requests(self) -> int:
+        return sum(batch.num_rows for batch in self.batches)
+
+    @property
+    def req_per_s(self) -> float:
+        return self.num_requests / self.seconds
+
+
+def _hf_model(job: PeerJob):
+    """LlamaForCausalLM of the job's shape with sdpa attention and no EOS token: every row runs to
+    max_new_tokens without a logits processor forcing it (min_new_tokens would add one)."""
+    import transformers
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    arch, device = engine.arch, engine.device
-    size = min(num_peer, len(prompts))
-    output_tokens = max(max_tokens[:size])
+    arch = job.arch
     config = LlamaConfig(vocab_size=arch.vocab_size, hidden_size=arch.hidden_size,
                          intermediate_size=arch.intermediate_size, num_hidden_layers=arch.num_layers,
                          num_attention_heads=arch.num_heads, num_key_value_heads=arch.num_kv_heads,
                          head_dim=arch.head_dim, rms_norm_eps=arch.rms_norm_eps, rope_theta=arch.rope_theta,
                          max_position_embeddings=arch.max_position_embeddings,
-                         tie_word_embeddings=arch.tie_word_embeddings)
-    with device:
-        hf_model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa", torch_dtype=engine.dtype)
-    hf_model.eval()
-    cuda = device.type == "cuda"
-    batch = prompts[:size]
-    width = max(len(p) for p in batch)
-    input_ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
+                         tie_word_embeddings=arch.tie_word_embeddings,
+                         bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    dtype_keyword = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"  # renamed in 5
+    with job.device:
+        model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa", **{dtype_keyword: job.dtype})
+    return model.eval()
+
+
+def _inputs(job: PeerJob, batch: PeerBatch) -> dict:
+    """generate's keyword arguments for one batch; left padding and a mask only where lengths differ."""
+    import torch
+
+    rows = [job.prompts[index] for index in batch.request_indices]
+    kwargs = {"max_new_tokens": batch.max_new_tokens, "do_sample": False}
+    if not batch.padded:
+        kwargs["input_ids"] = torch.tensor(rows, device=job.device)
+        return kwargs
+    pads = [batch.width - len(row) for row in rows]
+    kwargs["input_ids"] = torch.tensor([[0] * pad + row for pad, row in zip(pads, rows)], device=job.device)
+    kwargs["attention_mask"] = torch.tensor([[0] * pad + [1] * len(row) for pad, row in zip(pads, rows)],
+                                            device=job.device)
+    kwargs["pad_token_id"] = 0
+    return kwargs
+
+
+def _generate(model, batch: PeerBatch, kwargs: dict) -> None:
+    output = model.generate(**kwargs)
+    if tuple(output.shape) != (batch.num_rows, batch.width + batch.max_new_tokens):
+        raise RuntimeError(f"HF generate returned shape {tuple(output.shape)} for a batch of {batch.num_rows} x "
+                           f"{batch.width} tokens and {batch.max_new_tokens} new tokens")
+
+
+def _measure(model, job: PeerJob, batch_size: int, num_requests: int) -> _Measurement:
+    """Warm up on each distinct batch shape (the timed inputs themselves), then time every batch
+    covering the first num_requests requests back to back."""
+    import torch
+
+    batches = plan_peer_batches([len(p) for p in job.prompts], job.max_tokens, batch_size, num_requests)
+    inputs = [_inputs(job, batch) for batch in batches]
+    synchronize = torch.cuda.synchronize if job.device.type == "cuda" else (lambda: None)
     with torch.inference_mode():
-        hf_model.generate(input_ids[:1, :16], attention_mask=mask[:1, :16], max_new_tokens=2, do_sample=False,
-                          pad_token_id=0)  # warm-up
-        if cuda:
-            torch.cuda.synchronize()
+        warmed: set = set()
+        for batch, kwargs in zip(batches, inputs):
+            if batch.shape not in warmed:
+                warmed.add(batch.shape)
+                _generate(model, batch, kwargs)
+        synchronize()
         started = time.perf_counter()
-        hf_model.generate(input_ids, attention_mask=mask, max_new_tokens=output_tokens,
-                          min_new_tokens=output_tokens, do_sample=False, pad_token_id=0)
-        if cuda:
-            torch.cuda.synchronize()
-    measured = time.perf_counter() - started
-    del hf_model
-    if cuda:
+        for batch, kwargs in zip(batches, inputs):
+            _generate(model, batch, kwargs)
+        synchronize()
+        seconds = time.perf_counter() - started
+    return _Measurement(batch_size, batches, seconds)
+
+
+def _free_memory(device) -> None:
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
         torch.cuda.empty_cache()
-    scaled = measured * len(prompts) / size
-    return {"workload": workload_label, "requests": len(prompts), "model": model,
-            "policy": f"hf-generate (static batch {size}, sdpa; scaled)",
-            "seconds": round(scaled, 3), "req_per_s": round(len(prompts) / scaled, 2),
-            "output_tok_per_s": round(sum(max_tokens) / scaled, 1),
-            "measured_seconds": round(measured, 3), "time_over_bound": round(scaled / bound_seconds, 2)}
+
+
+def _roofline_s(job: PeerJob, batches: list[PeerBatch]) -> float:
+    """The roofline of the steps HF runs for these batches (its own schedule: no prefix sharing,
+    padding computed), weights and KV in the job's dtype."""
+    arch, itemsize = job.arch, job.dtype.itemsize
+    traffic = TrafficModel(itemsize, itemsize, 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * itemsize)
+    steps = [step for batch in batches for step in static_batch_steps(batch)]
+    return roofline(arch, steps, traffic, H200_BF16_PEAK_FLOPS).seconds
+
+
+def _sweep_entry(measurement: _Measurement, roofline_s: float) -> dict:
+    return {"batch_size": measurement.batch_size, "batches": len(measurement.batches),
+            "requests": measurement.num_requests, "seconds": round(measurement.seconds, 3),
+            "req_per_s": round(measurement.req_per_s, 2), "roofline_s": float(f"{roofline_s:.4g}")}
+
+
+def _try_measure(model, job: PeerJob, batch_size: int, num_requests: int,
+                 log: Callable[[str], None]) -> tuple[_Measurement | None, dict]:
+    """(the measurement, its sweep entry), or (None, an entry with the error) when it fails."""
+    try:
+        measurement = _measure(model, job, batch_size, num_requests)
+    except Exception as error:  # noqa: BLE001 -- out of memory at one size: the others still count
+        log(f"hf-generate batch {batch_size}: failed: {error!r}")
+        return None, {"batch_size": batch_size, "error": repr(error)}
+    log(f"hf-generate batch {batch_size}: {measurement.num_requests} requests in {measurement.seconds:.2f} s, "
+        f"{measurement.req_per_s:.2f} req/s")
+    return measurement, _sweep_entry(measurement, _roofline_s(job, measurement.batches))
+
+
+def hf_peer_row(job: PeerJob, batch_sizes: tuple[int, ...], num_requests: int,
+                log: Callable[[str], None] = print) -> dict:
+    """Time HF generate at each batch size over whole batches covering the first num_requests
+    requests; the row is the best batch size (highest requests/s), its time scaled to the
+    workload, with every size's measurement under "sweep". A batch size that fails (out of
+    memory) is kept in the sweep with its error; raises when every size fails."""
+    import torch
+
+    cuda = job.device.type == "cuda"
+    in_use_gib = torch.cuda.memory_allocated(job.device) / GIB if cuda else 0.0
+    model = _hf_model(job)
+    sweep: list[dict] = []
+    best: _Measurement | None = None
+    for batch_size in batch_sizes:
+        measurement, entry = _try_measure(model, job, batch_size, num_requests, log)
+        _free_memory(job.device)  # after the failure's traceback (and the tensors it holds) is gone
+        sweep.append(entry)
+        if measurement is not None and (best is None or measurement.req_per_s > best.req_per_s):
+            best = measurement
+    del model
+    _free_memory(job.device)
+    if best is None:
+        raise RuntimeError(f"HF generate failed at every batch size: {sweep}")
+    num_prompts = len(job.prompts)
+    scale = num_prompts / best.num_requests
+    seconds = best.seconds * scale
+    roofline_s = _roofline_s(job, best.batches) * scale
+    return {"workload": job.workload_label, "requests": num_prompts, "model": job.model,
+            "policy": f"hf-generate (static batch {best.batch_size}, sdpa; scaled)",
+            "quantization": None, "kv_cache_dtype": "auto", "tensor_parallel_size": 1,
+            "seconds": round(seconds, 3), "req_per_s": round(num_prompts / seconds, 2),
+            "output_tok_per_s": round(sum(job.max_tokens) / seconds, 1),
+            "measured_seconds": round(best.seconds, 3), "measured_requests": best.num_requests,
+            "batch_size": best.batch_size,
+            "flop_bound_s": round(job.bound_seconds, 3), "time_over_bound": round(seconds / job.bound_seconds, 2),
+            "flop_bound_peak_tflop_per_s": round(H200_BF16_PEAK_FLOPS / 1e12, 1),
+            "roofline_s": float(f"{roofline_s:.4g}"), "time_over_roofline": round(seconds / roofline_s, 2),
+            "device_memory_in_use_gib_at_start": round(in_use_gib, 2), "sweep": sweep}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS, H200_FP8_PEAK_FLOPS
+from batchllm.bench.roofline import H200_COPY_BANDWIDTH_BYTES_PER_S
 
 # (header, row key, format)
 COLUMNS = (
@@ -19,6 +20,8 @@ COLUMNS = (
     ("valleys", "valley_steps", "{}"),
     ("peak KV GiB", "peak_kv_gib", "{:.3g}"),
     ("time / bound", "time_over_bound", "{:,.2f}"),
+    ("roofline s", "roofline_s", "{:.3g}"),
+    ("time / roofline", "time_over_roofline", "{:,.2f}"),
 )
 
 
@@ -45,6 +48,21 @@ def engine_label(row: dict) -> str:
 def _shows_engine(rows: list[dict]) -> bool:
     """The engine column appears once some row ran anything but the default engine."""
     return any(engine_label(row) != "none / auto" for row in rows)
+
+
+def _sweep_note(row: dict) -> str | None:
+    """'- hf-generate on W: batch 64: 8.45 req/s; batch 128: 8.49 req/s (reported)' for a peer row."""
+    if not row.get("sweep"):
+        return None
+    parts = []
+    for entry in row["sweep"]:
+        if "error" in entry:
+            parts.append(f"batch {entry['batch_size']}: failed ({entry['error']})")
+            continue
+        reported = " (reported)" if entry["batch_size"] == row.get("batch_size") else ""
+        parts.append(f"batch {entry['batch_size']}: {entry['req_per_s']:.2f} req/s over {entry['requests']} "
+                     f"requests{reported}")
+    return f"- {row.get('policy')} on {row.get('workload')}: " + "; ".join(parts)
 
 
 def render_markdown(result: dict) -> str:
@@ -78,10 +96,14 @@ def render_markdown(result: dict) -> str:
     lines.append(f"Outputs forced to max_tokens (EOS ignored). time / bound: wall time over the FLOP bound with "
                  f"optimal prefix sharing at {H200_BF16_PEAK_FLOPS / 1e12:.0f} TFLOP/s (H200 bf16){fp8_bound}. "
                  "valleys: steps under half the token budget. peak KV GiB: peak KV blocks x block size x "
-                 f"{kv_bytes}.")
+                 f"{kv_bytes}. roofline s: the sum over the run's steps of max(FLOPs / that peak, bytes read / "
+                 f"{H200_COPY_BANDWIDTH_BYTES_PER_S / 1e12:.1f} TB/s (H200 copy ceiling)), the bytes being every "
+                 "weight, the LM head when a row samples and the KV each step attends (a prefix-sharing group's "
+                 "prefix once); time / roofline: wall time over it.")
     for entry in result.get("inputs", []):
         lines.append(f"- input {entry['file']}: {entry['requests']} requests, {entry['skipped_lines']} lines skipped")
     for entry in result.get("load_errors", []):
         lines.append(f"- not run: {entry['error']}")
+    lines.extend(note for note in map(_sweep_note, rows) if note)
     lines.extend(errors)
     return "\n".join(lines) + "\n"

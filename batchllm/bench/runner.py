@@ -1,9 +1,10 @@
 """Run several policies in ONE process on the same model and measure each (`batchllm bench`): one
-row per (workload, policy), as docs/design.md ("Benchmark harness") describes."""
+row per (workload, policy), as docs/design.md ("Benchmark harness") describes, then the HF
+generate peer once every engine is freed. Every new row is handed to an `on_update` callback
+with the whole result so far (the command line rewrites its output files with it)."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import gc
 import json
@@ -17,12 +18,16 @@ from dataclasses import dataclass, field
 from batchllm.bench.engine_variants import EngineVariant
 from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS, flop_bound_seconds, peak_flops_for
 from batchllm.bench.policies import PolicySpec, parse_policies
+from batchllm.bench.roofline import H200_COPY_BANDWIDTH_BYTES_PER_S, TrafficModel, roofline
+from batchllm.bench.schedule_replay import replay_schedule
 from batchllm.bench.workload import DEFAULT_WORKLOAD, make_workload, read_input_workload, split_workload_spec
 from batchllm.engine.run_options import RunOptions
 from batchllm.sched.trace import Trace, write_trace
 from batchllm.workloads import DEFAULT_LOW_TOKEN_ID
 
 GIB = 1 << 30
+
+ResultListener = Callable[[dict], None]  # gets the whole result so far, after every new row
 
 
 @dataclass
@@ -44,7 +49,10 @@ class BenchOptions:
     variants: tuple[EngineVariant, ...] = (EngineVariant(),)
     trace_dir: str | None = None
     git_commit: str | None = None
-    hf_peer: int = 0  # time HF generate on the first N requests of the first workload
+    # Batch sizes at which to time HF generate on the first workload (empty: no peer), over whole
+    # batches covering its first hf_peer_requests requests (None: the largest batch size).
+    hf_peer: tuple[int, ...] = ()
+    hf_peer_requests: int | None = None
     # An untimed pass of the first policy over the first workload before any timed run, so that the
     # one-time costs (docs/design.md; about 1 s on the 8B micro set) fall on no policy.
     warm_pass: bool = True
@@ -84,6 +92,13 @@ def engine_kv_bytes_per_token(engine) -> int:
     arch = engine.arch
     dtype = torch.float8_e4m3fn if engine.config.kv_cache_dtype == "fp8" else engine.dtype
     return kv_bytes_per_token(arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype)
+
+
+def engine_traffic(engine) -> TrafficModel:
+    """Bytes per element the roofline charges an engine's steps (roofline.TrafficModel)."""
+    itemsize = engine.dtype.itemsize
+    return TrafficModel(weight_bytes_per_element=1 if engine.config.quantization == "fp8" else itemsize,
+                        lm_head_bytes_per_element=itemsize, kv_bytes_per_token=engine_kv_bytes_per_token(engine))
 
 
 def engine_tags(engine) -> dict:
@@ -157,6 +172,22 @@ def _input_case(path: str, engine, options: BenchOptions, log: Callable[[str], N
                  skipped_lines=len(skipped))
 
 
+def significant(value: float, digits: int = 4) -> float:
+    return float(f"{value:.{digits}g}")
+
+
+def roofline_fields(engine, case: _Case, seconds: float, steps) -> dict:
+    """The row's roofline (roofline.py) over the run's steps, their chunks replayed on the host
+    (schedule_replay.py) under the scheduler settings the run had; roofline_replay_matches_run
+    says whether the replay made the same steps as the run's records."""
+    replay = replay_schedule(case.prompts, case.max_tokens, engine.scheduler_config)
+    bound = roofline(engine.arch, replay.steps, engine_traffic(engine), peak_flops_for(engine.config.quantization))
+    return {"roofline_s": significant(bound.seconds), "time_over_roofline": round(seconds / bound.seconds, 2),
+            "roofline_memory_bound_steps": bound.num_memory_bound_steps,
+            "roofline_bandwidth_tb_per_s": round(H200_COPY_BANDWIDTH_BYTES_PER_S / 1e12, 2),
+            "roofline_replay_matches_run": replay.matches(steps)}
+
+
 def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float, model: str,
                base_settings: dict) -> dict:
     """One (workload, policy) row. bound: the FLOP bound in seconds at the engine's peak
@@ -205,6 +236,7 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
         "wait_ms_per_step": round(1000 * sum(s.wait_time_s for s in steps) / num_steps, 2),
         "flop_bound_s": round(bound, 3), "time_over_bound": round(seconds / bound, 2),
         "flop_bound_peak_tflop_per_s": round(peak_flops_for(engine.config.quantization) / 1e12, 1),
+        **roofline_fields(engine, case, seconds, steps),
         "kv_bytes_per_token": engine_kv_bytes_per_token(engine),
         "async_scheduling": options.async_scheduling,
     }
@@ -215,9 +247,28 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
     return row
 
 
-def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print) -> dict:
+def _sources(options: BenchOptions) -> list[tuple[str, str]]:
+    """("workload", spec) and ("input", path) in the order they run."""
+    specs = options.workloads or ([] if options.inputs else [DEFAULT_WORKLOAD])
+    return [("workload", spec) for spec in specs] + [("input", path) for path in options.inputs]
+
+
+def _make_case(kind: str, source: str, engine, options: BenchOptions, log: Callable[[str], None]) -> _Case:
+    if kind == "workload":
+        return _generated_case(source, options, engine.arch.vocab_size)
+    return _input_case(source, engine, options, log)
+
+
+def _prefix_groups(plan) -> list[tuple[int, list[int], list[int]]]:
+    """flop_bound's groups: (prefix tokens, [distinct tokens per member], [member request indices])."""
+    return [(len(g.prefix_token_ids), [len(d) for d in g.distinct_token_ids], g.request_indices) for g in plan.groups]
+
+
+def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print,
+              on_update: ResultListener | None = None) -> dict:
     """Run every workload under every policy on `llm` (a loaded batchllm.LLM, one engine variant);
-    returns {device, date, git_commit, model, rows, ...}. run_variants runs each of options.variants."""
+    returns {device, date, git_commit, model, rows, ...}, also handed to on_update after every
+    row. run_variants runs each of options.variants, then the HF peer."""
     import torch
 
     from batchllm import SamplingParams
@@ -230,24 +281,32 @@ def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print) ->
         f"KV cache {engine.num_kv_tokens} tokens, device {engine.device}, "
         f"{EngineVariant(engine.config.quantization, engine.config.kv_cache_dtype).label}")
     base_settings = {name: getattr(engine.scheduler_config, name) for name in SCHEDULER_SETTINGS}
-    rows: list[dict] = []
+    device = torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else engine.device.type
+    result = {"device": device, "date": datetime.date.today().isoformat(),
+              "git_commit": options.git_commit or git_commit(), "model": options.model,
+              "kv_bytes_per_token": engine_kv_bytes_per_token(engine),
+              "compiled_kernel_variants": compiled_kernel_variants(), "rows": []}
     inputs: list[dict] = []
-    specs = options.workloads or ([] if options.inputs else [DEFAULT_WORKLOAD])
-    sources = [("workload", spec) for spec in specs] + [("input", p) for p in options.inputs]
-    for index, (kind, source) in enumerate(sources):
-        if kind == "workload":
-            case = _generated_case(source, options, arch.vocab_size)
-        else:
-            case = _input_case(source, engine, options, log)
+
+    def add_row(row: dict) -> None:
+        result["rows"].append(row)
+        result["compiled_kernel_variants"] = compiled_kernel_variants()
+        log(json.dumps(row))
+        if on_update is not None:
+            on_update(result)
+
+    for index, (kind, source) in enumerate(_sources(options)):
+        case = _make_case(kind, source, engine, options, log)
+        if kind == "input":
             inputs.append({"file": source, "workload": case.label, "requests": len(case.prompts),
                            "skipped_lines": case.skipped_lines})
+            result["inputs"] = inputs
             if not case.prompts:
                 log(f"{source}: no request can run, skipped")
                 continue
         plan = plan_prefix_groups(case.prompts)
-        groups = [(len(g.prefix_token_ids), [len(d) for d in g.distinct_token_ids], g.request_indices)
-                  for g in plan.groups]
-        bound = flop_bound_seconds(arch, groups, case.max_tokens, peak_flops_for(engine.config.quantization))
+        bound = flop_bound_seconds(arch, _prefix_groups(plan), case.max_tokens,
+                                   peak_flops_for(engine.config.quantization))
         params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in case.max_tokens]
         if options.warm_pass and index == 0:
             started = time.perf_counter()
@@ -264,32 +323,45 @@ def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print) ->
             except Exception as error:  # noqa: BLE001 -- keep measuring the other policies; the row says what failed
                 traceback.print_exc()
                 row = {"workload": case.label, "policy": policy.label, **engine_tags(engine), "error": repr(error)}
-            rows.append(row)
-            log(json.dumps(row))
+            add_row(row)
         engine.configure_scheduler(**base_settings)
         if traces:
             from batchllm.bench.plot import plot_timelines
 
             plot_timelines(traces, os.path.join(options.trace_dir, f"timeline-{slug(case.label)}.png"),
                            title=f"{options.model}, {case.label}, {len(case.prompts)} requests")
-        if options.hf_peer and index == 0:
-            from batchllm.bench.hf_peer import hf_peer_row
-
-            # HF generate runs the bf16 model: its bound is at the bf16 peak whatever this engine runs
-            bf16_bound = flop_bound_seconds(arch, groups, case.max_tokens, H200_BF16_PEAK_FLOPS)
-            row = hf_peer_row(engine, case.label, options.model, case.prompts, case.max_tokens, options.hf_peer,
-                              bf16_bound)
-            row = {**row, "quantization": None, "kv_cache_dtype": "auto", "tensor_parallel_size": 1}
-            rows.append(row)
-            log(json.dumps(row))
-    device = torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else engine.device.type
-    result = {"device": device, "date": datetime.date.today().isoformat(),
-              "git_commit": options.git_commit or git_commit(), "model": options.model,
-              "kv_bytes_per_token": engine_kv_bytes_per_token(engine),
-              "compiled_kernel_variants": compiled_kernel_variants(), "rows": rows}
-    if inputs:
-        result["inputs"] = inputs
+    result["compiled_kernel_variants"] = compiled_kernel_variants()
     return result
+
+
+def peer_job(options: BenchOptions, llm):
+    """The HF peer's job (hf_peer.PeerJob) on the first workload, taken from a loaded engine before
+    it is freed; None when that workload has no request."""
+    from batchllm.bench.hf_peer import PeerJob
+    from batchllm.prefix.planner import plan_prefix_groups
+
+    engine = llm.engine
+    case = _make_case(*_sources(options)[0], engine, options, log=lambda text: None)
+    if not case.prompts:
+        return None
+    # HF generate runs the model unquantized: its bound is at the bf16 peak whatever the engine ran
+    bound = flop_bound_seconds(engine.arch, _prefix_groups(plan_prefix_groups(case.prompts)), case.max_tokens,
+                               H200_BF16_PEAK_FLOPS)
+    return PeerJob(case.label, options.model, engine.arch, engine.device, engine.dtype, case.prompts,
+                   case.max_tokens, bound)
+
+
+def run_peer(job, options: BenchOptions, log: Callable[[str], None]) -> dict:
+    """The HF peer's row, or a row with its error."""
+    from batchllm.bench.hf_peer import hf_peer_row
+
+    num_requests = options.hf_peer_requests or max(options.hf_peer)
+    try:
+        return hf_peer_row(job, options.hf_peer, num_requests, log)
+    except Exception as error:  # noqa: BLE001 -- the engine rows stay; the row says what failed
+        traceback.print_exc()
+        return {"workload": job.workload_label, "policy": "hf-generate", "quantization": None,
+                "kv_cache_dtype": "auto", "tensor_parallel_size": 1, "error": repr(error)}
 
 
 LOAD_ERRORS = (FileNotFoundError, ValueError, OSError)  # a model or setting that cannot load: a note, not a crash
@@ -297,7 +369,7 @@ LOAD_ERRORS = (FileNotFoundError, ValueError, OSError)  # a model or setting tha
 
 def free_device_memory() -> None:
     """Collect dropped engines and hand their cached GPU memory back, so the next engine sizes its
-    KV cache from all of it."""
+    KV cache from all of it (and the HF peer runs with none of it held)."""
     import torch
 
     gc.collect()
@@ -316,30 +388,49 @@ def merge_results(results: list[dict]) -> dict:
     return merged
 
 
-def run_variants(options: BenchOptions, load: Callable = load_llm, log: Callable[[str], None] = print) -> dict:
-    """run_bench on each of options.variants in turn, each on its own engine (load(options, variant));
-    the HF peer (bf16) runs with the first only. A variant that cannot load is listed under
-    "load_errors" (the rendered table notes it) and the others still run; with no variant loaded,
-    the result has no rows."""
+def _combined(options: BenchOptions, results: list[dict], load_errors: list[dict], extra_rows: list[dict]) -> dict:
+    result = merge_results(results) if results else {"model": options.model, "rows": []}
+    result["rows"] = result["rows"] + extra_rows
+    if load_errors:
+        result["load_errors"] = list(load_errors)
+    return result
+
+
+def run_variants(options: BenchOptions, load: Callable = load_llm, log: Callable[[str], None] = print,
+                 on_update: ResultListener | None = None) -> dict:
+    """run_bench on each of options.variants in turn, each on its own engine (load(options, variant)),
+    freed before the next loads; then, with every engine freed, the HF peer (options.hf_peer) on
+    the first workload. A variant that cannot load is listed under "load_errors" (the rendered
+    table notes it) and the others still run; with no variant loaded, the result has no rows.
+    on_update gets the whole result so far after every row."""
     results: list[dict] = []
     load_errors: list[dict] = []
+    job = None
+
+    def publish(current: dict | None = None, extra_rows: tuple[dict, ...] = ()) -> None:
+        if on_update is not None:
+            on_update(_combined(options, results + ([current] if current else []), load_errors, list(extra_rows)))
+
     for variant in options.variants:
-        variant_options = options if not results else dataclasses.replace(options, hf_peer=0)
         try:
-            llm = load(variant_options, variant)
+            llm = load(options, variant)
         except LOAD_ERRORS as error:
             load_errors.append({"quantization": variant.quantization, "kv_cache_dtype": variant.kv_cache_dtype,
                                 "error": f"cannot load the model {options.model} ({variant.label}): {error}"})
             continue
         try:
-            results.append(run_bench(variant_options, llm, log))
+            results.append(run_bench(options, llm, log, on_update=publish))
+            if options.hf_peer and job is None:
+                job = peer_job(options, llm)
         finally:
             shutdown = getattr(llm.engine, "shutdown", None)  # tensor parallel workers
             if shutdown is not None:
                 shutdown()
             del llm
             free_device_memory()
-    result = merge_results(results) if results else {"model": options.model, "rows": []}
-    if load_errors:
-        result["load_errors"] = load_errors
-    return result
+    peer_rows: list[dict] = []
+    if job is not None:
+        peer_rows.append(run_peer(job, options, log))
+        log(json.dumps(peer_rows[-1]))
+        publish(extra_rows=tuple(peer_rows))
+    return _combined(options, results, load_errors, peer_rows)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 from batchllm.bench.engine_variants import KV_CACHE_DTYPE_CHOICES, NO_QUANTIZATION, QUANTIZATION_CHOICES
 from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS, H200_FP8_PEAK_FLOPS
+from batchllm.bench.roofline import H200_COPY_BANDWIDTH_BYTES_PER_S
 
 DEFAULT_GPU_MODEL = "random:llama-3.1-8b"
 CPU_SMOKE_MODEL = "random:tiny?vocab_size=32000"
@@ -17,9 +17,10 @@ examples:
   # three policies on a GPU: 512 requests of micro 2000/200 sd16 (the table is printed; nothing written)
   batchllm bench --workload micro:2000:200:16 --policies batchllm,vllm,sglang
 
-  # several workloads (#N = its request count), a bigger budget, and the HF generate peer on 64 requests
+  # several workloads (#N = its request count), a bigger budget, and the HF generate peer timed at
+  # batch sizes 64 and 128 on the first 128 requests of the first workload (the faster one reported)
   batchllm bench --model random:qwen2.5-7b --workload micro:2000:1000:4#1024 --workload industrial#2000 \\
-      --policies batchllm@4096,batchllm,vllm --hf-peer 64 --out qwen.json --markdown qwen.md
+      --policies batchllm@4096,batchllm,vllm --hf-peer 64,128 --out qwen.json --markdown qwen.md
 
   # your own batch file (prompt_token_ids lines work with any model; text needs a tokenizer)
   batchllm bench --input requests.jsonl --policies batchllm,vllm
@@ -42,7 +43,11 @@ the request cap; suffix +eager runs without CUDA graphs, +sync without asynchron
 Outputs are forced to max_tokens (EOS ignored), so every policy does the same work. Each policy
 runs after a warm-up batch of 8 requests (kernel compilation excluded). time/bound: wall time over
 the FLOP bound with optimal prefix sharing at the H200 bf16 peak ({bf16_tflops:.0f} TFLOP/s), or for
-rows with --quantization fp8 at the H200 FP8 peak ({fp8_tflops:.0f} TFLOP/s).
+rows with --quantization fp8 at the H200 FP8 peak ({fp8_tflops:.0f} TFLOP/s): arithmetic only.
+time/roofline: wall time over the sum over the run's steps of max(FLOPs / that peak, bytes read /
+{bandwidth_tbs:.1f} TB/s, the H200 copy ceiling), the bytes being the weights, the LM head when a row
+samples and the KV each step attends (a batchllm group's shared prefix once per step).
+--out and --markdown are rewritten after every row, so a run that dies keeps what it measured.
 """
 
 
@@ -54,13 +59,14 @@ def add_parser(subparsers) -> None:
             "Generate a workload (or read --input FILE), load the model once, run every policy on it\n"
             "and report for each: wall time, requests/s, input and output tokens/s, processed prefill\n"
             "tokens and saving ratio, mean tokens per step, valleys, peak KV memory and time over the\n"
-            "FLOP bound. The table is printed; rows go to --out (JSON) and the table to --markdown\n"
-            "only when asked for.\n"
+            "FLOP bound and over the roofline. The table is printed; rows go to --out (JSON) and the\n"
+            "table to --markdown only when asked for, rewritten after every row.\n"
             f"Default model: {DEFAULT_GPU_MODEL} (random weights) on a CUDA GPU; on a machine without\n"
             f"CUDA pass --model (e.g. '{CPU_SMOKE_MODEL}' or a small .gguf file)."
         ),
         epilog=EPILOG.format(cpu_model=CPU_SMOKE_MODEL, bf16_tflops=H200_BF16_PEAK_FLOPS / 1e12,
-                             fp8_tflops=H200_FP8_PEAK_FLOPS / 1e12),
+                             fp8_tflops=H200_FP8_PEAK_FLOPS / 1e12,
+                             bandwidth_tbs=H200_COPY_BANDWIDTH_BYTES_PER_S / 1e12),
     )
     parser.add_argument("--model", default=None,
                         help=f"random:PRESET (random:llama-3.1-8b, random:qwen2.5-7b, random:qwen2.5-14b, "
@@ -111,9 +117,17 @@ def add_parser(subparsers) -> None:
                         help="skip the untimed pass of the first policy over the first workload (by default "
                              "it runs first, so one-time costs such as CUDA graph captures do not fall on the "
                              "first timed policy)")
-    parser.add_argument("--hf-peer", type=int, default=0, metavar="N",
-                        help="also time HF transformers static `generate` (sdpa) on the first N requests of the "
-                             "first workload as one batch, and scale its time to the whole workload")
+    parser.add_argument("--hf-peer", default="0", metavar="B[,B...]",
+                        help="also time HF transformers `generate` (static batches, sdpa, its own random weights) "
+                             "on the first workload at each of these batch sizes (e.g. 64,128), after every engine "
+                             "row with the engines freed; requests of equal prompt length are batched together "
+                             "(no padding), each size is warmed up on its batch shapes and timed over whole "
+                             "batches covering the first --hf-peer-requests requests; the fastest size's time, "
+                             "scaled to the whole workload, is the row, every size's under \"sweep\" "
+                             "(default 0: no peer)")
+    parser.add_argument("--hf-peer-requests", type=int, default=None, metavar="N",
+                        help="requests the HF peer's timed batches cover at least (default: the largest "
+                             "--hf-peer batch size)")
     parser.set_defaults(func=bench_command)
 
 
@@ -151,6 +165,7 @@ def _cuda(device: str) -> bool:
 
 def options_from_args(args, model: str):
     from batchllm.bench.engine_variants import parse_variants
+    from batchllm.bench.hf_batches import parse_batch_sizes
     from batchllm.bench.runner import BenchOptions
 
     return BenchOptions(model=model, variants=parse_variants(args.quantization, args.kv_cache_dtype),
@@ -158,16 +173,17 @@ def options_from_args(args, model: str):
                         requests=args.requests, output_tokens=args.output_tokens, policies=args.policies,
                         max_num_batched_tokens=args.max_num_batched_tokens, attention_backend=args.attention_backend,
                         kv_cache_tokens=args.kv_cache_tokens, device=args.device, dtype=args.dtype, seed=args.seed,
-                        trace_dir=args.trace_dir, git_commit=args.git_commit, hf_peer=args.hf_peer,
+                        trace_dir=args.trace_dir, git_commit=args.git_commit,
+                        hf_peer=parse_batch_sizes(args.hf_peer), hf_peer_requests=args.hf_peer_requests,
                         warm_pass=args.warm_pass)
 
 
-def output_files(args) -> list[tuple[str, str]]:
-    """(path, "json" | "markdown") of the files to write: none unless --out or --markdown."""
-    files = [(args.out, "json")] if args.out else []
-    if args.markdown or args.out:
-        files.append((args.markdown or os.path.splitext(args.out)[0] + ".md", "markdown"))
-    return files
+def output_files(args):
+    """The files to write (result_files.ResultFiles): none unless --out or --markdown."""
+    from batchllm.bench.result_files import ResultFiles
+
+    markdown = args.markdown or (os.path.splitext(args.out)[0] + ".md" if args.out else None)
+    return ResultFiles(json_path=args.out, markdown_path=markdown)
 
 
 def fp8_problem(options) -> str | None:
@@ -194,12 +210,16 @@ def bench_command(args) -> int:
     """Exit codes: 0 every row measured, 1 some policy or engine variant failed (its row has "error",
     or the result lists it under "load_errors"), 2 nothing ran."""
     from batchllm.bench.engine_variants import parse_variants
+    from batchllm.bench.hf_batches import parse_batch_sizes
     from batchllm.bench.policies import parse_policies
     from batchllm.cli.run import _input_problem
 
     try:
         parse_policies(args.policies)
         parse_variants(args.quantization, args.kv_cache_dtype)
+        parse_batch_sizes(args.hf_peer)
+        if args.hf_peer_requests is not None and args.hf_peer_requests < 1:
+            raise ValueError("--hf-peer-requests must be at least 1")
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -222,8 +242,9 @@ def bench_command(args) -> int:
     from batchllm.bench.markdown import render_markdown
     from batchllm.bench.runner import run_variants
 
+    files = output_files(args)
     try:
-        result = run_variants(options, load=_load, log=lambda text: print(text, flush=True))
+        result = run_variants(options, load=_load, log=lambda text: print(text, flush=True), on_update=files.write)
     except SystemExit as error:  # a bad workload spec or a vocabulary too small for it
         if isinstance(error.code, int):
             raise
@@ -238,15 +259,10 @@ def bench_command(args) -> int:
         else:
             print("error: nothing ran (no request could run)", file=sys.stderr)
         return 2
-    table = render_markdown(result)
-    files = output_files(args)
-    for path, kind in files:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w") as handle:
-            handle.write(json.dumps(result, indent=1) if kind == "json" else table)
+    files.write(result)
     print()
-    print(table, end="")
-    if files:
-        print("\nwrote " + " and ".join(path for path, _ in files))
+    print(render_markdown(result), end="")
+    if files.paths:
+        print("\nwrote " + " and ".join(files.paths))
     failed = result.get("load_errors") or any("error" in row for row in result["rows"])
     return 1 if failed else 0

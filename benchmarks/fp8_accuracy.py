@@ -82,7 +82,7 @@ def main(argv=None) -> int:
         return 0
 
     from batchllm.bench.fp8_accuracy import AccuracyOptions, gate_failures, measure_fp8_accuracy
-    from batchllm.bench.fp8_support import fp8_unsupported_reason
+    from batchllm.models.fp8_linear import fp8_unsupported_reason
     from batchllm.engine.loading import resolve_device
 
     reason = fp8_unsupported_reason(resolve_device(args.device))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from batchllm.bench.fp8_support import fp8_unsupported_reason
+from batchllm.models.fp8_linear import fp8_unsupported_reason
 
 FP8_DTYPE = torch.float8_e4m3fn
 

@@ -13,7 +13,7 @@ from batchllm.bench import logit_metrics
 from batchllm.bench.eval_text import build_text, cut_tokens, read_tokens_file, text_files, write_tokens_file
 from batchllm.bench.fp8_accuracy import (AccuracyOptions, Variant, gate_failures, measure_fp8_accuracy,
                                          prefill_steps, sequence_logits)
-from batchllm.bench.fp8_support import fp8_unsupported_reason
+from batchllm.models.fp8_linear import fp8_unsupported_reason
 from batchllm.bench.logit_metrics import compare_next_token, perplexity
 
 LN3 = math.log(3.0)

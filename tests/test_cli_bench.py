@@ -192,7 +192,7 @@ def test_fp8_variants_need_a_recent_gpu(tmp_path, capsys, monkeypatch):
     for flags in (["--quantization", "fp8"], ["--kv-cache-dtype", "fp8"], ["--quantization", "none,fp8"]):
         assert main(BASE + flags + ["--out", str(tmp_path / "r.json")]) == 2
         err = capsys.readouterr().err
-        assert "compute capability 8.9" in err and "Ada or Hopper" in err and "fix:" in err
+        assert "compute capability 8.9" in err and "(Ada, Hopper)" in err and "fix:" in err
     assert main(BASE + ["--quantization", "int4"]) == 2
     assert "unknown value 'int4' in --quantization" in capsys.readouterr().err
     assert main(BASE + ["--kv-cache-dtype", ","]) == 2

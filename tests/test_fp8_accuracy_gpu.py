@@ -10,7 +10,7 @@ import os
 import pytest
 
 from batchllm.bench.fp8_accuracy import GATES, AccuracyOptions, measure_fp8_accuracy
-from batchllm.bench.fp8_support import fp8_unsupported_reason
+from batchllm.models.fp8_linear import fp8_unsupported_reason
 
 pytestmark = [pytest.mark.gpu, pytest.mark.default_model]
 

@@ -190,7 +190,7 @@ def fp8_problem(options) -> str | None:
     """Why the FP8 variants of options (BenchOptions) cannot run on its device, or None."""
     if not any(variant.uses_fp8 for variant in options.variants):
         return None
-    from batchllm.bench.fp8_support import fp8_unsupported_reason
+    from batchllm.models.fp8_linear import fp8_unsupported_reason
     from batchllm.engine.loading import resolve_device
 
     reason = fp8_unsupported_reason(resolve_device(options.device))

@@ -76,17 +76,29 @@ def use_fp8_linears_(layers: nn.ModuleList, out_dtype: torch.dtype, static_input
 
 
 MIN_FP8_CAPABILITY = (8, 9)  # Ada and Hopper: the first NVIDIA GPUs with e4m3 tensor cores
+FP8_REQUIREMENT = "needs an NVIDIA GPU of compute capability 8.9 or newer (Ada, Hopper)"
+
+
+def _fp8_device_problem(device: torch.device | str) -> str | None:
+    """What `device` is, when FP8 cannot run there (None when it can)."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return f"device {device.type!r}"
+    capability = torch.cuda.get_device_capability(device)
+    if capability < MIN_FP8_CAPABILITY:
+        return f"a GPU of compute capability {capability[0]}.{capability[1]}"
+    return None
+
+
+def fp8_unsupported_reason(device: torch.device | str) -> str | None:
+    """Why FP8 cannot run on `device` (a sentence), or None when it can."""
+    problem = _fp8_device_problem(device)
+    return None if problem is None else f"FP8 {FP8_REQUIREMENT}; this run has {problem}"
 
 
 def require_fp8_device(device: torch.device, what: str, instead: str) -> None:
     """Raise a clear error where FP8 cannot run; `what` names the flag or the checkpoint, `instead`
     what works there."""
-    if device.type == "cuda":
-        capability = torch.cuda.get_device_capability(device)
-        if capability >= MIN_FP8_CAPABILITY:
-            return
-        found = f"a GPU of compute capability {capability[0]}.{capability[1]}"
-    else:
-        found = f"device {device.type!r}"
-    raise ValueError(f"{what} needs an NVIDIA GPU of compute capability 8.9 or newer (Ada, Hopper); this run "
-                     f"has {found}. {instead}")
+    problem = _fp8_device_problem(device)
+    if problem is not None:
+        raise ValueError(f"{what} {FP8_REQUIREMENT}; this run has {problem}. {instead}")

@@ -8,7 +8,8 @@ import torch
 
 from batchllm.engine.attention import AttentionMetadata, PagedAttention, make_backend
 from batchllm.engine.kv_cache import KVCache, kv_bytes_per_token
-from batchllm.ops.kv_quant import E4M3_MAX, dequantize_e4m3, quantize_e4m3
+from batchllm.ops.fp8 import FP8_MAX
+from batchllm.ops.kv_quant import dequantize_e4m3, quantize_e4m3
 from batchllm.ops.kv_store import store_kv
 from batchllm.ops.prefix_attention import prefix_shared_attention
 from batchllm.ops.reference import paged_attention_reference, store_kv_reference
@@ -78,7 +79,7 @@ def test_reference_store_saturates_instead_of_nan():
     store_kv_reference(big, big, k8, v8, torch.tensor([5]), K_SCALE, V_SCALE)
     stored = k8.view(-1, 1, 16)[5].float()
     assert not torch.isnan(stored).any()
-    assert stored.abs().eq(E4M3_MAX).all()
+    assert stored.abs().eq(FP8_MAX).all()
     assert dequantize_e4m3(k8.view(-1, 1, 16)[5], K_SCALE).abs().max().item() == pytest.approx(448 * K_SCALE)
 
 

@@ -9,10 +9,9 @@ attention output. This module is torch-only (no Triton import).
 
 Rounding is the same in the kernels and in `quantize_rows_reference`: inv = 448 / amax and
 scale = amax / 448 in IEEE float32 (div_rn), q = clamp(x * inv, -448, 448) rounded to nearest
-even, first to float16 and then to e4m3. The float16 step pins one rounding path for every
-backend (a float32 -> e4m3 cast may itself go through float16 on some); it moves a value only
-where the two roundings tie, far below e4m3's own error. So on a GPU the kernels equal the
-reference bit for bit.
+even, first to float16 and then to e4m3: both sides take the same two rounding steps, so on a
+GPU the kernels equal the reference bit for bit (tests/test_ops_fp8_gpu.py). The float16 step
+moves a value only where the two roundings tie, far below e4m3's own error.
 """
 
 from __future__ import annotations

@@ -12,14 +12,12 @@ import math
 
 import torch
 
+from batchllm.ops.fp8 import FP8_DTYPE, FP8_MAX
 from batchllm.ops.validation import check
-
-KV_FP8_DTYPE = torch.float8_e4m3fn
-E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
 
 
 def is_fp8(dtype: torch.dtype) -> bool:
-    return dtype == KV_FP8_DTYPE
+    return dtype == FP8_DTYPE
 
 
 def check_kv_scales(k_scale: float, v_scale: float, cache_dtype: torch.dtype) -> None:
@@ -36,7 +34,7 @@ def quantize_e4m3(x: torch.Tensor, scale: float) -> torch.Tensor:
     nearest even. The divisor is a tensor so that CUDA divides too (a Python scalar divisor
     becomes a multiplication by its reciprocal there), as the store kernel does."""
     divisor = torch.full((), float(scale), dtype=torch.float32, device=x.device)
-    return (x.float() / divisor).clamp(-E4M3_MAX, E4M3_MAX).to(KV_FP8_DTYPE)
+    return (x.float() / divisor).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
 def dequantize_e4m3(q: torch.Tensor, scale: float) -> torch.Tensor:

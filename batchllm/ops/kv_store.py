@@ -12,7 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from batchllm.ops.kv_quant import E4M3_MAX, check_kv_scales, is_fp8
+from batchllm.ops.fp8 import FP8_MAX
+from batchllm.ops.kv_quant import check_kv_scales, is_fp8
 from batchllm.ops.validation import check, next_power_of_2
 
 
@@ -38,7 +39,7 @@ def _store_kv_kernel(
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr,
     QUANTIZE: tl.constexpr,  # the caches are float8_e4m3fn
-    E4M3_MAX: tl.constexpr,
+    FP8_MAX: tl.constexpr,
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token)
@@ -54,8 +55,8 @@ def _store_kv_kernel(
         v = tl.load(value_ptr + token64 * stride_value_t + offs_h[:, None] * stride_value_h
                     + offs_d[None, :], mask=mask)
         if QUANTIZE:
-            k = _quantize(k, k_scale, E4M3_MAX)
-            v = _quantize(v, v_scale, E4M3_MAX)
+            k = _quantize(k, k_scale, FP8_MAX)
+            v = _quantize(v, v_scale, FP8_MAX)
         k_dst = k_cache_ptr + block * stride_kc_b + offset * stride_kc_s + offs_h[:, None] * stride_kc_h
         v_dst = v_cache_ptr + block * stride_vc_b + offset * stride_vc_s + offs_h[:, None] * stride_vc_h
         tl.store(k_dst + offs_d[None, :], k.to(k_cache_ptr.dtype.element_ty), mask=mask)
@@ -96,6 +97,6 @@ def store_kv(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1],
-        BLOCK_H=next_power_of_2(num_kv_heads), QUANTIZE=is_fp8(k_cache.dtype), E4M3_MAX=E4M3_MAX,
+        BLOCK_H=next_power_of_2(num_kv_heads), QUANTIZE=is_fp8(k_cache.dtype), FP8_MAX=FP8_MAX,
         num_warps=1 if head_dim * num_kv_heads <= 512 else 4,
     )

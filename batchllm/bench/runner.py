@@ -103,10 +103,9 @@ def engine_traffic(engine) -> TrafficModel:
 
 def engine_tags(engine) -> dict:
     """What every row says about the engine that produced it."""
-    kv_cache = getattr(engine, "kv_cache", None)
-    capacity = None if kv_cache is None else kv_cache.num_blocks * engine.scheduler_config.block_size
     return {"quantization": engine.config.quantization, "kv_cache_dtype": engine.config.kv_cache_dtype,
-            "tensor_parallel_size": getattr(engine, "tensor_parallel_size", 1), "kv_cache_tokens": capacity}
+            "tensor_parallel_size": getattr(engine, "tensor_parallel_size", 1),
+            "kv_cache_tokens": engine.num_kv_tokens}
 
 
 def git_commit() -> str | None:

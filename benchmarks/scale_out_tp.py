@@ -4,10 +4,15 @@
     PYTHONPATH=. python benchmarks/scale_out_tp.py check --model 'random:qwen2.5-14b?num_layers=4' --tp 2
     # throughput of one configuration (run each in its own process)
     PYTHONPATH=. python benchmarks/scale_out_tp.py throughput --model random:qwen2.5-14b --tp 2 \
-        --workload micro:2000:200:16 --requests 64 --kv-cache-tokens 65536
+        --workload micro:2000:200:16#1024 --out benchmarks/results/scale_out_tp.jsonl
 
-Outputs are forced to a fixed length (ignore_eos); a warm-up batch runs first (Triton compile
-excluded). One JSON line per measurement on stdout (and appended to --out).
+Throughput: the requests are `batchllm bench`'s for the same workload spec (outputs forced to a
+fixed length), and the KV cache fills the free memory unless --kv-cache-tokens says otherwise.
+The same batch runs once untimed first, so every Triton kernel and CUDA graph the timed run
+needs exists before the clock starts. On CUDA that warm-up pass runs under the profiler on rank
+0, which gives the collectives' GPU time per step (`all_reduce_ms_per_step`: NCCL kernels,
+the logits all-gather included). The bound is the FLOP bound over all tp GPUs: the work's FLOPs
+/ (tp x the measured bf16 peak). One JSON line per measurement on stdout (and appended to --out).
 """
 
 from __future__ import annotations
@@ -18,20 +23,47 @@ import time
 
 
 def make_requests(spec: str, num_requests: int, output_tokens: int, temperature: float = 0.0,
-                  vocab_size: int = 32000):
+                  vocab_size: int = 32000, seed: int = 0):
+    """The requests `batchllm bench` makes for spec (micro:P:D:SD or industrial), as PreparedRequests."""
+    from batchllm.bench.workload import make_workload
     from batchllm.engine.llm_engine import PreparedRequest
     from batchllm.sampling_params import SamplingParams
-    from batchllm.workloads import micro_workload
 
-    kind, prefix, distinct, degree = spec.split(":")
-    if kind != "micro":
-        raise SystemExit("workload must be micro:P:D:SD")
-    workload = micro_workload(int(prefix), int(distinct), int(degree), num_requests=num_requests,
-                              output_num_tokens=output_tokens, vocab_size=vocab_size,
-                              low_token_id=min(1000, vocab_size // 4))
-    return [PreparedRequest(i, prompt.tolist(), SamplingParams(max_tokens=output_tokens, temperature=temperature,
+    workload = make_workload(spec, num_requests, output_tokens, vocab_size, seed)
+    return [PreparedRequest(i, prompt.tolist(), SamplingParams(max_tokens=int(max_tokens), temperature=temperature,
                                                                seed=1000 + i, ignore_eos=True))
-            for i, prompt in enumerate(workload.prompts)]
+            for i, (prompt, max_tokens) in enumerate(zip(workload.prompts, workload.max_tokens))]
+
+
+def workload_requests(args, temperature: float):
+    from batchllm.bench.workload import split_workload_spec
+
+    spec, num_requests = split_workload_spec(args.workload, args.requests)
+    return make_requests(spec, num_requests, args.output_tokens, temperature, args.vocab_size)
+
+
+def flop_bound(arch, requests, tp: int) -> float:
+    """The FLOP bound of the batch on tp GPUs, each at the measured bf16 peak."""
+    from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS, flop_bound_seconds
+    from batchllm.bench.runner import _prefix_groups
+    from batchllm.prefix.planner import plan_prefix_groups
+
+    plan = plan_prefix_groups([r.prompt_token_ids for r in requests])
+    return flop_bound_seconds(arch, _prefix_groups(plan), [r.params.max_tokens for r in requests],
+                              tp * H200_BF16_PEAK_FLOPS)
+
+
+def collective_gpu_ms(profile) -> float:
+    """Total GPU ms of the NCCL kernels in a torch.profiler run."""
+    return sum(event.device_time_total for event in profile.key_averages() if "nccl" in event.key.lower()) / 1000
+
+
+def phase_ms_per_step(steps) -> dict:
+    """Mean host ms per step: scheduling, launching (input building included), waiting for tokens."""
+    num_steps = max(len(steps), 1)
+    return {f"{name}_ms_per_step": round(1000 * sum(getattr(s, f"{name}_time_s") for s in steps) / num_steps, 2)
+            for name in ("schedule", "launch", "wait")} | {
+        "step_ms": round(1000 * sum(s.step_time_s for s in steps) / num_steps, 2)}
 
 
 def engine_config(args, dtype: str):
@@ -42,8 +74,8 @@ def engine_config(args, dtype: str):
                         scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens))
 
 
-def run_tokens(engine, requests) -> dict[int, list[int]]:
-    return {o.request_id: list(o.output_token_ids) for o in engine.run(requests)}
+def run_tokens(engine, requests, stats=None) -> dict[int, list[int]]:
+    return {o.request_id: list(o.output_token_ids) for o in engine.run(requests, stats=stats)}
 
 
 def emit(record: dict, out: str | None) -> None:
@@ -62,8 +94,7 @@ def check(args) -> None:
 
     from batchllm.engine.factory import create_engine
 
-    greedy = make_requests(args.workload, args.requests, args.output_tokens, 0.0, args.vocab_size)
-    sampled = make_requests(args.workload, args.requests, args.output_tokens, 1.0, args.vocab_size)
+    greedy, sampled = (workload_requests(args, temperature) for temperature in (0.0, 1.0))
     for dtype in args.dtypes.split(","):
         torch.backends.cuda.matmul.allow_tf32 = False
         results = {}
@@ -76,7 +107,7 @@ def check(args) -> None:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-        record = {"what": "tp_check", "model": args.model, "dtype": dtype, "tp": args.tp, "requests": args.requests,
+        record = {"what": "tp_check", "model": args.model, "dtype": dtype, "tp": args.tp, "requests": len(greedy),
                   "output_tokens": args.output_tokens}
         for index, kind in enumerate(("greedy", "sampled")):
             one, many = results[1][index], results[args.tp][index]
@@ -94,24 +125,41 @@ def throughput(args) -> None:
     from batchllm.engine.factory import create_engine
     from batchllm.engine.llm_engine import RunStats
 
-    requests = make_requests(args.workload, args.requests, args.output_tokens, 0.0, args.vocab_size)
+    requests = workload_requests(args, 0.0)
     started = time.perf_counter()
     engine = create_engine(engine_config(args, "bfloat16"), tensor_parallel_size=args.tp)
     load_s = time.perf_counter() - started
-    run_tokens(engine, make_requests(args.workload, 16, 4, 0.0, args.vocab_size))  # warm-up: Triton compile, allocator
+    cuda = torch.cuda.is_available()
+    warm = RunStats()
+    if cuda:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as warm_profile:
+            run_tokens(engine, requests, warm)
+            torch.cuda.synchronize()
+        all_reduce_ms = collective_gpu_ms(warm_profile) / max(warm.num_steps, 1)
+    else:
+        run_tokens(engine, requests, warm)
+        all_reduce_ms = None
     stats = RunStats()
-    if torch.cuda.is_available():
+    if cuda:
         torch.cuda.synchronize()
     started = time.perf_counter()
-    outputs = {o.request_id: o for o in engine.run(requests, stats=stats)}
+    outputs = run_tokens(engine, requests, stats)
     seconds = time.perf_counter() - started
+    bound = flop_bound(engine.arch, requests, args.tp)
     record = {
         "what": "tp_throughput", "model": args.model, "tp": args.tp, "workload": args.workload,
         "requests": len(outputs), "output_tokens": stats.num_output_tokens, "prompt_tokens": stats.num_prompt_tokens,
         "seconds": round(seconds, 3), "requests_per_s": round(len(outputs) / seconds, 2),
-        "output_tokens_per_s": round(stats.num_output_tokens / seconds, 1), "steps": stats.num_steps,
-        "load_s": round(load_s, 1), "kv_cache_tokens": engine.num_kv_tokens,
-        "gpu_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if torch.cuda.is_available() else None,
+        "output_tokens_per_s": round(stats.num_output_tokens / seconds, 1),
+        "flop_bound_s": round(bound, 3), "time_over_bound": round(seconds / bound, 2), "steps": stats.num_steps,
+        **phase_ms_per_step(stats.step_records),
+        "all_reduce_ms_per_step": round(all_reduce_ms, 2) if all_reduce_ms is not None else None,
+        "graph_replays": engine.runner.graphs.num_replays if engine.runner.graphs is not None else 0,
+        "max_num_batched_tokens": args.max_num_batched_tokens, "load_s": round(load_s, 1),
+        "kv_cache_tokens": engine.num_kv_tokens,
+        "gpu_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None,
     }
     emit(record, args.out)
     if args.tp > 1:
@@ -123,11 +171,12 @@ def main() -> None:
     parser.add_argument("mode", choices=["check", "throughput"])
     parser.add_argument("--model", required=True)
     parser.add_argument("--tp", type=int, default=2)
-    parser.add_argument("--workload", default="micro:2000:200:16")
-    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--workload", default="micro:2000:200:16",
+                        help="micro:P:D:SD or industrial, optionally #REQUESTS (as in batchllm bench)")
+    parser.add_argument("--requests", type=int, default=1024, help="requests when the workload names no count")
     parser.add_argument("--output-tokens", type=int, default=100)
-    parser.add_argument("--kv-cache-tokens", type=int, default=65536)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    parser.add_argument("--kv-cache-tokens", type=int, default=None, help="default: fill the free GPU memory")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
     parser.add_argument("--vocab-size", type=int, default=32000, help="prompt token ids drawn below this")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="check mode: dtypes to compare in")
     parser.add_argument("--out", default=None, help="also append the JSON lines here")

@@ -18,14 +18,12 @@ import torch.nn.functional as F
 
 from batchllm.config import EngineConfig
 from batchllm.distributed.sharding import UnsupportedShardingError, empty_shard, fill_shard, shard_layout
-from batchllm.distributed.step_broadcast import pack_step_inputs, unpack_step_inputs
 from batchllm.distributed.tp_engine import free_tcp_port
 from batchllm.engine.llm_engine import LLMEngine, PreparedRequest
-from batchllm.engine.step_inputs import build_step_inputs
+from batchllm.engine.run_options import RunOptions
 from batchllm.models.llama import LlamaForCausalLM
 from batchllm.models.presets import PRESETS
 from batchllm.sampling_params import SamplingParams
-from batchllm.sched.interface import SchedulerOutput, ScheduledChunk
 
 TINY = PRESETS["tiny"]
 LAYOUTS = {
@@ -107,36 +105,24 @@ def test_shard_layout_kv_heads_and_errors():
         shard_layout(TINY, 0, 3)
 
 
-def test_step_inputs_pack_roundtrip():
-    chunks = (
-        ScheduledChunk(seq_id=10, token_ids=(1, 2, 3), start_position=0, new_block_ids=(4, 5), is_prefix=True, group_id=0),
-        ScheduledChunk(seq_id=3, token_ids=(9,), start_position=7, new_block_ids=(4, 6, 8), shared_kv_len=3, sample=True,
-                       group_id=0, is_decode=True),
-    )
-    inputs = build_step_inputs(SchedulerOutput(step_index=0, chunks=chunks), block_size=4)
-    header, body = pack_step_inputs(inputs)
-    got = unpack_step_inputs(header, body)
-    for field in dataclasses.fields(inputs):
-        if field.name == "sample_seq_ids":
-            continue
-        want, have = getattr(inputs, field.name), getattr(got, field.name)
-        assert have.dtype == want.dtype and np.array_equal(have, want), field.name
-    assert got.seq_lens.max() == 8
-
-
 def _requests() -> list[PreparedRequest]:
     rng = np.random.default_rng(0)
     prefix = rng.integers(3, 500, 40).tolist()
     requests = []
     for i in range(6):
         prompt = prefix + rng.integers(3, 500, 5 + i).tolist() if i < 4 else rng.integers(3, 500, 20).tolist()
-        # Greedy and seeded sampling (random:tiny's greedy tokens are nearly constant; sampled ones are not).
-        params = SamplingParams(max_tokens=10, temperature=0.0 if i % 2 else 1.0, seed=100 + i, ignore_eos=True)
+        # Greedy and seeded sampling (random:tiny's greedy tokens are nearly constant; sampled ones
+        # are not); lengths differ, so requests finish at different steps.
+        params = SamplingParams(max_tokens=4 + 2 * i, temperature=0.0 if i % 2 else 1.0, seed=100 + i,
+                                ignore_eos=True)
         requests.append(PreparedRequest(i, prompt, params))
     return requests
 
 
 def test_tp2_engine_equals_tp1():
+    """Both step loops (synchronous and asynchronous scheduling), a second batch, and a batch the
+    caller abandons after its first output: every rank must end that run at the same step, or the
+    next run's collectives would pair with the old run's."""
     from batchllm.engine.factory import create_engine
 
     config = EngineConfig(model="random:tiny?seed=3", dtype="float32", device="cpu", kv_cache_tokens=2048)
@@ -144,7 +130,15 @@ def test_tp2_engine_equals_tp1():
     with create_engine(config, tensor_parallel_size=2, timeout_s=120) as engine:
         assert engine.kv_cache.k.shape[3] == 1  # this rank holds 1 of the 2 KV heads
         split = {o.request_id: o.output_token_ids for o in engine.run(_requests())}
-        again = {o.request_id: o.output_token_ids for o in engine.run(_requests()[:2])}  # a second batch
-    assert split == single
+        in_step = {o.request_id: o.output_token_ids
+                   for o in engine.run(_requests(), options=RunOptions(async_scheduling=False))}
+        abandoned = engine.run(_requests())
+        first = next(abandoned)
+        abandoned.close()
+        again = {o.request_id: o.output_token_ids for o in engine.run(_requests()[:2])}
+        steps_launched = engine.gate.next_step
+    assert split == single and in_step == single
+    assert first.output_token_ids == single[first.request_id]
     assert again == {0: single[0], 1: single[1]}
     assert len({tuple(t) for t in single.values()}) == 6  # the comparison is not trivial
+    assert steps_launched > 3 * 10  # three whole runs of at least 10 steps each, plus the abandoned one

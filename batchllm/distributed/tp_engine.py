@@ -8,10 +8,14 @@ A script that builds a TPEngine must guard its top level with `if __name__ == "_
 from __future__ import annotations
 
 import datetime
+import itertools
+import os
+import queue
 import socket
 import sys
 import traceback
 import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -21,13 +25,16 @@ import torch.multiprocessing as mp
 from batchllm.config import EngineConfig
 from batchllm.distributed.config import TensorParallelConfig
 from batchllm.distributed.sharding import LoadedShard, load_shard
-from batchllm.distributed.step_broadcast import StepBroadcaster
-from batchllm.distributed.tp_runner import TPModelRunner
+from batchllm.distributed.step_gate import RunAborted, StepGate, new_shared_words
+from batchllm.distributed.tp_runner import EngineBrokenError, TPModelRunner
 from batchllm.engine.kv_cache import KVCache, choose_num_kv_tokens, kv_bytes_per_token
 from batchllm.engine.llm_engine import LLMEngine
+from batchllm.engine.request_state import FinishedOutput, PreparedRequest, RunStats
+from batchllm.engine.run_options import RunOptions
 from batchllm.engine.loading import (
     EngineParts, activation_reserve_bytes, model_len_limit, prepare_model, resolve_device, resolve_dtype,
 )
+from batchllm.sched.config import SchedulerConfig
 
 
 def free_tcp_port() -> int:
@@ -77,7 +84,7 @@ def start_rank(config: EngineConfig, tp: TensorParallelConfig, rank: int, port: 
     bytes_per_token = kv_bytes_per_token(local.num_layers, local.num_kv_heads, local.head_dim, dtype)
     num_kv_tokens = choose_num_kv_tokens(device, bytes_per_token, config.kv_cache_tokens,
                                          config.gpu_memory_utilization, reserve)
-    # Rank 0 schedules for every rank: all must hold the same number of blocks (the smallest).
+    # Every rank schedules the same steps: all must hold the same number of blocks (the smallest).
     agreed = torch.tensor([num_kv_tokens], dtype=torch.int64)
     dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=control_group)
     num_blocks = max(1, int(agreed.item()) // config.scheduler.block_size)
@@ -86,28 +93,65 @@ def start_rank(config: EngineConfig, tp: TensorParallelConfig, rank: int, port: 
     return RankState(device, dtype, shard, kv_cache, max_model_len, control_group)
 
 
-def make_runner(state: RankState, config: EngineConfig) -> TPModelRunner:
-    # No CUDA graphs across ranks yet: the all-reduces would have to be captured too.
+def make_runner(state: RankState, config: EngineConfig, gate: StepGate) -> TPModelRunner:
     return TPModelRunner(state.shard.model, state.shard.layout.shard, state.kv_cache,
                          config.scheduler.block_size, state.device, config.attention_backend,
-                         cuda_graphs=False, broadcaster=StepBroadcaster(state.control_group, src_rank=0))
+                         cuda_graphs=not config.enforce_eager, gate=gate)
 
 
-def _worker_main(rank: int, port: int, config: EngineConfig, tp: TensorParallelConfig) -> None:
+def engine_parts(state: RankState, runner: TPModelRunner) -> EngineParts:
+    return EngineParts(state.device, state.dtype, state.shard.layout.full, state.shard.name,
+                       state.shard.tokenizer_source, state.max_model_len, state.kv_cache, runner)
+
+
+@dataclass(frozen=True)
+class RunCommand:
+    """Rank 0 -> each worker, once per run: what to run and with which settings."""
+
+    run_id: int
+    requests: list[PreparedRequest]
+    scheduler_config: SchedulerConfig
+    options: RunOptions
+
+
+def _next_command(commands, poll_s: float = 1.0) -> RunCommand | None:
+    """The next run, or None to stop (also when rank 0 has died without saying so)."""
+    parent = os.getppid()
+    while True:
+        try:
+            return commands.get(timeout=poll_s)
+        except queue.Empty:
+            if os.getppid() != parent:
+                return None
+
+
+def _worker_main(rank: int, port: int, config: EngineConfig, tp: TensorParallelConfig, gate_words,
+                 commands) -> None:
     try:
         state = start_rank(config, tp, rank, port)
-        make_runner(state, config).serve()
+        runner = make_runner(state, config, StepGate(gate_words, leader=False, timeout_s=tp.timeout_s))
+        engine = LLMEngine(config, engine_parts(state, runner))
+        while (command := _next_command(commands)) is not None:
+            engine.scheduler_config = command.scheduler_config
+            runner.run_id = command.run_id
+            try:
+                for _ in engine.run(command.requests, options=command.options):
+                    pass
+            except RunAborted:
+                pass  # rank 0 ended this run early; it launched no step after ours
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - report, then die loudly so rank 0 times out
         print(f"tensor parallel worker rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         raise
 
 
-def _stop(broadcaster: StepBroadcaster, processes: list, timeout_s: float) -> None:
+def _stop(gate: StepGate, commands: list, processes: list, timeout_s: float) -> None:
     """Tell the workers to stop, wait for them, leave the process group (idempotent)."""
     if dist.is_initialized():
+        gate.stop()
         try:
-            broadcaster.send_stop()
+            for channel in commands:
+                channel.put(None)
         finally:
             for process in processes:
                 process.join(timeout=timeout_s)
@@ -117,7 +161,8 @@ def _stop(broadcaster: StepBroadcaster, processes: list, timeout_s: float) -> No
 
 
 class TPEngine(LLMEngine):
-    """LLMEngine whose model is split over tensor_parallel_size processes (this one is rank 0)."""
+    """LLMEngine whose model is split over tensor_parallel_size processes (this one is rank 0).
+    Every rank runs the same step loop; rank 0 alone yields the outputs."""
 
     def __init__(self, config: EngineConfig, tp: TensorParallelConfig) -> None:
         if dist.is_initialized():
@@ -126,22 +171,43 @@ class TPEngine(LLMEngine):
         self.tp = tp
         port = tp.master_port or free_tcp_port()
         context = mp.get_context("spawn")
-        self._workers = [context.Process(target=_worker_main, args=(rank, port, config, tp), daemon=True,
-                                         name=f"batchllm-tp-rank{rank}")
-                         for rank in range(1, tp.tensor_parallel_size)]
+        gate_words = new_shared_words(context)
+        self._commands = [context.Queue() for _ in range(1, tp.tensor_parallel_size)]
+        self._workers = [context.Process(target=_worker_main, args=(rank, port, config, tp, gate_words, channel),
+                                         daemon=True, name=f"batchllm-tp-rank{rank}")
+                         for rank, channel in enumerate(self._commands, start=1)]
         for process in self._workers:
             process.start()
         state = start_rank(config, tp, 0, port)
-        runner = make_runner(state, config)
-        # Workers receive host inputs; placeholder ids would need the sampled tokens on every rank.
-        super().__init__(config, EngineParts(state.device, state.dtype, state.shard.layout.full,
-                                             state.shard.name, state.shard.tokenizer_source, state.max_model_len,
-                                             state.kv_cache, runner, supports_async_scheduling=False))
-        self._finalizer = weakref.finalize(self, _stop, runner.broadcaster, self._workers, 60.0)
+        self.gate = StepGate(gate_words, leader=True, timeout_s=tp.timeout_s)
+        super().__init__(config, engine_parts(state, make_runner(state, config, self.gate)))
+        self._run_ids = itertools.count()
+        self._finalizer = weakref.finalize(self, _stop, self.gate, self._commands, self._workers, 60.0)
 
     @property
     def tensor_parallel_size(self) -> int:
         return self.tp.tensor_parallel_size
+
+    def run(
+        self,
+        requests: list[PreparedRequest],
+        on_step: Callable[[int, int], None] | None = None,
+        stats: RunStats | None = None,
+        options: RunOptions | None = None,
+    ) -> Iterator[FinishedOutput]:
+        """LLMEngine.run on every rank: the workers get the batch once, then no per-step message."""
+        if self.runner.broken is not None:
+            raise EngineBrokenError(f"an earlier step failed mid-way ({self.runner.broken!r}); restart the engine")
+        options = options if options is not None else RunOptions()
+        run_id = next(self._run_ids)
+        command = RunCommand(run_id, list(requests), self.scheduler_config, options)
+        for channel in self._commands:
+            channel.put(command)
+        self.runner.run_id = run_id
+        try:
+            yield from super().run(requests, on_step, stats, options)
+        finally:
+            self.gate.end_run(run_id)
 
     def shutdown(self) -> None:
         """Stop the workers and leave the process group (also runs at exit)."""

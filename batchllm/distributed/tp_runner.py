@@ -1,47 +1,34 @@
-"""The model runner of a tensor-parallel rank: rank 0 broadcasts each step's inputs, then every
-rank runs the same forward on its shard; only rank 0 samples."""
+"""The model runner of a tensor-parallel rank. Every rank runs the whole step: the shard forward
+(all-reduces inside, CUDA graphs for decode steps), then sampling from the gathered full-vocab
+logits, which are the same on every rank, so every rank holds the same tokens (docs/scale-out.md)."""
 
 from __future__ import annotations
 
-import torch
-
-from batchllm.distributed.step_broadcast import StepBroadcaster
+from batchllm.distributed.step_gate import StepGate, step_fingerprint
 from batchllm.engine.model_runner import ModelRunner, StepResult
-from batchllm.engine.sampler import SamplingBatch, sample
-from batchllm.engine.step_inputs import StepInputs
 from batchllm.sched.interface import SchedulerOutput
+
+
+class EngineBrokenError(RuntimeError):
+    """A step failed after its collectives had started: the ranks may disagree on what ran."""
 
 
 class TPModelRunner(ModelRunner):
     """ModelRunner over a shard (arch = the shard's architecture: heads and KV heads per rank)."""
 
-    def __init__(self, *args, broadcaster: StepBroadcaster, **kwargs) -> None:
+    def __init__(self, *args, gate: StepGate, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.broadcaster = broadcaster
+        self.gate = gate
+        self.run_id = -1  # set by the engine before each run
+        self.broken: BaseException | None = None
 
-    @torch.inference_mode()
-    def forward_logits(self, inputs: StepInputs) -> torch.Tensor | None:
-        """Every rank: the shard forward (all-reduces inside); full-vocab logits of the sampled rows."""
-        hidden = self.forward(inputs, allow_graph=False)
-        if inputs.sample_rows.size == 0:
-            return None
-        return self.model.compute_logits(hidden[self._to_device(inputs.sample_rows)])  # all-gather
-
-    @torch.inference_mode()
-    def execute(self, output: SchedulerOutput, sampling_rows: list[tuple],
-                previous_token_ids: torch.Tensor | None = None, allow_graph: bool = False) -> StepResult:
-        """Rank 0 only. One step at a time (the workers receive host inputs, so there are no
-        placeholder ids to resolve) and no CUDA graphs: both arguments are for the signature."""
-        if previous_token_ids is not None:
-            raise ValueError("the tensor-parallel runner does not take placeholder input ids")
-        inputs = self.step_inputs(output)  # rank 0's persistent block tables; workers get the arrays
-        self.broadcaster.send(inputs)
-        logits = self.forward_logits(inputs)
-        if logits is None:
-            return StepResult((), None)
-        return StepResult(inputs.sample_seq_ids, sample(logits, SamplingBatch.build(sampling_rows, self.device)))
-
-    def serve(self) -> None:
-        """Workers: run steps until rank 0 says stop."""
-        while (inputs := self.broadcaster.receive()) is not None:
-            self.forward_logits(inputs)
+    def execute(self, output: SchedulerOutput, sampling_rows: list[tuple], previous_token_ids=None,
+                allow_graph: bool = True) -> StepResult:
+        if self.broken is not None:
+            raise EngineBrokenError(f"an earlier step failed mid-way ({self.broken!r}); restart the engine")
+        self.gate.pass_step(self.run_id, step_fingerprint(self.run_id, output))
+        try:
+            return super().execute(output, sampling_rows, previous_token_ids, allow_graph)
+        except BaseException as error:
+            self.broken = error
+            raise

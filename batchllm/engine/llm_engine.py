@@ -31,7 +31,6 @@ class LLMEngine:
         self.arch, self.model_name = parts.arch, parts.model_name
         self.kv_cache, self.runner = parts.kv_cache, parts.runner
         self.max_model_len = parts.max_model_len
-        self.supports_async_scheduling = parts.supports_async_scheduling
         self.tokenizer = load_tokenizer(parts.tokenizer_source)
         eos = set(parts.arch.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
@@ -72,7 +71,7 @@ class LLMEngine:
         stats.num_prompt_tokens += sum(len(request.prompt_token_ids) for request in requests)
         scheduler.add_requests([SchedRequest(r.request_id, list(r.prompt_token_ids), r.params.max_tokens)
                                 for r in requests])
-        asynchronous = options.async_scheduling and self.config.async_scheduling and self.supports_async_scheduling
+        asynchronous = options.async_scheduling and self.config.async_scheduling
         loop = StepLoop(scheduler, self.runner, states, depth=1 if asynchronous else 0,
                         allow_graph=options.cuda_graphs, decode=self._decode, stats=stats, on_step=on_step)
         started = time.perf_counter()

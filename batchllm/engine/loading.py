@@ -26,8 +26,6 @@ class EngineParts:
     max_model_len: int
     kv_cache: KVCache
     runner: ModelRunner
-    # The runner resolves placeholder input ids on the device (asynchronous scheduling).
-    supports_async_scheduling: bool = True
 
 
 def resolve_device(name: str) -> torch.device:

@@ -9,9 +9,10 @@
 Throughput: the requests are `batchllm bench`'s for the same workload spec (outputs forced to a
 fixed length), and the KV cache fills the free memory unless --kv-cache-tokens says otherwise.
 The same batch runs once untimed first, so every Triton kernel and CUDA graph the timed run
-needs exists before the clock starts. On CUDA that warm-up pass runs under the profiler on rank
-0, which gives the collectives' GPU time per step (`all_reduce_ms_per_step`: NCCL kernels,
-the logits all-gather included). The bound is the FLOP bound over all tp GPUs: the work's FLOPs
+needs exists before the clock starts. After the timed run, on CUDA, the first
+--profile-requests requests run again under the profiler on rank 0: the collectives' GPU time
+per step of that run (`all_reduce_ms_per_step`: NCCL kernels, the logits all-gather included)
+and their share of its GPU kernel time. The bound is the FLOP bound over all tp GPUs: the work's FLOPs
 / (tp x the measured bf16 peak). One JSON line per measurement on stdout (and appended to --out).
 """
 
@@ -53,9 +54,27 @@ def flop_bound(arch, requests, tp: int) -> float:
                               tp * H200_BF16_PEAK_FLOPS)
 
 
-def collective_gpu_ms(profile) -> float:
-    """Total GPU ms of the NCCL kernels in a torch.profiler run."""
-    return sum(event.device_time_total for event in profile.key_averages() if "nccl" in event.key.lower()) / 1000
+def profile_collectives(engine, requests) -> dict:
+    """The collectives' GPU time, from a profiled run of `requests` (after the timed run: the
+    profiler stays out of the timing, and every graph is captured already)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from batchllm.engine.llm_engine import RunStats
+
+    if not requests:
+        return {}
+    stats = RunStats()
+    with profile(activities=[ProfilerActivity.CUDA]) as run_profile:
+        run_tokens(engine, requests, stats)
+        torch.cuda.synchronize()
+    kernel_us = {event.key: event.self_device_time_total for event in run_profile.key_averages()}
+    collective_us = sum(us for name, us in kernel_us.items() if "nccl" in name.lower())
+    num_steps = max(stats.num_steps, 1)
+    return {"profiled_requests": len(requests), "profiled_steps": stats.num_steps,
+            "all_reduce_ms_per_step": round(collective_us / 1000 / num_steps, 2),
+            "gpu_kernel_ms_per_step": round(sum(kernel_us.values()) / 1000 / num_steps, 2),
+            "all_reduce_share_of_gpu_time": round(collective_us / max(sum(kernel_us.values()), 1), 4)}
 
 
 def phase_ms_per_step(steps) -> dict:
@@ -130,23 +149,14 @@ def throughput(args) -> None:
     engine = create_engine(engine_config(args, "bfloat16"), tensor_parallel_size=args.tp)
     load_s = time.perf_counter() - started
     cuda = torch.cuda.is_available()
-    warm = RunStats()
-    if cuda:
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CUDA]) as warm_profile:
-            run_tokens(engine, requests, warm)
-            torch.cuda.synchronize()
-        all_reduce_ms = collective_gpu_ms(warm_profile) / max(warm.num_steps, 1)
-    else:
-        run_tokens(engine, requests, warm)
-        all_reduce_ms = None
+    run_tokens(engine, requests)  # warm-up: the same batch, so every kernel and graph exists
     stats = RunStats()
     if cuda:
         torch.cuda.synchronize()
     started = time.perf_counter()
     outputs = run_tokens(engine, requests, stats)
     seconds = time.perf_counter() - started
+    collectives = profile_collectives(engine, requests[:args.profile_requests]) if cuda else {}
     bound = flop_bound(engine.arch, requests, args.tp)
     record = {
         "what": "tp_throughput", "model": args.model, "tp": args.tp, "workload": args.workload,
@@ -155,7 +165,7 @@ def throughput(args) -> None:
         "output_tokens_per_s": round(stats.num_output_tokens / seconds, 1),
         "flop_bound_s": round(bound, 3), "time_over_bound": round(seconds / bound, 2), "steps": stats.num_steps,
         **phase_ms_per_step(stats.step_records),
-        "all_reduce_ms_per_step": round(all_reduce_ms, 2) if all_reduce_ms is not None else None,
+        **collectives,
         "graph_replays": engine.runner.graphs.num_replays if engine.runner.graphs is not None else 0,
         "max_num_batched_tokens": args.max_num_batched_tokens, "load_s": round(load_s, 1),
         "kv_cache_tokens": engine.num_kv_tokens,
@@ -178,6 +188,9 @@ def main() -> None:
     parser.add_argument("--kv-cache-tokens", type=int, default=None, help="default: fill the free GPU memory")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
     parser.add_argument("--vocab-size", type=int, default=32000, help="prompt token ids drawn below this")
+    parser.add_argument("--profile-requests", type=int, default=256,
+                        help="throughput on CUDA: profile a run of the first N requests for the collectives' time "
+                             "(0: none)")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="check mode: dtypes to compare in")
     parser.add_argument("--out", default=None, help="also append the JSON lines here")
     args = parser.parse_args()

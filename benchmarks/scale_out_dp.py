@@ -41,6 +41,7 @@ every engine the same).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import contextlib
 import importlib.util
 import json
@@ -74,6 +75,7 @@ class Settings:
     dtype: str
     seed: int
     out: str | None
+    check_shards: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,8 @@ class TimedRun:
     output_token_ids: dict[int, list[int]]  # request id -> generated tokens
     arrival_seconds: dict[int, float]  # request id -> seconds from the start until its result was here
     num_errors: int  # requests that finished with an error
+    # --check-shards: tokens of the replicas' shards, each run alone on the one-device engine
+    shard_token_ids: dict[int, list[int]] | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,7 +245,9 @@ def one_device_row(settings: Settings, case: Case, run: TimedRun, plan: PlanSumm
     device = engine.device
     return {**base_row(settings, case, run, plan, device_name(device)), "replicas": 1,
             "gpus": int(device.type == "cuda"), "kv_cache_tokens": engine.num_kv_tokens,
-            "outputs_equal": None, "token_match": None, "speedup": None}
+            "outputs_equal": None, "token_match": None, "speedup": None,
+            **({"shards_alone_token_match": round(token_match(run.output_token_ids, run.shard_token_ids), 6)}
+               if run.shard_token_ids is not None else {})}
 
 
 def ray_row(settings: Settings, case: Case, run: TimedRun, plan: PlanSummary, reference: TimedRun,
@@ -257,7 +263,9 @@ def ray_row(settings: Settings, case: Case, run: TimedRun, plan: PlanSummary, re
             "measured_balance": round(max_over_mean(finish_seconds), 4),
             "outputs_equal": run.output_token_ids == reference.output_token_ids,
             "token_match": round(token_match(reference.output_token_ids, run.output_token_ids), 6),
-            "speedup": round(reference.seconds / run.seconds, 3)}
+            "speedup": round(reference.seconds / run.seconds, 3),
+            **({"equal_to_shards_alone_on_one_device": run.output_token_ids == reference.shard_token_ids}
+               if reference.shard_token_ids is not None else {})}
 
 
 def device_name(device) -> str:
@@ -296,6 +304,18 @@ def engine_config(settings: Settings):
                         scheduler=SchedulerConfig(max_num_batched_tokens=settings.max_num_batched_tokens))
 
 
+def run_shards_alone(engine, requests: list, settings: Settings) -> dict[int, list[int]]:
+    """Each shard the replicas will run, alone on this engine (untimed): what a replica computes,
+    if the engine is deterministic. Against the whole batch's tokens this measures how much a
+    different batch composition alone changes (bf16 rounding flipping near-ties)."""
+    from batchllm.distributed.ray_dp import RayDPConfig, plan_shards
+
+    tokens: dict[int, list[int]] = {}
+    for shard in plan_shards(requests, RayDPConfig(num_replicas=settings.num_replicas)):
+        tokens.update({done.request_id: list(done.output_token_ids) for done in engine.run(shard)})
+    return tokens
+
+
 def measure_one_device(settings: Settings, cases: list[Case], plans: list[dict], log: Log) -> list[TimedRun]:
     """Every case on one engine on one device; the engine and its GPU memory are freed on return."""
     from batchllm.bench.runner import free_device_memory
@@ -310,8 +330,11 @@ def measure_one_device(settings: Settings, cases: list[Case], plans: list[dict],
             check_fits(case, engine.limits)
             log(f"one device, {case.label}: {len(case.requests)} requests")
             warm_up(engine, case.requests, settings.warmup, log)
-            runs.append(time_run(engine, case.requests, synchronizer(engine.device)))
-            emit(one_device_row(settings, case, runs[-1], plan[1], engine), settings.out)
+            run = time_run(engine, case.requests, synchronizer(engine.device))
+            if settings.check_shards:
+                run = dataclasses.replace(run, shard_token_ids=run_shards_alone(engine, case.requests, settings))
+            runs.append(run)
+            emit(one_device_row(settings, case, run, plan[1], engine), settings.out)
         return runs
     finally:
         del engine
@@ -436,6 +459,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="auto: bfloat16 on GPU, float32 on CPU")
     parser.add_argument("--seed", type=int, default=0, help="workload and engine seed (default 0)")
     parser.add_argument("--out", default=None, metavar="FILE.jsonl", help="also append the rows here")
+    parser.add_argument("--check-shards", action="store_true",
+                        help="also run each replica's shard alone on the one-device engine (untimed) and compare "
+                             "the Ray tokens with those: equal means data parallelism adds no difference of its "
+                             "own beyond the batch composition")
     return parser.parse_args(argv)
 
 
@@ -483,7 +510,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                     num_requests=args.requests, output_num_tokens=args.output_tokens, num_replicas=args.replicas,
                     warmup=args.warmup, kv_cache_tokens=args.kv_cache_tokens,
                     max_num_batched_tokens=args.max_num_batched_tokens, dtype=args.dtype, seed=args.seed,
-                    out=args.out)
+                    out=args.out, check_shards=args.check_shards)
 
 
 def main(argv: list[str] | None = None) -> int:

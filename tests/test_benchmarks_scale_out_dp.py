@@ -28,7 +28,7 @@ def _script():
 def test_one_device_and_ray_rows(ray_address, tmp_path, capsys):
     out = tmp_path / "rows.jsonl"
     argv = ["--model", MODEL, "--workload", f"micro:64:8:4#{NUM_REQUESTS}", "--output-tokens", str(OUTPUT_NUM_TOKENS),
-            "--replicas", "2", "--kv-cache-tokens", "1024", "--out", str(out)]
+            "--replicas", "2", "--kv-cache-tokens", "1024", "--check-shards", "--out", str(out)]
     assert _script().main(argv) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == rows
@@ -43,6 +43,7 @@ def test_one_device_and_ray_rows(ray_address, tmp_path, capsys):
     assert (one["replicas"], ray["replicas"]) == (1, 2)
     assert one["balance"] == 1.0 and one["speedup"] is None and one["outputs_equal"] is None
     assert ray["outputs_equal"] is True and ray["token_match"] == 1.0
+    assert one["shards_alone_token_match"] == 1.0 and ray["equal_to_shards_alone_on_one_device"] is True
     assert ray["speedup"] > 0
     assert ray["replica_kv_cache_tokens"] == [1024, 1024]
     assert len(ray["replica_finish_seconds"]) == 2 and ray["measured_balance"] >= 1.0

@@ -146,18 +146,19 @@ def _worker_main(rank: int, port: int, config: EngineConfig, tp: TensorParallelC
 
 
 def _stop(gate: StepGate, commands: list, processes: list, timeout_s: float) -> None:
-    """Tell the workers to stop, wait for them, leave the process group (idempotent)."""
+    """Tell the workers to stop, leave the process group with them, wait for them (idempotent).
+    Every rank leaves the group at the same time: NCCL's teardown waits for all ranks."""
     if dist.is_initialized():
         gate.stop()
         try:
             for channel in commands:
                 channel.put(None)
+            dist.destroy_process_group()
         finally:
             for process in processes:
                 process.join(timeout=timeout_s)
                 if process.is_alive():
                     process.terminate()
-            dist.destroy_process_group()
 
 
 class TPEngine(LLMEngine):

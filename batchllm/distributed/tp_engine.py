@@ -139,20 +139,23 @@ def _worker_main(rank: int, port: int, config: EngineConfig, tp: TensorParallelC
                     pass
             except RunAborted:
                 pass  # rank 0 ended this run early; it launched no step after ours
+        runner.release_cuda_graphs()
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - report, then die loudly so rank 0 times out
         print(f"tensor parallel worker rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         raise
 
 
-def _stop(gate: StepGate, commands: list, processes: list, timeout_s: float) -> None:
+def _stop(gate: StepGate, runner: TPModelRunner, commands: list, processes: list, timeout_s: float) -> None:
     """Tell the workers to stop, leave the process group with them, wait for them (idempotent).
-    Every rank leaves the group at the same time: NCCL's teardown waits for all ranks."""
+    Every rank destroys its CUDA graphs, then leaves the group at the same time as the others:
+    NCCL's teardown waits for all ranks, and for graphs that captured its collectives."""
     if dist.is_initialized():
         gate.stop()
         try:
             for channel in commands:
                 channel.put(None)
+            runner.release_cuda_graphs()
             dist.destroy_process_group()
         finally:
             for process in processes:
@@ -183,7 +186,7 @@ class TPEngine(LLMEngine):
         self.gate = StepGate(gate_words, leader=True, timeout_s=tp.timeout_s)
         super().__init__(config, engine_parts(state, make_runner(state, config, self.gate)))
         self._run_ids = itertools.count()
-        self._finalizer = weakref.finalize(self, _stop, self.gate, self._commands, self._workers, 60.0)
+        self._finalizer = weakref.finalize(self, _stop, self.gate, self.runner, self._commands, self._workers, 60.0)
 
     @property
     def tensor_parallel_size(self) -> int:

@@ -32,3 +32,8 @@ class TPModelRunner(ModelRunner):
         except BaseException as error:
             self.broken = error
             raise
+
+    def release_cuda_graphs(self) -> None:
+        """Before leaving the process group: graphs with captured collectives must go first."""
+        if self.graphs is not None:
+            self.graphs.release()

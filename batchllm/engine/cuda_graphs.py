@@ -120,6 +120,16 @@ class DecodeGraphRunner:
         self.graphs: dict[GraphKey, _Graph] = {}
         self.num_replays = 0
 
+    def release(self) -> None:
+        """Destroy the captured graphs now (after the device has finished replaying them). A
+        graph that captured NCCL collectives keeps the communicator busy: tearing the process
+        group down before its graphs are gone hangs."""
+        torch.cuda.synchronize(self.device)
+        for graph in self.graphs.values():
+            if graph.graph is not None:
+                graph.graph.reset()
+        self.graphs.clear()
+
     def key_for(self, inputs: StepInputs) -> GraphKey | None:
         """The graph of a decode step (None: not a decode step, or too many rows)."""
         q_lens = np.diff(inputs.query_start_loc)

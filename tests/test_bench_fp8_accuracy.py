@@ -1,7 +1,6 @@
 """The FP8 accuracy gate's parts that need no GPU: its text and token cut, the token files, the
 metric math on hand-made logits, the prefill steps, and the runner path on a tiny random model."""
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -15,6 +14,7 @@ from batchllm.bench.fp8_accuracy import (AccuracyOptions, Variant, gate_failures
                                          prefill_steps, sequence_logits)
 from batchllm.models.fp8_linear import fp8_unsupported_reason
 from batchllm.bench.logit_metrics import compare_next_token, perplexity
+from script_loader import load_benchmark_script
 
 LN3 = math.log(3.0)
 
@@ -167,11 +167,7 @@ def test_fp8_needs_a_recent_gpu():
 
 
 def _script():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fp8_accuracy.py"
-    spec = importlib.util.spec_from_file_location("fp8_accuracy_script", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark_script("fp8_accuracy.py")
 
 
 def test_script_reads_a_tokens_file_and_refuses_a_cpu(tmp_path, capsys, monkeypatch):

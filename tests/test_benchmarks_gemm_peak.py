@@ -1,20 +1,12 @@
 """benchmarks/gemm_peak.py on the CPU (--dry-run: small shapes): the FP8 operands' layout and scales
 give the right product, and the script runs end to end. The peaks themselves need a GPU."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import torch
+from script_loader import load_benchmark_script
 
 
 def _script():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gemm_peak.py"
-    spec = importlib.util.spec_from_file_location("gemm_peak_script", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark_script("gemm_peak.py")
 
 
 def test_fp8_operands_and_product():

@@ -2,10 +2,9 @@
 local cluster; the rows carry the measurement and the Ray tokens equal the one-device tokens. The
 speedup itself means something on GPUs only."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
+
+from script_loader import load_benchmark_script
 
 pytest_plugins = ["ray_fixtures"]  # ray_address: skips where Ray is not installed
 
@@ -17,12 +16,7 @@ ROW_FIELDS = {"what", "model", "workload", "replicas", "gpus", "requests", "seco
 
 
 def _script():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "scale_out_dp.py"
-    spec = importlib.util.spec_from_file_location("scale_out_dp_script", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark_script("scale_out_dp.py")
 
 
 def test_one_device_and_ray_rows(ray_address, tmp_path, capsys):

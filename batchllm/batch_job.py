@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from batchllm.engine.errors import EngineBrokenError
 from batchllm.engine.llm_engine import LLMEngine, PreparedRequest, RunStats
 from batchllm.io.batch_input import DEFAULT_MAX_LINE_BYTES, BatchError, BatchRequest, read_batch_file
 from batchllm.io.batch_output import dumps, error_line, openai_logprobs, success_line
@@ -267,11 +268,12 @@ class _JobRun:
 
     def _serve(self, prepared: list[PreparedRequest], requests: dict[int, BatchRequest]) -> None:
         """Run requests; if the engine fails, the unfinished ones run again in halves until the
-        request that fails alone is found: it gets an internal_error record, the rest their answers."""
+        request that fails alone is found: it gets an internal_error record, the rest their answers.
+        An engine that can run nothing any more stops the job (the journal keeps what is done)."""
         try:
             for done in self.engine.run(prepared, on_step=self._on_step, stats=self.stats):
                 self._answer(requests.pop(done.request_id), done)
-        except JobInterrupted:
+        except (JobInterrupted, EngineBrokenError):
             raise
         except Exception as error:
             left = [request for request in prepared if request.request_id in requests]

@@ -396,6 +396,38 @@ def test_a_request_that_fails_while_being_served_gets_internal_error_and_the_job
     assert records[:3] + records[4:] == reference[:3] + reference[4:]
 
 
+class _BreakingEngine(_FailingEngine):
+    """The real engine until it has answered `num_answers` requests; then it can run nothing."""
+
+    def __init__(self, engine, num_answers):
+        super().__init__(engine, poison=None)
+        self.num_answers = num_answers
+
+    def run(self, requests, **kwargs):
+        from batchllm.engine.errors import EngineBrokenError
+
+        for done in self._engine.run(requests, **kwargs):
+            if self.num_answers == 0:
+                raise EngineBrokenError("a step failed mid-way")
+            self.num_answers -= 1
+            yield done
+
+
+def test_an_engine_that_breaks_stops_the_job_instead_of_failing_every_request(engine, tmp_path):
+    lines = [_line(i) for i in range(7)]
+    input_path, output_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(input_path, lines)
+    from batchllm.engine.errors import EngineBrokenError
+
+    with pytest.raises(EngineBrokenError):
+        run_batch_file(_BreakingEngine(engine, num_answers=3), str(input_path), str(output_path),
+                       options=BatchJobOptions(show_progress=False))
+    assert not output_path.exists()  # no output with errors for the requests never run
+    summary = run_batch_file(engine, str(input_path), str(output_path), options=BatchJobOptions(show_progress=False))
+    assert (summary.num_requests, summary.num_errors) == (7, 0)  # the next run resumes and answers all
+    assert normalized_records(output_path) == _reference(engine, tmp_path, lines)
+
+
 # -- smaller faults -------------------------------------------------------------------------
 
 

@@ -26,7 +26,8 @@ from batchllm.config import EngineConfig
 from batchllm.distributed.config import TensorParallelConfig
 from batchllm.distributed.sharding import LoadedShard, load_shard
 from batchllm.distributed.step_gate import RunAborted, StepGate, new_shared_words
-from batchllm.distributed.tp_runner import EngineBrokenError, TPModelRunner
+from batchllm.distributed.tp_runner import TPModelRunner
+from batchllm.engine.errors import EngineBrokenError
 from batchllm.engine.kv_cache import KVCache, choose_num_kv_tokens, kv_bytes_per_token
 from batchllm.engine.llm_engine import LLMEngine
 from batchllm.engine.request_state import FinishedOutput, PreparedRequest, RunStats

@@ -5,12 +5,9 @@ logits, which are the same on every rank, so every rank holds the same tokens (d
 from __future__ import annotations
 
 from batchllm.distributed.step_gate import StepGate, step_fingerprint
+from batchllm.engine.errors import EngineBrokenError
 from batchllm.engine.model_runner import ModelRunner, StepResult
 from batchllm.sched.interface import SchedulerOutput
-
-
-class EngineBrokenError(RuntimeError):
-    """A step failed after its collectives had started: the ranks may disagree on what ran."""
 
 
 class TPModelRunner(ModelRunner):

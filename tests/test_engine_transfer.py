@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from batchllm.engine.transfer import upload_arrays
+from batchllm.ops.transfer import upload_arrays
 
 
 def _arrays():

@@ -13,7 +13,7 @@ import torch
 
 from batchllm.engine.kv_cache import KVCache
 from batchllm.engine.step_inputs import StepInputs
-from batchllm.engine.transfer import upload_arrays
+from batchllm.ops.transfer import upload_arrays
 from batchllm.ops import reference
 
 

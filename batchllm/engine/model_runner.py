@@ -13,7 +13,7 @@ from batchllm.engine.kv_cache import KVCache
 from batchllm.engine.placeholders import placeholder_source, resolve_placeholders_
 from batchllm.engine.sampler import SamplerOutput, SamplingBatch, sample
 from batchllm.engine.step_inputs import StepInputs, build_step_inputs
-from batchllm.engine.transfer import to_device, upload_arrays
+from batchllm.ops.transfer import to_device, upload_arrays
 from batchllm.sched.interface import SchedulerOutput
 
 

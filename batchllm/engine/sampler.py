@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from batchllm.engine.transfer import to_device
+from batchllm.ops.transfer import to_device
 from batchllm.sampling_params import SamplingParams
 
 _MASK32 = 0xFFFFFFFF
@@ -70,7 +70,7 @@ class SamplingBatch:
     @classmethod
     def build(cls, rows: list[tuple], device: torch.device) -> SamplingBatch:
         """rows: sampling_row(...) per row: (temperature, top_p, top_k, min_p, seed, output_index,
-        logprobs, logit_bias). The settings travel in one buffer (engine/transfer.py)."""
+        logprobs, logit_bias). The settings travel in one buffer (ops/transfer.py)."""
         temperature, top_p, top_k, min_p, seeds, output_index, logprobs, logit_bias = zip(*rows)
         asked = [n for n in logprobs if n is not None]
         # float64 holds every field exactly (seeds < 2**32, indices and top_k far below 2**53).

@@ -14,6 +14,7 @@ import torch
 
 from batchllm.ops.plan_layout import PLAN_ARRAYS, step_layout
 from batchllm.ops.tile_config import TileConfig, default_tile_config
+from batchllm.ops.transfer import to_device
 from batchllm.ops.validation import check
 
 # Work-item fields (columns of the int32 work list).
@@ -154,11 +155,7 @@ class PrefixSharedPlan:
         if self.tile.split_classes:
             arrays["work_big"], arrays["work_small"] = self.class_lists()
         layout = step_layout(arrays)
-        buffer = torch.from_numpy(layout.pack(arrays))
-        if torch.device(device).type == "cuda":
-            buffer = buffer.pin_memory().to(device, non_blocking=True)
-        else:
-            buffer = buffer.to(device)
+        buffer = to_device(layout.pack(arrays), torch.device(device))
         return PrefixSharedPlanOnDevice(
             **layout.views(buffer), num_partial_slots=self.num_partial_slots, num_tokens=self.num_tokens,
             num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, block_size=self.block_size, tile=self.tile)

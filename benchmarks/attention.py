@@ -22,8 +22,18 @@ lengths. Implementations, all validated against the float32 reference first:
 The Triton implementations each get the best of the tile configs (the autotune step; --quick:
 the default config only).
 
+Dense scenarios (--scenarios dense or all): causal self-attention of B sequences of L tokens
+with no sharing (8 x 2048, 2 x 8192, 1 x 16384), the last 2048 rows of a 16384-token context,
+and the same rows with the first 14336 tokens as a shared prefix (prefix tiles). Rows carry
+`impl` and `tflop_per_s` (4 x heads x head_dim x the causal query-key pairs):
+  batchllm    our fused kernel on the paged cache (the engine's work order, best tile config)
+  sdpa_cudnn  PyTorch SDPA with only the cuDNN backend on dense contiguous K/V (KV heads
+              repeated beforehand, excluded from the timing)
+  sdpa_flash  the same with only the flash backend
+Each output is checked first against a float32 reference computed in row chunks.
+
 Usage: PYTHONPATH=. python3 benchmarks/attention.py --out results.json [--markdown table.md] [--quick]
-  [--budget-s S] [--no-flex | --flex-modes decode,mixed --flex-budget-s S]
+  [--budget-s S] [--no-flex | --flex-modes decode,mixed --flex-budget-s S] [--scenarios shared|dense|all]
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -273,8 +284,9 @@ def prefix_flops(seqs) -> float:
     return sum(4.0 * s.q_len * s.shared_kv_len * NUM_HEADS * HEAD_DIM for s in seqs)
 
 
-def _time_impls(impls, ref, notes, where) -> dict:
-    """{name: (us, max_abs_err, config tag)}: each implementation validated, then timed (best variant)."""
+def _time_impls(impls, ref, notes, where, variant_us: dict | None = None) -> dict:
+    """{name: (us, max_abs_err, config tag)}: each implementation validated, then timed (best
+    variant); variant_us, when given, receives {name: {tag: us}} for every variant."""
     timings = {}
     for name, variants in impls.items():
         best = None
@@ -285,6 +297,8 @@ def _time_impls(impls, ref, notes, where) -> dict:
             except Exception as exc:  # noqa: BLE001
                 notes.append(f"{name}{tag} failed on {where}: {exc!r}"[:600])
                 continue
+            if variant_us is not None:
+                variant_us.setdefault(name, {})[tag] = round(us, 2)
             if best is None or us < best[0]:
                 best = (us, err, tag)
         if best:
@@ -339,6 +353,138 @@ def _main_timings(b, seqs, ref, scale, configs: dict, with_flashinfer: bool, not
     return timings
 
 
+# (batch, query rows per sequence, context tokens per sequence, shared prefix tokens)
+DENSE_SHAPES = [(8, 2048, 2048, 0), (2, 8192, 8192, 0), (1, 16384, 16384, 0), (1, 2048, 16384, 0),
+                (1, 2048, 16384, 14336)]
+DRY_DENSE_SHAPES = [(2, 40, 40, 0), (1, 16, 48, 0), (1, 16, 48, 32)]
+
+
+def dense_seqs(batch: int, q_len: int, context: int, shared: int) -> list[SeqSpec]:
+    """B sequences whose q_len rows are the last of `context` tokens; with `shared`, the first
+    `shared` tokens are one group's prefix (one member: the prefix tiles do the context)."""
+    return [SeqSpec(q_len, context, shared, 0 if shared else -1) for _ in range(batch)]
+
+
+def causal_pairs(q_len: int, context: int) -> int:
+    """Query-key pairs a causal row block sees: row i of the last q_len sees context - q_len + i + 1."""
+    return q_len * (context - q_len) + q_len * (q_len + 1) // 2
+
+
+def dense_kv(b, seqs) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, H, L, D] K and V gathered from the paged cache, KV heads repeated to the query heads."""
+    dev = b.query.device
+    lens, shared = b.seq_lens.tolist(), b.shared_kv_lens.tolist()
+    tables = b.block_tables.cpu().numpy()
+    slots = torch.stack([torch.as_tensor(_slots(tables[s], lens[s], shared[s]), device=dev)
+                         for s in range(len(seqs))])
+    rep = NUM_HEADS // NUM_KV_HEADS
+    k = b.k_cache.view(-1, NUM_KV_HEADS, HEAD_DIM)[slots].transpose(1, 2)  # [B, Hkv, L, D]
+    v = b.v_cache.view(-1, NUM_KV_HEADS, HEAD_DIM)[slots].transpose(1, 2)
+    return k.repeat_interleave(rep, dim=1).contiguous(), v.repeat_interleave(rep, dim=1).contiguous()
+
+
+def dense_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                    rows_per_chunk: int = 1024) -> torch.Tensor:
+    """float32 causal attention, bottom-right aligned, computed in row chunks. q [B, H, Lq, D],
+    k / v [B, H, L, D]; returns [B * Lq, H, D] (the packed layout of our kernel)."""
+    q_len, context = q.shape[2], k.shape[2]
+    kf, vf = k.float(), v.float()
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    for r0 in range(0, q_len, rows_per_chunk):
+        r1 = min(q_len, r0 + rows_per_chunk)
+        scores = q[:, :, r0:r1].float() @ kf.transpose(-1, -2) * scale  # [B, H, rows, L]
+        visible = torch.arange(context, device=q.device)[None, :] <= (
+            context - q_len + torch.arange(r0, r1, device=q.device)[:, None])
+        scores.masked_fill_(~visible, float("-inf"))
+        out[:, :, r0:r1] = torch.softmax(scores, dim=-1) @ vf
+    return out.transpose(1, 2).reshape(-1, q.shape[1], q.shape[3])
+
+
+def _sdpa_backend_fn(backend_name: str, q, k, v, scale):
+    """One SDPA call with only `backend_name` allowed, output in the packed layout."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, backend_name)
+    q_len, context = q.shape[2], k.shape[2]
+    if q_len == context:
+        mask_kw = {"is_causal": True}
+    else:
+        from torch.nn.attention.bias import causal_lower_right
+        mask_kw = {"attn_mask": causal_lower_right(q_len, context)}
+
+    def fn():
+        with sdpa_kernel([backend]):
+            o = F.scaled_dot_product_attention(q, k, v, scale=scale, **mask_kw)
+        return o.transpose(1, 2).reshape(-1, q.shape[1], q.shape[3])
+    return fn
+
+
+def dense_tile_configs(configs: dict, quick: bool) -> dict:
+    """The sweep's configs plus two with 128 x 64 and 128 x 128 BIG tiles over 8 warps and 3
+    stages, the tile shapes of FlashAttention-style kernels on Hopper (not with --quick)."""
+    if quick:
+        return configs
+    base = next(iter(configs.values()))
+    return {**configs,
+            "big128x64": replace(base, big_m=max(128, base.big_m), big_n=64, num_warps=8, num_stages=3),
+            "big128x128": replace(base, big_m=max(128, base.big_m), big_n=128, num_warps=8, num_stages=3)}
+
+
+def run_dense(args, dev, dtype, scale, configs: dict, rows: list, notes: list) -> dict:
+    """The dense causal rows: our kernel and SDPA's cuDNN and flash backends on the same data.
+    Returns the tile configs swept ({tag: config})."""
+    configs = dense_tile_configs(configs, args.quick)
+    for batch, q_len, context, shared in (DRY_DENSE_SHAPES if args.dry_run else DENSE_SHAPES):
+        where = f"dense {batch}x{q_len} of {context}" + (f", {shared} shared" if shared else "")
+        seqs = dense_seqs(batch, q_len, context, shared)
+        b = make_batch(seqs, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM,
+                       block_size=BLOCK_SIZE, dtype=dtype, device=dev)
+        k, v = dense_kv(b, seqs)
+        q = b.query.view(batch, q_len, NUM_HEADS, HEAD_DIM).transpose(1, 2).contiguous()
+        ref = dense_reference(q, k, v, scale)
+        meta = b.metadata_numpy()
+        impls = {"batchllm": []}
+        for tag, cfg in configs.items():
+            plan = build_prefix_shared_plan(**meta, order="auto", block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS,
+                                            num_heads=NUM_HEADS, head_dim=HEAD_DIM, tile=cfg,
+                                            num_sms=device_num_sms(dev)).to(dev)
+            impls["batchllm"].append((tag, lambda p=plan: prefix_shared_attention(b.query, b.k_cache, b.v_cache, p, scale)))
+        if dev == "cuda":
+            impls["sdpa_cudnn"] = [("", _sdpa_backend_fn("CUDNN_ATTENTION", q, k, v, scale))]
+            impls["sdpa_flash"] = [("", _sdpa_backend_fn("FLASH_ATTENTION", q, k, v, scale))]
+        flops = 4.0 * NUM_HEADS * HEAD_DIM * causal_pairs(q_len, context) * batch
+        variant_us = {}
+        for name, (us, err, tag) in _time_impls(impls, ref, notes, where, variant_us).items():
+            row = {"scenario": "dense", "batch": batch, "q_len": q_len, "context": context, "shared": shared,
+                   "impl": name, "us": round(us, 2), "tflop_per_s": round(flops / us / 1e6, 1),
+                   "max_abs_err": err, "valid": err < 5e-2, "config": tag, "us_by_config": variant_us[name]}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del b, k, v, q, ref
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+    return configs
+
+
+def dense_markdown_table(result) -> str:
+    by_shape = {}
+    for r in result["rows"]:
+        if r.get("scenario") == "dense":
+            by_shape.setdefault((r["batch"], r["q_len"], r["context"], r["shared"]), {})[r["impl"]] = r
+    impls = ["batchllm", "sdpa_cudnn", "sdpa_flash"]
+    lines = ["| shape | " + " | ".join(f"{i} TFLOP/s" for i in impls) + " | batchllm / cuDNN |",
+             "|" + "---|" * (len(impls) + 2)]
+    for (batch, q_len, context, shared), r in by_shape.items():
+        shape = f"{batch} x {q_len}" if q_len == context else f"last {q_len} rows of {context}"
+        shape += f", {shared} shared" if shared else ""
+        cell = lambda i, r=r: (f"{r[i]['tflop_per_s']:.0f}" + ("" if r[i]["valid"] else " (INVALID)")) if i in r else "-"
+        ratio = (f"{r['batchllm']['tflop_per_s'] / r['sdpa_cudnn']['tflop_per_s']:.2f}"
+                 if "batchllm" in r and "sdpa_cudnn" in r else "-")
+        lines.append(f"| {shape} | " + " | ".join(cell(i) for i in impls) + f" | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
 def run(args):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
@@ -365,7 +511,10 @@ def run(args):
     result["engine_work_order"] = DEFAULT_WORK_ORDER
     result["versions"] = {"torch": torch.__version__, "triton": _version("triton")}
     scenarios = [(setting, mode, jitter) for setting in (DRY_SETTINGS if args.dry_run else SETTINGS)
-                 for mode, jitter in MODES]
+                 for mode, jitter in MODES] if args.scenarios in ("shared", "all") else []
+    if args.scenarios in ("dense", "all"):
+        dense_configs = run_dense(args, dev, dtype, scale, dict(zip(tags, configs)), rows, notes)
+        result["tile_configs"].update({t: vars(c) for t, c in dense_configs.items()})
     main_timings = {}  # scenario -> timings of the main pass (plain for the flex rows)
     t_start = time.time()
     # main pass: our kernels + SDPA (+ FlashInfer); then the flex pass (compiles) with the time left
@@ -413,14 +562,17 @@ def run(args):
         json.dump(result, f, indent=1)
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write(markdown_table(result))
+            tables = [markdown_table(result) if any(r["scenario"] != "dense" for r in result["rows"]) else "",
+                      dense_markdown_table(result) if any(r["scenario"] == "dense" for r in result["rows"]) else ""]
+            f.write("\n".join(t for t in tables if t))
     return result
 
 
 def markdown_table(result) -> str:
     by_key = {}
     for r in result["rows"]:
-        by_key.setdefault((r["prefix"], r["distinct"], r["group"], r["scenario"]), {})[r["impl"]] = r
+        if r["scenario"] != "dense":
+            by_key.setdefault((r["prefix"], r["distinct"], r["group"], r["scenario"]), {})[r["impl"]] = r
     impls = ["fused", "fused_interleave", "fused_auto", "plain", "sdpa", "sdpa_nogather", "flex", "flashinfer"]
     lines = ["| prefix/distinct/group | scenario | " + " | ".join(f"{i} us" for i in impls)
              + " | fused vs plain | interleave vs plain | auto vs plain | fused vs flashinfer"
@@ -453,6 +605,9 @@ def main(argv=None):
                         help="no new FlexAttention compile after this many seconds since the start (notes say where)")
     parser.add_argument("--flex-modes", default="all",
                         help="comma list of scenarios that get a flex row (one compile each), or 'all'")
+    parser.add_argument("--scenarios", choices=("shared", "dense", "all"), default="all",
+                        help="shared: the prefix-sharing decode and mixed scenarios; dense: causal attention "
+                             "without sharing against SDPA's cuDNN and flash backends; all: both (default)")
     args = parser.parse_args(argv)
     if args.dry_run:
         global NUM_DECODE, NUM_CHUNKS, CHUNK_TOKENS, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM

@@ -1,0 +1,59 @@
+"""The dense scenarios of benchmarks/attention.py: shapes, FLOP counts, the float32 reference
+and the SDPA wrapper, on CPU (the Triton interpreter for our kernel)."""
+
+import json
+
+import pytest
+import torch
+
+from tests.script_loader import load_benchmark_script
+
+attention = load_benchmark_script("attention.py")
+
+
+def test_causal_pairs_counts_bottom_right_aligned_rows():
+    assert attention.causal_pairs(4, 4) == 1 + 2 + 3 + 4
+    assert attention.causal_pairs(2, 5) == 4 + 5  # rows see 4 and 5 keys
+    assert attention.causal_pairs(2048, 2048) == 2048 * 2049 // 2
+
+
+def _naive_attention(q, k, v, scale):
+    """Per row, per head, one softmax in float64: [B, H, Lq, D] -> [B * Lq, H, D]."""
+    batch, heads, q_len, _ = q.shape
+    context = k.shape[2]
+    out = torch.empty(batch, q_len, heads, q.shape[3], dtype=torch.float64)
+    for b in range(batch):
+        for h in range(heads):
+            for i in range(q_len):
+                keys = context - q_len + i + 1
+                weights = torch.softmax(k[b, h, :keys].double() @ q[b, h, i].double() * scale, dim=0)
+                out[b, i, h] = weights @ v[b, h, :keys].double()
+    return out.reshape(-1, heads, q.shape[3])
+
+
+@pytest.mark.parametrize("q_len, context", [(5, 5), (3, 7)])
+def test_dense_reference_and_sdpa_wrapper_equal_a_naive_softmax(q_len, context):
+    generator = torch.Generator().manual_seed(q_len)
+    q, k, v = (torch.randn(2, 4, n, 8, generator=generator) for n in (q_len, context, context))
+    expected = _naive_attention(q, k, v, 0.3).float()
+    chunked = attention.dense_reference(q, k, v, 0.3, rows_per_chunk=2)
+    torch.testing.assert_close(chunked, expected, rtol=1e-5, atol=1e-5)
+    sdpa = attention._sdpa_backend_fn("MATH", q, k, v, 0.3)()
+    torch.testing.assert_close(sdpa, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_dense_dry_run_validates_our_kernel_on_every_shape(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    out, markdown = tmp_path / "attention.json", tmp_path / "attention.md"
+    attention.main(["--dry-run", "--scenarios", "dense", "--out", str(out), "--markdown", str(markdown)])
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert {r["config"] for r in rows} <= set(result["tile_configs"])
+    shapes = [(r["batch"], r["q_len"], r["context"], r["shared"]) for r in rows]
+    assert shapes == attention.DRY_DENSE_SHAPES
+    assert all(r["impl"] == "batchllm" and r["valid"] and r["max_abs_err"] < 1e-4 for r in rows)
+    for r in rows:
+        flops = 4.0 * attention.NUM_HEADS * attention.HEAD_DIM * attention.causal_pairs(r["q_len"], r["context"]) * r["batch"]
+        assert r["tflop_per_s"] == round(flops / r["us"] / 1e6, 1)
+    table = markdown.read_text()
+    assert "| last 16 rows of 48, 32 shared |" in table and "prefix/distinct/group" not in table

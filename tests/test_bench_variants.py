@@ -81,3 +81,29 @@ def test_a_variant_that_cannot_load_leaves_the_others():
     assert "- not run: cannot load the model" in render_markdown(result)
     nothing = run_variants(_options([FP8]), load=_stand_in_load(failing=FP8), log=lambda text: None)
     assert nothing["rows"] == [] and len(nothing["load_errors"]) == 1
+
+
+def test_graph_replays_count_the_timed_run_only():
+    """A row's graph_replays are the replays of its timed run, not the warm-up's or earlier
+    rows'. On CPU no graphs run, so a counter stands in for the graph runner between runs: each
+    run adds 7 replays."""
+    from types import SimpleNamespace
+
+    options = BenchOptions(model=MODEL, workloads=["micro:32:8:2#4"], output_tokens=2,
+                           policies="batchllm,vllm", kv_cache_tokens=4096, device="cpu", git_commit="abc")
+    llm = load_llm(options)
+    counter = SimpleNamespace(num_replays=0)
+    real_generate = llm.generate
+
+    def generate(*args, **kwargs):
+        llm.engine.runner.graphs = None  # the real runner runs eagerly on CPU
+        try:
+            return real_generate(*args, **kwargs)
+        finally:
+            counter.num_replays += 7
+            llm.engine.runner.graphs = counter
+
+    llm.generate = generate
+    llm.engine.runner.graphs = counter
+    result = run_variants(options, load=lambda *_: llm, log=lambda text: None)
+    assert [(row["policy"], row["graph_replays"]) for row in result["rows"]] == [("batchllm", 7), ("vllm", 7)]

@@ -201,6 +201,8 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
     synchronize = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
     llm.generate(prompts[:8], params[:8], use_tqdm=False, options=options)  # warm-up: compile kernels
     synchronize()
+    graphs = engine.runner.graphs
+    replays_before = graphs.num_replays if graphs is not None else 0
     started = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False, options=options)
     synchronize()
@@ -239,8 +241,8 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
         "kv_bytes_per_token": engine_kv_bytes_per_token(engine),
         "async_scheduling": options.async_scheduling,
     }
-    if engine.runner.graphs is not None:
-        row["graph_replays"] = engine.runner.graphs.num_replays
+    if graphs is not None:
+        row["graph_replays"] = graphs.num_replays - replays_before  # the timed run's
     if case.skipped_lines is not None:
         row["skipped_lines"] = case.skipped_lines
     return row

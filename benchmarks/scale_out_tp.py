@@ -141,6 +141,7 @@ def check(args) -> None:
 def throughput(args) -> None:
     import torch
 
+    from batchllm.bench.runner import graph_replay_counts
     from batchllm.engine.factory import create_engine
     from batchllm.engine.llm_engine import RunStats
 
@@ -151,14 +152,15 @@ def throughput(args) -> None:
     cuda = torch.cuda.is_available()
     run_tokens(engine, requests)  # warm-up: the same batch, so every kernel and graph exists
     stats = RunStats()
-    graphs = engine.runner.graphs
-    replays_before = graphs.num_replays if graphs is not None else 0
+    replays_before = graph_replay_counts(engine.runner)
     if cuda:
         torch.cuda.synchronize()
     started = time.perf_counter()
     outputs = run_tokens(engine, requests, stats)
     seconds = time.perf_counter() - started
-    timed_replays = graphs.num_replays - replays_before if graphs is not None else 0
+    # decode steps of the timed run replayed as CUDA graphs (0 without graphs)
+    timed_replays = {"graph_replays": 0, **{name: count - replays_before[name]
+                                            for name, count in graph_replay_counts(engine.runner).items()}}
     collectives = profile_collectives(engine, requests[:args.profile_requests]) if cuda else {}
     bound = flop_bound(engine.arch, requests, args.tp)
     record = {
@@ -169,7 +171,7 @@ def throughput(args) -> None:
         "flop_bound_s": round(bound, 3), "time_over_bound": round(seconds / bound, 2), "steps": stats.num_steps,
         **phase_ms_per_step(stats.step_records),
         **collectives,
-        "graph_replays": timed_replays,  # decode steps of the timed run replayed as CUDA graphs
+        **timed_replays,
         "max_num_batched_tokens": args.max_num_batched_tokens, "load_s": round(load_s, 1),
         "kv_cache_tokens": engine.num_kv_tokens,
         "gpu_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None,

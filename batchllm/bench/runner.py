@@ -171,6 +171,12 @@ def _input_case(path: str, engine, options: BenchOptions, log: Callable[[str], N
                  skipped_lines=len(skipped))
 
 
+def graph_replay_counts(runner) -> dict[str, int]:
+    """The runner's CUDA graph replays so far, by row field (nothing for a runner without graphs);
+    a run's own are the difference of the counts after and before it."""
+    return {} if runner.graphs is None else {"graph_replays": runner.graphs.num_replays}
+
+
 def significant(value: float, digits: int = 4) -> float:
     return float(f"{value:.{digits}g}")
 
@@ -201,8 +207,7 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
     synchronize = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
     llm.generate(prompts[:8], params[:8], use_tqdm=False, options=options)  # warm-up: compile kernels
     synchronize()
-    graphs = engine.runner.graphs
-    replays_before = graphs.num_replays if graphs is not None else 0
+    replays_before = graph_replay_counts(engine.runner)
     started = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False, options=options)
     synchronize()
@@ -241,8 +246,7 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
         "kv_bytes_per_token": engine_kv_bytes_per_token(engine),
         "async_scheduling": options.async_scheduling,
     }
-    if graphs is not None:
-        row["graph_replays"] = graphs.num_replays - replays_before  # the timed run's
+    row.update({name: count - replays_before[name] for name, count in graph_replay_counts(engine.runner).items()})
     if case.skipped_lines is not None:
         row["skipped_lines"] = case.skipped_lines
     return row

@@ -222,6 +222,17 @@ def test_window_with_unmasked_kv_steps(name, device):
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("name", ["prefix_with_chunks", "mixed_ragged"])
+def test_window_wider_than_every_context_equals_no_window(name, device):
+    """Without a window the kernel is compiled without its window path (WINDOWED=False). A window
+    wider than every context runs the windowed variant over the same KV steps: the two outputs are
+    bit-equal, so the variants differ only in what the window hides."""
+    out_no_window, ref, _ = _kernel_case(name, torch.float32, None, device)
+    out_wide, _, _ = _kernel_case(name, torch.float32, 10_000, device)
+    assert torch.equal(out_no_window, out_wide)
+    torch.testing.assert_close(out_no_window, ref, atol=2e-5, rtol=2e-5)
+
+
 def test_paged_kernel_window_matches_reference(device):
     from op_references import paged_attention
 

@@ -10,6 +10,12 @@ KV_FP8: the cache is float8_e4m3fn. Each K / V tile is converted to the query dt
 right after its load (exact: every e4m3 value is a float16 / bfloat16 one); the host folds the K
 scale into qk_scale_log2, and the V scale multiplies the output at its normalisation. Without
 KV_FP8 none of that is compiled.
+
+WINDOWED: the model has a sliding window; each row also reads its position, and a tile runs a
+third, masked KV loop below its rows' window starts. Without WINDOWED none of that is compiled.
+As a runtime branch on `window` (compiled into every launch) it made dense causal attention
+16-22% slower on the H200 (benchmarks/attention.py --scenarios dense: 268-332 TFLOP/s compiled
+out, 224-270 with the branch, in one run) and the 16000-token micro set 6% slower end to end.
 """
 
 from __future__ import annotations
@@ -23,11 +29,12 @@ def _kv_steps(
     q, m_i, l_i, acc, limit, first, k_cache_ptr, v_cache_ptr, table_row, head_off, base_block, base_pos,
     n_begin, n_end, kv_end, qk_scale_log2, stride_cb, stride_cs,
     HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    KV_FP8: tl.constexpr, MASKED: tl.constexpr,
+    KV_FP8: tl.constexpr, MASKED: tl.constexpr, WINDOWED: tl.constexpr,
 ):
     """Online softmax over KV positions [n_begin, n_end) in BLOCK_N steps; a packed row sees
-    positions in [first, limit). MASKED=False: every packed row sees every position of the range
-    (no bounds or limit checks, no -inf guard)."""
+    positions in [first, limit) (WINDOWED; else [0, limit), and `first` is never read).
+    MASKED=False: every packed row sees every position of the range (no bounds or limit checks,
+    no -inf guard)."""
     offs_d = tl.arange(0, HEAD_DIM)
     for n0 in range(n_begin, n_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -46,7 +53,9 @@ def _kv_steps(
             k = k.to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2  # [BLOCK_M, BLOCK_N]
         if MASKED:
-            visible = (offs_n[None, :] < limit[:, None]) & (offs_n[None, :] >= first[:, None])
+            visible = offs_n[None, :] < limit[:, None]
+            if WINDOWED:
+                visible = visible & (offs_n[None, :] >= first[:, None])
             s = tl.where(visible, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -75,6 +84,7 @@ def _attend_tile(
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table,
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
+    WINDOWED: tl.constexpr,
 ):
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -101,38 +111,38 @@ def _attend_tile(
         hi = kv_end
     limit = tl.minimum(limit, kv_end)
     hi = tl.minimum(hi, kv_end)
-    # Sliding window (window > 0): a row at position p sees positions >= p - window + 1 as well.
-    # Steps below every row's first position are skipped; steps that start below some row's are
-    # masked.
-    if window > 0:
-        first = tl.load(pos_ptr + token, mask=m_valid, other=0).to(tl.int32) - window + 1
-        first_lo = tl.min(tl.where(m_valid, first, kv_end), 0)
-        first_hi = tl.max(tl.where(m_valid, first, kv_start), 0)
-    else:
-        first = tl.zeros([BLOCK_M], dtype=tl.int32)
-        first_lo = kv_start
-        first_hi = kv_start
-    n_start = kv_start + (tl.maximum(first_lo - kv_start, 0) // BLOCK_N) * BLOCK_N
-    full_begin = kv_start + tl.cdiv(tl.maximum(first_hi - kv_start, 0), BLOCK_N) * BLOCK_N
-    # whole BLOCK_N steps in every row's [first, limit) run unmasked; the rest up to hi masked
-    full_end = kv_start + (tl.maximum(tl.minimum(lo, kv_end) - kv_start, 0) // BLOCK_N) * BLOCK_N
-    full_begin = tl.minimum(full_begin, full_end)
-
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     table_row = tables_ptr + seq.to(tl.int64) * stride_table
     head_off = kv_head * stride_ch
+    # whole BLOCK_N steps below every row's limit run unmasked; the rest up to hi masked
+    full_end = kv_start + (tl.maximum(tl.minimum(lo, kv_end) - kv_start, 0) // BLOCK_N) * BLOCK_N
+    if WINDOWED:
+        # Sliding window: a row at position p sees positions >= p - window + 1 as well. Steps
+        # below every row's first position are skipped; steps that start below some row's are
+        # masked; whole steps inside every row's [first, limit) run unmasked.
+        first = tl.load(pos_ptr + token, mask=m_valid, other=0).to(tl.int32) - window + 1
+        first_lo = tl.min(tl.where(m_valid, first, kv_end), 0)
+        first_hi = tl.max(tl.where(m_valid, first, kv_start), 0)
+        n_start = kv_start + (tl.maximum(first_lo - kv_start, 0) // BLOCK_N) * BLOCK_N
+        full_begin = kv_start + tl.cdiv(tl.maximum(first_hi - kv_start, 0), BLOCK_N) * BLOCK_N
+        full_begin = tl.minimum(full_begin, full_end)
+        m_i, l_i, acc = _kv_steps(q, m_i, l_i, acc, limit, first, k_cache_ptr, v_cache_ptr, table_row, head_off,
+                                  base_block, base_pos, n_start, full_begin, kv_end, qk_scale_log2, stride_cb,
+                                  stride_cs, HEAD_DIM, PAGE, BLOCK_N, DOT_PRECISION, KV_FP8, True, True)
+        full_begin = tl.maximum(full_begin, n_start)
+        full_end = tl.maximum(full_end, n_start)
+    else:
+        # without a window no row has a first position: the masked steps are only those at the end
+        first = limit
+        full_begin = kv_start
     m_i, l_i, acc = _kv_steps(q, m_i, l_i, acc, limit, first, k_cache_ptr, v_cache_ptr, table_row, head_off,
-                              base_block, base_pos, n_start, full_begin, kv_end, qk_scale_log2, stride_cb,
-                              stride_cs, HEAD_DIM, PAGE, BLOCK_N, DOT_PRECISION, KV_FP8, True)
+                              base_block, base_pos, full_begin, full_end, kv_end, qk_scale_log2, stride_cb,
+                              stride_cs, HEAD_DIM, PAGE, BLOCK_N, DOT_PRECISION, KV_FP8, False, WINDOWED)
     m_i, l_i, acc = _kv_steps(q, m_i, l_i, acc, limit, first, k_cache_ptr, v_cache_ptr, table_row, head_off,
-                              base_block, base_pos, tl.maximum(full_begin, n_start), full_end, kv_end,
-                              qk_scale_log2, stride_cb, stride_cs, HEAD_DIM, PAGE, BLOCK_N, DOT_PRECISION, KV_FP8,
-                              False)
-    m_i, l_i, acc = _kv_steps(q, m_i, l_i, acc, limit, first, k_cache_ptr, v_cache_ptr, table_row, head_off,
-                              base_block, base_pos, tl.maximum(full_end, n_start), hi, kv_end, qk_scale_log2,
-                              stride_cb, stride_cs, HEAD_DIM, PAGE, BLOCK_N, DOT_PRECISION, KV_FP8, True)
+                              base_block, base_pos, full_end, hi, kv_end, qk_scale_log2, stride_cb, stride_cs,
+                              HEAD_DIM, PAGE, BLOCK_N, DOT_PRECISION, KV_FP8, True, WINDOWED)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     if KV_FP8:
@@ -168,7 +178,7 @@ def _work_item(
     NUM_KV_HEADS: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     WORK_FIELDS: tl.constexpr,
     SMALL_M: tl.constexpr, SMALL_N: tl.constexpr, BIG_M: tl.constexpr, BIG_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, CLASSES: tl.constexpr, KV_FP8: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, CLASSES: tl.constexpr, KV_FP8: tl.constexpr, WINDOWED: tl.constexpr,
 ):
     """One (work item, KV head): pid = item * NUM_KV_HEADS + kv_head."""
     item = pid // NUM_KV_HEADS  # KV head fastest: the order of the work list is kept
@@ -193,13 +203,13 @@ def _work_item(
                      limit_ptr, pos_ptr, q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode,
                      q_pos0, partial_base, kv_head, qk_scale_log2, v_scale, window,
                      stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
-                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, SMALL_M, SMALL_N, DOT_PRECISION, KV_FP8)
+                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, SMALL_M, SMALL_N, DOT_PRECISION, KV_FP8, WINDOWED)
     else:
         _attend_tile(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr,
                      limit_ptr, pos_ptr, q_start, q_count, seq, kv_start, kv_end, base_block, base_pos, mask_mode,
                      q_pos0, partial_base, kv_head, qk_scale_log2, v_scale, window,
                      stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
-                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, BIG_M, BIG_N, DOT_PRECISION, KV_FP8)
+                     stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, BIG_M, BIG_N, DOT_PRECISION, KV_FP8, WINDOWED)
 
 
 # the block-table width changes from step to step: no recompiles on its divisibility by 16
@@ -226,6 +236,7 @@ def work_list_attention_kernel(
     CLASSES: tl.constexpr,  # 0: both tile classes (size_class per item); 1: SMALL only; 2: BIG only
     PERSISTENT: tl.constexpr,
     KV_FP8: tl.constexpr,  # the caches are float8_e4m3fn (dequantized in registers)
+    WINDOWED: tl.constexpr,  # window > 0 (compiled only for models with a sliding window)
 ):
     """Heterogeneous work in ONE launch: prefix tiles and distinct tiles from the work list.
 
@@ -239,13 +250,14 @@ def work_list_attention_kernel(
             _work_item(pid, work_ptr, q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr,
                        tables_ptr, limit_ptr, pos_ptr, qk_scale_log2, v_scale, window, stride_qt, stride_qh,
                        stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table, NUM_KV_HEADS, NUM_HEADS,
-                       HEAD_DIM, PAGE, WORK_FIELDS, SMALL_M, SMALL_N, BIG_M, BIG_N, DOT_PRECISION, CLASSES, KV_FP8)
+                       HEAD_DIM, PAGE, WORK_FIELDS, SMALL_M, SMALL_N, BIG_M, BIG_N, DOT_PRECISION, CLASSES, KV_FP8,
+                       WINDOWED)
     else:
         _work_item(tl.program_id(0), work_ptr, q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr,
                    v_cache_ptr, tables_ptr, limit_ptr, pos_ptr, qk_scale_log2, v_scale, window, stride_qt,
                    stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table, NUM_KV_HEADS,
                    NUM_HEADS, HEAD_DIM, PAGE, WORK_FIELDS, SMALL_M, SMALL_N, BIG_M, BIG_N, DOT_PRECISION, CLASSES,
-                   KV_FP8)
+                   KV_FP8, WINDOWED)
 
 
 @triton.jit

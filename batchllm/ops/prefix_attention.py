@@ -72,6 +72,7 @@ def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, 
         SMALL_M=tile.small_m, SMALL_N=tile.small_n, BIG_M=tile.big_m, BIG_N=tile.big_n,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", CLASSES=classes, PERSISTENT=persistent,
         KV_FP8=is_fp8(k_cache.dtype),
+        WINDOWED=bool(window),
         num_warps=num_warps, num_stages=num_stages,
     )
 

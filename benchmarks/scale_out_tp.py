@@ -11,8 +11,9 @@ fixed length), and the KV cache fills the free memory unless --kv-cache-tokens s
 The same batch runs once untimed first, so every Triton kernel and CUDA graph the timed run
 needs exists before the clock starts. After the timed run, on CUDA, the first
 --profile-requests requests run again under the profiler on rank 0: the collectives' GPU time
-per step of that run (`all_reduce_ms_per_step`: NCCL kernels, the logits all-gather included)
-and their share of its GPU kernel time. The bound is the FLOP bound over all tp GPUs: the work's FLOPs
+per step of that run (`all_reduce_ms_per_step`: NCCL kernels, the logits all-gather included),
+their share of its GPU kernel time, and the time rank 0's GPU had any kernel running
+(`gpu_busy_ms_per_step`; profile every request to set it against the timed run's step_ms). The bound is the FLOP bound over all tp GPUs: the work's FLOPs
 / (tp x the measured bf16 peak). One JSON line per measurement on stdout (and appended to --out).
 """
 
@@ -54,6 +55,16 @@ def flop_bound(arch, requests, tp: int) -> float:
                               tp * H200_BF16_PEAK_FLOPS)
 
 
+def busy_us(intervals) -> float:
+    """Length of the union of (start, end) intervals: the time at least one kernel ran."""
+    total, covered_until = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > covered_until:
+            total += end - max(start, covered_until)
+            covered_until = end
+    return total
+
+
 def profile_collectives(engine, requests) -> dict:
     """The collectives' GPU time, from a profiled run of `requests` (after the timed run: the
     profiler stays out of the timing, and every graph is captured already)."""
@@ -70,10 +81,15 @@ def profile_collectives(engine, requests) -> dict:
         torch.cuda.synchronize()
     kernel_us = {event.key: event.self_device_time_total for event in run_profile.key_averages()}
     collective_us = sum(us for name, us in kernel_us.items() if "nccl" in name.lower())
+    kernel_spans = [(event.time_range.start, event.time_range.end) for event in run_profile.events()
+                    if event.device_type == torch.autograd.DeviceType.CUDA]
     num_steps = max(stats.num_steps, 1)
     return {"profiled_requests": len(requests), "profiled_steps": stats.num_steps,
             "all_reduce_ms_per_step": round(collective_us / 1000 / num_steps, 2),
             "gpu_kernel_ms_per_step": round(sum(kernel_us.values()) / 1000 / num_steps, 2),
+            # rank 0's GPU with at least one kernel running; with every request profiled, the
+            # timed run's step_ms minus this is the time its GPU waited (for launches or a peer)
+            "gpu_busy_ms_per_step": round(busy_us(kernel_spans) / 1000 / num_steps, 2),
             "all_reduce_share_of_gpu_time": round(collective_us / max(sum(kernel_us.values()), 1), 4)}
 
 

@@ -107,3 +107,34 @@ def test_graph_replays_count_the_timed_run_only():
     llm.engine.runner.graphs = counter
     result = run_variants(options, load=lambda *_: llm, log=lambda text: None)
     assert [(row["policy"], row["graph_replays"]) for row in result["rows"]] == [("batchllm", 7), ("vllm", 7)]
+
+
+def test_every_workload_gets_its_warm_pass_before_its_timed_rows():
+    """Decode graphs are captured per block-table width, which follows the prompt lengths: a later
+    workload's first policy must not pay the captures of its shapes."""
+    options = BenchOptions(model=MODEL, workloads=["micro:32:8:2#4", "micro:96:8:2#4"], output_tokens=2,
+                           policies="batchllm,vllm", kv_cache_tokens=4096, device="cpu", git_commit="abc")
+    llm = load_llm(options)
+    events = []
+    real_generate = llm.generate
+
+    def generate(prompts, *args, **kwargs):
+        events.append(("run", len(prompts[0])))
+        return real_generate(prompts, *args, **kwargs)
+
+    llm.generate = generate
+
+    def log(text):
+        if text.startswith("warm pass"):
+            events.append(("warm pass log",))
+        elif text.startswith("{"):
+            events.append(("row",))
+
+    run_variants(options, load=lambda *_: llm, log=log)
+    kinds = [event[0] for event in events]
+    # per workload: the warm pass (a run, then its log line), then per policy a warm-up batch,
+    # the timed run and the row
+    assert kinds == ["run", "warm pass log", "run", "run", "row", "run", "run", "row"] * 2
+    prompt_lengths = [event[1] for event in events if event[0] == "run"]
+    assert len(set(prompt_lengths[:5])) == 1 and len(set(prompt_lengths[5:])) == 1
+    assert prompt_lengths[0] != prompt_lengths[5]  # the second warm pass ran the second workload

@@ -53,8 +53,8 @@ class BenchOptions:
     # batches covering its first hf_peer_requests requests (None: the largest batch size).
     hf_peer: tuple[int, ...] = ()
     hf_peer_requests: int | None = None
-    # An untimed pass of the first policy over the first workload before any timed run, so that the
-    # one-time costs (docs/design.md; about 1 s on the 8B micro set) fall on no policy.
+    # An untimed pass of the first policy over each workload before its timed runs, so that the
+    # one-time costs of its shapes (docs/design.md; about 1 s on the 8B micro set) fall on no policy.
     warm_pass: bool = True
 
 
@@ -313,7 +313,10 @@ def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print,
         bound = flop_bound_seconds(arch, _prefix_groups(plan), case.max_tokens,
                                    peak_flops_for(engine.config.quantization))
         params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in case.max_tokens]
-        if options.warm_pass and index == 0:
+        # Decode graphs are captured per (rows bucket, block-table width), and a workload's widths
+        # follow its prompt lengths: each workload gets its own untimed pass, or its first policy
+        # would pay the captures of its shapes and the others would not.
+        if options.warm_pass:
             started = time.perf_counter()
             engine.configure_scheduler(**{**base_settings, **policies[0].changes})
             llm.generate(case.prompts, params, use_tqdm=False, options=RunOptions())

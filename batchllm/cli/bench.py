@@ -114,9 +114,9 @@ def add_parser(subparsers) -> None:
                              "workload with every policy's panel into DIR")
     parser.add_argument("--git-commit", default=None, help="commit id to record (when .git is absent)")
     parser.add_argument("--no-warm-pass", dest="warm_pass", action="store_false",
-                        help="skip the untimed pass of the first policy over the first workload (by default "
-                             "it runs first, so one-time costs such as CUDA graph captures do not fall on the "
-                             "first timed policy)")
+                        help="skip the untimed pass of the first policy over each workload (by default it "
+                             "runs before the workload's timed policies, so one-time costs such as the CUDA "
+                             "graph captures of its shapes do not fall on its first timed policy)")
     parser.add_argument("--hf-peer", default="0", metavar="B[,B...]",
                         help="also time HF transformers `generate` (static batches, sdpa, its own random weights) "
                              "on the first workload at each of these batch sizes (e.g. 64,128), after every engine "

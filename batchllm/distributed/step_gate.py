@@ -54,7 +54,8 @@ def new_shared_words(context):
 
 
 class StepGate:
-    """One rank's side of the gate. The leader calls open(); followers call wait()."""
+    """One rank's side of the gate: pass_step() before every step (the leader opens it, a
+    follower waits for it); end_run() and stop() are the leader's."""
 
     def __init__(self, words, leader: bool, timeout_s: float = 600.0) -> None:
         self.words = np.frombuffer(words, dtype=np.int64)

@@ -27,7 +27,6 @@ from batchllm.distributed.config import TensorParallelConfig
 from batchllm.distributed.sharding import LoadedShard, load_shard
 from batchllm.distributed.step_gate import RunAborted, StepGate, new_shared_words
 from batchllm.distributed.tp_runner import TPModelRunner
-from batchllm.engine.errors import EngineBrokenError
 from batchllm.engine.kv_cache import KVCache, choose_num_kv_tokens, kv_bytes_per_token
 from batchllm.engine.llm_engine import LLMEngine
 from batchllm.engine.request_state import FinishedOutput, PreparedRequest, RunStats
@@ -201,8 +200,7 @@ class TPEngine(LLMEngine):
         options: RunOptions | None = None,
     ) -> Iterator[FinishedOutput]:
         """LLMEngine.run on every rank: the workers get the batch once, then no per-step message."""
-        if self.runner.broken is not None:
-            raise EngineBrokenError(f"an earlier step failed mid-way ({self.runner.broken!r}); restart the engine")
+        self.runner.raise_if_broken()  # before the workers get a run they could not finish
         options = options if options is not None else RunOptions()
         run_id = next(self._run_ids)
         command = RunCommand(run_id, list(requests), self.scheduler_config, options)

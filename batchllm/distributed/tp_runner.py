@@ -19,10 +19,14 @@ class TPModelRunner(ModelRunner):
         self.run_id = -1  # set by the engine before each run
         self.broken: BaseException | None = None
 
-    def execute(self, output: SchedulerOutput, sampling_rows: list[tuple], previous_token_ids=None,
-                allow_graph: bool = True) -> StepResult:
+    def raise_if_broken(self) -> None:
+        """A step that failed after its collectives began leaves the ranks disagreeing: refuse more."""
         if self.broken is not None:
             raise EngineBrokenError(f"an earlier step failed mid-way ({self.broken!r}); restart the engine")
+
+    def execute(self, output: SchedulerOutput, sampling_rows: list[tuple], previous_token_ids=None,
+                allow_graph: bool = True) -> StepResult:
+        self.raise_if_broken()
         self.gate.pass_step(self.run_id, step_fingerprint(self.run_id, output))
         try:
             return super().execute(output, sampling_rows, previous_token_ids, allow_graph)

@@ -13,8 +13,9 @@ needs exists before the clock starts. After the timed run, on CUDA, the first
 --profile-requests requests run again under the profiler on rank 0: the collectives' GPU time
 per step of that run (`all_reduce_ms_per_step`: NCCL kernels, the logits all-gather included),
 their share of its GPU kernel time, and the time rank 0's GPU had any kernel running
-(`gpu_busy_ms_per_step`; profile every request to set it against the timed run's step_ms). The bound is the FLOP bound over all tp GPUs: the work's FLOPs
-/ (tp x the measured bf16 peak). One JSON line per measurement on stdout (and appended to --out).
+(`gpu_busy_ms_per_step`; profile every request to set it against the timed run's step_ms). The
+bound is the FLOP bound over all tp GPUs: the work's FLOPs / (tp x the measured bf16 peak). One
+JSON line per measurement on stdout (and appended to --out).
 """
 
 from __future__ import annotations
@@ -123,10 +124,9 @@ def emit(record: dict, out: str | None) -> None:
 
 def check(args) -> None:
     """TP=1 and TP=N tokens, in one process (the TP=1 engine is freed before TP=N starts)."""
-    import gc
-
     import torch
 
+    from batchllm.bench.runner import free_device_memory
     from batchllm.engine.factory import create_engine
 
     greedy, sampled = (workload_requests(args, temperature) for temperature in (0.0, 1.0))
@@ -139,9 +139,7 @@ def check(args) -> None:
             if tp > 1:
                 engine.shutdown()
             del engine
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            free_device_memory()
         record = {"what": "tp_check", "model": args.model, "dtype": dtype, "tp": args.tp, "requests": len(greedy),
                   "output_tokens": args.output_tokens}
         for index, kind in enumerate(("greedy", "sampled")):

@@ -6,7 +6,6 @@ otherwise hold most of the GPU memory."""
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -114,19 +113,14 @@ def _measure(model, job: PeerJob, batch_size: int, num_requests: int) -> _Measur
     return _Measurement(batch_size, batches, seconds)
 
 
-def _free_memory(device) -> None:
-    import torch
-
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
 def _roofline_s(job: PeerJob, batches: list[PeerBatch]) -> float:
     """The roofline of the steps HF runs for these batches (its own schedule: no prefix sharing,
     padding computed), weights and KV in the job's dtype."""
+    from batchllm.engine.kv_cache import kv_bytes_per_token
+
     arch, itemsize = job.arch, job.dtype.itemsize
-    traffic = TrafficModel(itemsize, itemsize, 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * itemsize)
+    traffic = TrafficModel(itemsize, itemsize,
+                           kv_bytes_per_token(arch.num_layers, arch.num_kv_heads, arch.head_dim, job.dtype))
     steps = [step for batch in batches for step in static_batch_steps(batch)]
     return roofline(arch, steps, traffic, H200_BF16_PEAK_FLOPS).seconds
 
@@ -158,6 +152,8 @@ def hf_peer_row(job: PeerJob, batch_sizes: tuple[int, ...], num_requests: int,
     memory) is kept in the sweep with its error; raises when every size fails."""
     import torch
 
+    from batchllm.bench.runner import free_device_memory
+
     cuda = job.device.type == "cuda"
     in_use_gib = torch.cuda.memory_allocated(job.device) / GIB if cuda else 0.0
     model = _hf_model(job)
@@ -165,12 +161,12 @@ def hf_peer_row(job: PeerJob, batch_sizes: tuple[int, ...], num_requests: int,
     best: _Measurement | None = None
     for batch_size in batch_sizes:
         measurement, entry = _try_measure(model, job, batch_size, num_requests, log)
-        _free_memory(job.device)  # after the failure's traceback (and the tensors it holds) is gone
+        free_device_memory()  # after the failure's traceback (and the tensors it holds) is gone
         sweep.append(entry)
         if measurement is not None and (best is None or measurement.req_per_s > best.req_per_s):
             best = measurement
     del model
-    _free_memory(job.device)
+    free_device_memory()
     if best is None:
         raise RuntimeError(f"HF generate failed at every batch size: {sweep}")
     num_prompts = len(job.prompts)

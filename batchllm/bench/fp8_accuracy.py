@@ -10,7 +10,6 @@ logits are compared with the reference's (batchllm/bench/logit_metrics.py)."""
 from __future__ import annotations
 
 import dataclasses
-import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -102,17 +101,15 @@ def engine_config(options: AccuracyOptions, variant: Variant, num_tokens: int):
 def variant_logits(options: AccuracyOptions, variant: Variant, token_ids: Sequence[int]) -> tuple[str, torch.Tensor]:
     """(the model's name, logits of every position) of one variant; its model and KV cache are
     freed before returning (one variant on the device at a time)."""
+    from batchllm.bench.runner import free_device_memory
     from batchllm.engine.loading import load_parts
 
     parts = load_parts(engine_config(options, variant, len(token_ids)))
     try:
         return parts.model_name, sequence_logits(parts, token_ids, options.chunk_tokens)
     finally:
-        device = parts.device
         del parts
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        free_device_memory()
 
 
 def measure_fp8_accuracy(token_ids: Sequence[int], options: AccuracyOptions = AccuracyOptions(),

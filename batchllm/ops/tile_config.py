@@ -46,11 +46,11 @@ def default_tile_config(head_dim: int, group_size: int, interpret: bool | None =
         return TileConfig(small_m=packed_min, small_n=64, big_m=max(64, packed_min), big_n=64,
                           num_warps=4, num_stages=3, min_kv_split_tokens=256)
     # H200, Llama-3.1-8B heads, bf16: best of the candidate configs of benchmarks/attention.py on
-    # every one of its settings (benchmarks/results/attention.json, config "cfg1"). BIG tiles of
-    # 128 x 128 over 8 warps and 3 stages ran dense causal attention 17-37% faster, but in the
-    # engine they made micro 2000/200 sd16 5% slower while the 16000-token set gained 4%
-    # (BENCHMARKS.md, "Dense causal attention against cuDNN"), so they are not the default. Both
-    # were measured while the kernel still branched on the sliding window at run time.
+    # every one of its settings (benchmarks/results/attention.json, config "cfg1"). Tiles of
+    # 128 x 128 over 8 warps and 3 stages run dense causal attention 3-14% faster, but not the
+    # engine (BENCHMARKS.md, "Dense causal attention against cuDNN"): as every BIG tile they made
+    # micro 2000/200 sd16 5% slower and the 16000-token set 4% faster; for prefill chunks only,
+    # in a launch of their own, 0.7% slower and 0.7% faster.
     return TileConfig(small_m=packed_min, small_n=128, big_m=max(64, packed_min), big_n=64,
                       num_warps=4, num_stages=2, min_kv_split_tokens=512)
 

@@ -119,6 +119,45 @@ def test_a_failing_batch_size_stays_in_the_sweep(monkeypatch):
         hf_peer_row(job, (2,), num_requests=4, log=lambda text: None)
 
 
+def test_sweep_bisects_up_to_the_memory_limit_while_throughput_rises(monkeypatch):
+    """128 fits and beats 64, 256 runs out of memory: the sweep tries 192 (fits, faster), 224
+    (out of memory), 208 (fits, fastest) and stops (the midpoint of 208 and 224 rounds down to 208)."""
+    job = _job()
+    tried = []
+
+    def fake_measure(model, job, batch_size, num_requests):
+        tried.append(batch_size)
+        if batch_size > 210:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 15.04 GiB (stand-in)")
+        batches = plan_peer_batches([len(p) for p in job.prompts], job.max_tokens, 2, 4)
+        return hf_peer._Measurement(batch_size, batches, 1.0 / batch_size)  # faster with every size
+
+    monkeypatch.setattr(hf_peer, "_measure", fake_measure)
+    row = hf_peer_row(job, (64, 128, 256), num_requests=4, log=lambda text: None)
+    assert tried == [64, 128, 256, 192, 224, 208]
+    assert row["batch_size"] == 208
+    assert [e.get("refined", False) for e in row["sweep"]] == [False, False, False, True, True, True]
+    from batchllm.bench.markdown import _sweep_note
+
+    note = _sweep_note(row)
+    assert "batch 128: " in note and "batch 224 (bisected): failed" in note
+    assert "batch 208 (bisected): 832.00 req/s over 4 requests (reported)" in note
+
+
+def test_next_refinement_only_while_the_largest_fitting_size_is_the_fastest():
+    from batchllm.bench.hf_peer import next_refinement
+
+    oom = {"batch_size": 256, "error": "OutOfMemoryError('CUDA out of memory.')"}
+    fits = [{"batch_size": 64, "req_per_s": 9.4}, {"batch_size": 128, "req_per_s": 10.7}]
+    assert next_refinement([*fits, oom], 128) == 192
+    assert next_refinement([*fits, oom], 64) is None  # 128 fit and was slower: larger sizes do not pay
+    assert next_refinement(fits, 128) is None  # nothing ran out of memory
+    other = {"batch_size": 256, "error": "RuntimeError('shape mismatch')"}
+    assert next_refinement([*fits, other], 128) is None  # only memory bounds the search
+    assert next_refinement([{"batch_size": 128}, {"batch_size": 136, "error": "out of memory"}], 128) is None
+    assert next_refinement([*fits, oom], None) is None
+
+
 def test_generate_runs_every_batch_to_its_length():
     """The real generate on CPU: whole batches, full length (the shape is checked per call)."""
     job = _job(num_requests=5, output_tokens=4)

@@ -15,6 +15,9 @@ from batchllm.bench.hf_batches import PeerBatch, plan_peer_batches, static_batch
 from batchllm.bench.roofline import TrafficModel, roofline
 
 GIB = 1 << 30
+# Batch sizes that the sweep adds between the largest one that fit and one that ran out of memory
+# are multiples of this.
+REFINE_MULTIPLE = 16
 
 
 @dataclass(frozen=True)
@@ -144,12 +147,31 @@ def _try_measure(model, job: PeerJob, batch_size: int, num_requests: int,
     return measurement, _sweep_entry(measurement, _roofline_s(job, measurement.batches))
 
 
+def next_refinement(sweep: list[dict], best_batch_size: int | None, multiple: int = REFINE_MULTIPLE) -> int | None:
+    """The batch size the sweep tries next, or None: when the fastest size so far is the largest
+    that fit and a larger one ran out of memory, the midpoint of the two rounded down to a
+    multiple of `multiple` (throughput was still rising at the memory limit, so the best size lies
+    between them); None once no untried size is left there."""
+    fitted = [entry["batch_size"] for entry in sweep if "error" not in entry]
+    if best_batch_size is None or best_batch_size != max(fitted, default=None):
+        return None
+    out_of_memory = [entry["batch_size"] for entry in sweep
+                     if "out of memory" in entry.get("error", "").lower() and entry["batch_size"] > best_batch_size]
+    if not out_of_memory:
+        return None
+    middle = (best_batch_size + min(out_of_memory)) // 2 // multiple * multiple
+    tried = {entry["batch_size"] for entry in sweep}
+    return middle if middle > best_batch_size and middle not in tried else None
+
+
 def hf_peer_row(job: PeerJob, batch_sizes: tuple[int, ...], num_requests: int,
                 log: Callable[[str], None] = print) -> dict:
     """Time HF generate at each batch size over whole batches covering the first num_requests
     requests; the row is the best batch size (highest requests/s), its time scaled to the
     workload, with every size's measurement under "sweep". A batch size that fails (out of
-    memory) is kept in the sweep with its error; raises when every size fails."""
+    memory) is kept in the sweep with its error; raises when every size fails. When the largest
+    size that fit is the fastest and a larger one ran out of memory, the sizes between them are
+    bisected (next_refinement; their entries are marked "refined")."""
     import torch
 
     from batchllm.bench.runner import free_device_memory
@@ -159,12 +181,18 @@ def hf_peer_row(job: PeerJob, batch_sizes: tuple[int, ...], num_requests: int,
     model = _hf_model(job)
     sweep: list[dict] = []
     best: _Measurement | None = None
-    for batch_size in batch_sizes:
+    def run(batch_size: int, refined: bool) -> None:
+        nonlocal best
         measurement, entry = _try_measure(model, job, batch_size, num_requests, log)
         free_device_memory()  # after the failure's traceback (and the tensors it holds) is gone
-        sweep.append(entry)
+        sweep.append({**entry, "refined": True} if refined else entry)
         if measurement is not None and (best is None or measurement.req_per_s > best.req_per_s):
             best = measurement
+
+    for batch_size in batch_sizes:
+        run(batch_size, refined=False)
+    while (batch_size := next_refinement(sweep, best.batch_size if best else None)) is not None:
+        run(batch_size, refined=True)
     del model
     free_device_memory()
     if best is None:

@@ -56,12 +56,12 @@ def _sweep_note(row: dict) -> str | None:
         return None
     parts = []
     for entry in row["sweep"]:
+        batch = f"batch {entry['batch_size']}" + (" (bisected)" if entry.get("refined") else "")
         if "error" in entry:
-            parts.append(f"batch {entry['batch_size']}: failed ({entry['error']})")
+            parts.append(f"{batch}: failed ({entry['error']})")
             continue
         reported = " (reported)" if entry["batch_size"] == row.get("batch_size") else ""
-        parts.append(f"batch {entry['batch_size']}: {entry['req_per_s']:.2f} req/s over {entry['requests']} "
-                     f"requests{reported}")
+        parts.append(f"{batch}: {entry['req_per_s']:.2f} req/s over {entry['requests']} requests{reported}")
     return f"- {row.get('policy')} on {row.get('workload')}: " + "; ".join(parts)
 
 

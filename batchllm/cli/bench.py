@@ -123,8 +123,9 @@ def add_parser(subparsers) -> None:
                              "row with the engines freed; requests of equal prompt length are batched together "
                              "(no padding), each size is warmed up on its batch shapes and timed over whole "
                              "batches covering the first --hf-peer-requests requests; the fastest size's time, "
-                             "scaled to the whole workload, is the row, every size's under \"sweep\" "
-                             "(default 0: no peer)")
+                             "scaled to the whole workload, is the row, every size's under \"sweep\"; when the "
+                             "largest size that fit is the fastest and a larger one ran out of memory, the sizes "
+                             "between them are bisected (default 0: no peer)")
     parser.add_argument("--hf-peer-requests", type=int, default=None, metavar="N",
                         help="requests the HF peer's timed batches cover at least (default: the largest "
                              "--hf-peer batch size)")

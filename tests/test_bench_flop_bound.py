@@ -3,7 +3,7 @@
 import pytest
 
 from batchllm.bench.flop_bound import (H200_BF16_PEAK_FLOPS, H200_FP8_PEAK_FLOPS, flop_bound_seconds, peak_flops_for,
-                                       work_flops)
+                                       work_flop_parts, work_flops)
 
 
 class _Arch:
@@ -22,6 +22,9 @@ def test_flop_bound_against_a_given_peak():
     processed, attended = 10 + 5 + 3, (10 * 11 // 2) + (5 * 10 + 15) + (3 * 10 + 6)
     flops = 2.0 * 1000 * processed + 4.0 * 2 * 4 * 8 * attended + 2.0 * 100 * 32 * 5
     assert work_flops(_Arch, groups, output_num_tokens) == flops
+    parts = work_flop_parts(_Arch, groups, output_num_tokens)
+    assert (parts.linear, parts.attention, parts.lm_head) == (2.0 * 1000 * 18, 4.0 * 2 * 4 * 8 * 156, 2.0 * 100 * 32 * 5)
+    assert parts.attention_share == pytest.approx(4.0 * 2 * 4 * 8 * 156 / flops)
     assert flop_bound_seconds(_Arch, groups, output_num_tokens) == flops / H200_BF16_PEAK_FLOPS
     assert flop_bound_seconds(_Arch, groups, output_num_tokens, peak_flops=1e12) == flops / 1e12
     assert peak_flops_for("fp8") == H200_FP8_PEAK_FLOPS and peak_flops_for(None) == H200_BF16_PEAK_FLOPS

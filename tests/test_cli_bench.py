@@ -15,7 +15,7 @@ REQUIRED = {"workload", "requests", "model", "policy", "seconds", "req_per_s", "
             "launch_ms_per_step", "wait_ms_per_step", "flop_bound_s", "time_over_bound", "async_scheduling",
             "quantization", "kv_cache_dtype", "tensor_parallel_size", "flop_bound_peak_tflop_per_s",
             "kv_bytes_per_token", "roofline_s", "time_over_roofline", "roofline_memory_bound_steps",
-            "roofline_bandwidth_tb_per_s", "roofline_replay_matches_run"}
+            "roofline_bandwidth_tb_per_s", "roofline_replay_matches_run", "attention_flop_share"}
 BASE = ["bench", "--model", MODEL, "--device", "cpu", "--kv-cache-tokens", "4096", "--output-tokens", "3"]
 
 
@@ -52,6 +52,7 @@ def test_micro_workload_two_policies(tmp_path, capsys):
         # the default engine: no quantization, the KV cache in the model dtype (float32 on CPU), one device
         assert (row["quantization"], row["kv_cache_dtype"], row["tensor_parallel_size"]) == (None, "auto", 1)
         assert row["flop_bound_peak_tflop_per_s"] == 790.0
+        assert 0 < row["attention_flop_share"] < 1
         assert row["kv_bytes_per_token"] == result["kv_bytes_per_token"]
     # 3 groups of 4 share 48 of 56 tokens: batchllm processes each prefix once, vllm (cold cache,
     # whole batch admitted together) recomputes more.

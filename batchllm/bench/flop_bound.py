@@ -7,6 +7,7 @@ ModelArchConfig (num_params, num_layers, num_heads, head_dim, ...)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 H200_BF16_PEAK_FLOPS = 790e12  # a bf16 8192^3 matmul in PyTorch on an H200 ran at 780-810 TFLOP/s
 # An 8192^3 FP8 torch._scaled_mm (e4m3, row-wise scales, bf16 output, as the engine's FP8 GEMMs
@@ -29,7 +30,29 @@ def flop_bound_seconds(arch, groups, output_num_tokens: Sequence[int],
     return work_flops(arch, groups, output_num_tokens) / peak_flops
 
 
+@dataclass(frozen=True)
+class WorkFlops:
+    """The FLOPs of a workload's work by kind (work_flop_parts)."""
+
+    linear: float  # the decoder's dense layers: 2 x non-embedding parameters per computed row
+    attention: float  # QK^T and PV: 4 x layers x heads x head_dim per (row, attended key)
+    lm_head: float  # 2 x vocab x hidden per sampled row
+
+    @property
+    def total(self) -> float:
+        return self.linear + self.attention + self.lm_head
+
+    @property
+    def attention_share(self) -> float:
+        return self.attention / self.total if self.total else 0.0
+
+
 def work_flops(arch, groups, output_num_tokens: Sequence[int]) -> float:
+    """The FLOPs of work_flop_parts, summed."""
+    return work_flop_parts(arch, groups, output_num_tokens).total
+
+
+def work_flop_parts(arch, groups, output_num_tokens: Sequence[int]) -> WorkFlops:
     """groups: (prefix_num_tokens, [distinct_num_tokens per member], [member request indices]).
     Counts every prefix once (optimal sharing), every distinct prompt and every decode step: the
     dense layers (2 x parameters per token), attention and the LM head of the rows that sample."""
@@ -43,7 +66,6 @@ def work_flops(arch, groups, output_num_tokens: Sequence[int]) -> float:
     processed_tokens = sum(count for _, count in runs)
     # a row at position p attends p + 1 keys (QK^T and PV in every layer)
     attended_keys = sum(count * first + count * (count + 1) // 2 for first, count in runs)
-    flops = 2.0 * arch.num_params(include_embeddings=False) * processed_tokens
-    flops += 4.0 * arch.num_layers * arch.num_heads * arch.head_dim * attended_keys
-    flops += 2.0 * arch.vocab_size * arch.hidden_size * num_sampled_rows
-    return flops
+    return WorkFlops(linear=2.0 * arch.num_params(include_embeddings=False) * processed_tokens,
+                     attention=4.0 * arch.num_layers * arch.num_heads * arch.head_dim * attended_keys,
+                     lm_head=2.0 * arch.vocab_size * arch.hidden_size * num_sampled_rows)

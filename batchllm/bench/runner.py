@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from batchllm.bench.engine_variants import EngineVariant
-from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS, flop_bound_seconds, peak_flops_for
+from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS, flop_bound_seconds, peak_flops_for, work_flop_parts
 from batchllm.bench.policies import PolicySpec, parse_policies
 from batchllm.bench.roofline import H200_COPY_BANDWIDTH_BYTES_PER_S, TrafficModel, roofline
 from batchllm.bench.schedule_replay import replay_schedule
@@ -242,6 +242,8 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
         "wait_ms_per_step": round(1000 * sum(s.wait_time_s for s in steps) / num_steps, 2),
         "flop_bound_s": round(bound, 3), "time_over_bound": round(seconds / bound, 2),
         "flop_bound_peak_tflop_per_s": round(peak_flops_for(engine.config.quantization) / 1e12, 1),
+        "attention_flop_share": round(work_flop_parts(engine.arch, _prefix_groups(plan), case.max_tokens)
+                                      .attention_share, 4),
         **roofline_fields(engine, case, seconds, steps),
         "kv_bytes_per_token": engine_kv_bytes_per_token(engine),
         "async_scheduling": options.async_scheduling,

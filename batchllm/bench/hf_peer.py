@@ -181,6 +181,7 @@ def hf_peer_row(job: PeerJob, batch_sizes: tuple[int, ...], num_requests: int,
     model = _hf_model(job)
     sweep: list[dict] = []
     best: _Measurement | None = None
+
     def run(batch_size: int, refined: bool) -> None:
         nonlocal best
         measurement, entry = _try_measure(model, job, batch_size, num_requests, log)

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from batchllm.bench.engine_variants import EngineVariant
-from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS, flop_bound_seconds, peak_flops_for, work_flop_parts
+from batchllm.bench.flop_bound import (H200_BF16_PEAK_FLOPS, WorkFlops, flop_bound_seconds, peak_flops_for,
+                                       work_flop_parts)
 from batchllm.bench.policies import PolicySpec, parse_policies
 from batchllm.bench.roofline import H200_COPY_BANDWIDTH_BYTES_PER_S, TrafficModel, roofline
 from batchllm.bench.schedule_replay import replay_schedule
@@ -193,11 +194,12 @@ def roofline_fields(engine, case: _Case, seconds: float, steps) -> dict:
             "roofline_replay_matches_run": replay.matches(steps)}
 
 
-def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float, model: str,
+def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, work: WorkFlops, model: str,
                base_settings: dict) -> dict:
-    """One (workload, policy) row. bound: the FLOP bound in seconds at the engine's peak
-    (flop_bound.peak_flops_for). base_settings: the scheduler settings a label does not set.
-    Raises what the run raises (the caller turns it into a row)."""
+    """One (workload, policy) row. work: the workload's FLOPs (flop_bound.work_flop_parts), whose
+    FLOP bound is taken at the engine's peak (flop_bound.peak_flops_for). base_settings: the
+    scheduler settings a label does not set. Raises what the run raises (the caller turns it into
+    a row)."""
     import torch
 
     engine = llm.engine
@@ -223,6 +225,8 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
     num_steps = max(len(steps), 1)
     peak_blocks = max((s.num_used_blocks for s in steps), default=0)
     peak_bytes = peak_blocks * engine.scheduler_config.block_size * engine_kv_bytes_per_token(engine)
+    peak_flops = peak_flops_for(engine.config.quantization)
+    bound = work.total / peak_flops
     row = {
         "workload": case.label, "requests": len(prompts), "model": model, "policy": policy.label,
         **engine_tags(engine),
@@ -241,9 +245,8 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, bound: float,
         "launch_ms_per_step": round(1000 * sum(s.launch_time_s for s in steps) / num_steps, 2),
         "wait_ms_per_step": round(1000 * sum(s.wait_time_s for s in steps) / num_steps, 2),
         "flop_bound_s": round(bound, 3), "time_over_bound": round(seconds / bound, 2),
-        "flop_bound_peak_tflop_per_s": round(peak_flops_for(engine.config.quantization) / 1e12, 1),
-        "attention_flop_share": round(work_flop_parts(engine.arch, _prefix_groups(plan), case.max_tokens)
-                                      .attention_share, 4),
+        "flop_bound_peak_tflop_per_s": round(peak_flops / 1e12, 1),
+        "attention_flop_share": round(work.attention_share, 4),
         **roofline_fields(engine, case, seconds, steps),
         "kv_bytes_per_token": engine_kv_bytes_per_token(engine),
         "async_scheduling": options.async_scheduling,
@@ -312,8 +315,7 @@ def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print,
                 log(f"{source}: no request can run, skipped")
                 continue
         plan = plan_prefix_groups(case.prompts)
-        bound = flop_bound_seconds(arch, _prefix_groups(plan), case.max_tokens,
-                                   peak_flops_for(engine.config.quantization))
+        work = work_flop_parts(arch, _prefix_groups(plan), case.max_tokens)
         params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in case.max_tokens]
         # Decode graphs are captured per (rows bucket, block-table width), and a workload's widths
         # follow its prompt lengths: each workload gets its own untimed pass, or its first policy
@@ -326,7 +328,7 @@ def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print,
         traces: list = []
         for policy in policies:
             try:
-                row = run_policy(llm, case, policy, params, plan, bound, options.model, base_settings)
+                row = run_policy(llm, case, policy, params, plan, work, options.model, base_settings)
                 if options.trace_dir:
                     steps = llm.last_run_stats.step_records
                     traces.append(save_trace(options.trace_dir, case.label, policy.label, engine, steps))

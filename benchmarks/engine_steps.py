@@ -112,7 +112,7 @@ def padded_work(work: np.ndarray, num_tokens: int) -> np.ndarray:
     return padded
 
 
-def _graph_plan(plan, device, num_sms: int, split: bool):
+def graph_plan(plan, device, num_sms: int, split: bool):
     """`plan` laid out as a decode CUDA graph holds it (padded lists, device item counts),
     launched persistently; split: BIG and SMALL items in two class-specialised launches."""
     tile = dataclasses.replace(plan.tile, split_classes=split)
@@ -133,8 +133,8 @@ def variants_for(step_inputs, plan, decode_plan, device, num_sms: int) -> dict:
     if decode_only:
         work = torch.from_numpy(padded_work(plan.work, step_inputs.num_tokens)).to(device)
         out["graph_padded"] = dataclasses.replace(exact, work=work)
-        out["graph_persistent"] = _graph_plan(plan, device, num_sms, split=False)
-        out["graph_split_persistent"] = _graph_plan(decode_plan, device, num_sms, split=True)
+        out["graph_persistent"] = graph_plan(plan, device, num_sms, split=False)
+        out["graph_split_persistent"] = graph_plan(decode_plan, device, num_sms, split=True)
         out["split"] = decode_plan.to(device)
         return out
     for name, small_n, warps, stages in SPLIT_VARIANTS:

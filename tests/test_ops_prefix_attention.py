@@ -235,3 +235,43 @@ def test_persistent_class_split_launches_match_reference(device, scenario):
                                      persistent_programs=2)
     out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, persistent, 64 ** -0.5)
     torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.gpu
+def test_overlapped_class_split_launches_match_serial_inside_a_cuda_graph():
+    """The engine's decode path: the BIG launch on a side stream, concurrent with the SMALL one,
+    captured into a CUDA graph. The launches write disjoint rows and partial slots, so the
+    replayed output equals the serial launches' bit for bit."""
+    from batchllm.ops.tile_config import decode_tile_config
+
+    rng = np.random.default_rng(3)
+    seqs = [SeqSpec(1, 2048 + int(rng.integers(1, 300)), 2048, g) for g in range(4) for _ in range(16)]
+    seqs += [SeqSpec(1, int(rng.integers(100, 3000))) for _ in range(8)]
+    num_heads, num_kv_heads, head_dim = 32, 8, 128
+    b = make_batch(seqs, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=16,
+                   dtype=torch.bfloat16, device="cuda")
+    tile = decode_tile_config(head_dim, num_heads // num_kv_heads)
+    plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=num_kv_heads,
+                                    num_heads=num_heads, head_dim=head_dim, tile=tile,
+                                    num_sms=device_num_sms("cuda")).to("cuda")
+    assert plan.work_big.shape[0] > 0 and plan.work_small.shape[0] > 0
+    scale = head_dim ** -0.5
+    serial = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan, scale)
+    side = torch.cuda.Stream()
+    eager = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan, scale, side_stream=side)
+    graph = torch.cuda.CUDAGraph()
+    capture_stream = torch.cuda.Stream()
+    capture_stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(capture_stream):
+        prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan, scale, side_stream=side)  # warm
+        with torch.cuda.graph(graph, stream=capture_stream):
+            captured = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan, scale, side_stream=side)
+    torch.cuda.current_stream().wait_stream(capture_stream)
+    captured.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(eager, serial)
+    assert torch.equal(captured, serial)
+    ref = paged_attention_reference(b.query.float(), b.k_cache.float(), b.v_cache.float(), b.query_start_loc,
+                                    b.seq_lens, b.shared_kv_lens, b.block_tables, scale)
+    torch.testing.assert_close(serial.float(), ref, atol=2e-2, rtol=2e-2)

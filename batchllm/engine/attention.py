@@ -68,6 +68,8 @@ class TritonPagedBackend(ReferenceBackend):
         self.head_dim, self.device = head_dim, device
         self.num_sms = device_num_sms(device)  # split-KV pieces fill the device; CUDA graphs size their grids
         self.decode_tile = decode_tile_config(head_dim, num_heads // num_kv_heads)
+        # decode steps run their BIG and SMALL launches concurrently, the BIG one on this stream
+        self.side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def build_host_plan(self, inputs: StepInputs):
         """The step's work list on the host (numpy); one per step, shared by every layer."""
@@ -93,7 +95,7 @@ class TritonPagedBackend(ReferenceBackend):
     def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata, scale: float,
                window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
         return self._attention(query, k_cache, v_cache, metadata.plan, scale, window, metadata.positions,
-                               k_scale, v_scale)
+                               k_scale, v_scale, self.side_stream)
 
 
 class FusedPrefixBackend(TritonPagedBackend):

@@ -109,9 +109,13 @@ def prefix_shared_attention(
     positions: torch.Tensor | None = None,  # [num_tokens] int64: each row's position (with a window)
     k_scale: float = 1.0,  # a float8_e4m3fn cache's scales: a stored value q stands for q * scale
     v_scale: float = 1.0,
+    side_stream: torch.cuda.Stream | None = None,
 ) -> torch.Tensor:
     """Fused prefix-shared attention: one launch for all prefix and distinct tiles (two with
     plan.tile.split_classes), then the merge kernel for rows with several parts.
+    side_stream: with split classes on a GPU, the BIG launch runs on this stream, concurrently
+    with the SMALL one (they write disjoint rows and partial slots); the merge waits for both.
+    The fork and join are stream waits, so they are captured into CUDA graphs as well.
     With a sliding window W, a row at position p sees KV positions in (p - W, p] only: also in
     prefix tiles, where rows far past the prefix see none of its beginning.
     The caches are in the query dtype, or float8_e4m3fn with their scales k_scale / v_scale.
@@ -127,8 +131,21 @@ def prefix_shared_attention(
     slots = max(plan.num_partial_slots, 1)
     part_out = torch.empty((slots, plan.num_heads, query.shape[2]), dtype=torch.float32, device=query.device)
     part_lse = torch.empty((slots, plan.num_heads), dtype=torch.float32, device=query.device)
-    for work, classes, num_items in _work_lists(plan):
-        _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale, classes, num_items,
-                      sliding_window, positions, k_scale, v_scale)
+    launches = _work_lists(plan)
+    args = (query, k_cache, v_cache, plan, out, part_out, part_lse, scale)
+    tail = (sliding_window, positions, k_scale, v_scale)
+    if side_stream is not None and len(launches) == 2 and query.is_cuda:
+        # The BIG items of a decode step are few long prefix pieces whose launch, run alone,
+        # streams KV below the device's rate (docs/design.md, "Decode attention: two streams").
+        current = torch.cuda.current_stream(query.device)
+        side_stream.wait_stream(current)
+        (big, big_classes, big_count), (small, small_classes, small_count) = launches
+        with torch.cuda.stream(side_stream):
+            _launch_items(big, *args, big_classes, big_count, *tail)
+        _launch_items(small, *args, small_classes, small_count, *tail)
+        current.wait_stream(side_stream)
+    else:
+        for work, classes, num_items in launches:
+            _launch_items(work, *args, classes, num_items, *tail)
     _merge(plan, out, part_out, part_lse)
     return out

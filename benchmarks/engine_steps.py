@@ -13,7 +13,8 @@ cache of the engine's size, for each launch variant:
                        persistent launches)
   graph_persistent     the same padded list, one persistent fused launch over the real items
   graph_split_persistent  decode_tile_config: BIG and SMALL items in two padded lists, a persistent
-                       class-specialised launch each (the engine's graph path now)
+                       class-specialised launch each, the BIG one on a side stream (the
+                       engine's graph path now)
   split                decode_tile_config, eager (one program per item)
   steps with prefill chunks:
   split_*              TileConfig.split_classes: a BIG launch, then a SMALL launch, each a
@@ -193,6 +194,7 @@ def main() -> int:
     tile = default_tile_config(head_dim, num_heads // num_kv_heads)
     decode_tile = decode_tile_config(head_dim, num_heads // num_kv_heads)
     scale = head_dim ** -0.5
+    side_stream = torch.cuda.Stream() if device == "cuda" else None  # the engine's BIG-launch stream
     rows, notes = [], []
     for policy in args.policies.split(","):
         config = _sched_config(policy, args.kv_cache_tokens)
@@ -215,7 +217,9 @@ def main() -> int:
             reference = prefix_shared_attention(query, k_cache, v_cache, variants["exact"], scale).float()
             decode_rows = int((np.diff(step_inputs.query_start_loc) == 1).sum())
             for name, device_plan in variants.items():
-                fn = lambda p=device_plan, q=query: prefix_shared_attention(q, k_cache, v_cache, p, scale)
+                side = side_stream if name == "graph_split_persistent" else None
+                fn = lambda p=device_plan, q=query, s=side: prefix_shared_attention(q, k_cache, v_cache, p, scale,
+                                                                                    side_stream=s)
                 try:
                     err = (fn().float() - reference).abs().max().item()
                     us = bench_us(fn)

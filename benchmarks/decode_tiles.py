@@ -79,13 +79,19 @@ class Candidate:
 
     def key(self) -> str:
         t = self.tile
-        return (f"{'overlap' if self.overlap else 'serial'} small {t.small_n}/w{t.small_num_warps}/s{t.small_num_stages} big {t.big_n}/w{t.num_warps}/"
-                f"s{t.num_stages} split>={t.min_kv_split_tokens}@{self.split_programs_per_sm}/sm "
-                f"graph {t.graph_programs_per_sm}/sm")
+        launches = "overlap" if self.overlap else "serial"
+        return (f"{launches} small {t.small_n}/w{t.small_num_warps}/s{t.small_num_stages} "
+                f"big {t.big_n}/w{t.num_warps}/s{t.num_stages} "
+                f"split>={t.min_kv_split_tokens}@{self.split_programs_per_sm}/sm graph {t.graph_programs_per_sm}/sm")
+
+
+LAYOUTS = ("nhd", "hnd")
 
 
 def as_layout(cache: torch.Tensor, layout: str) -> torch.Tensor:
     """The same values in `layout` storage, indexed [blocks, page, kv_heads, head_dim]."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown cache layout {layout!r}; choose from {LAYOUTS}")
     if layout == "nhd":
         return cache
     blocks, page, heads, dim = cache.shape
@@ -153,7 +159,7 @@ def geomean(values) -> float:
     return math.exp(sum(map(math.log, values)) / len(values))
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="benchmarks/results/decode_tiles.json")
     parser.add_argument("--passes", type=int, default=2, help="coordinate-descent passes over SWEEP")
@@ -162,13 +168,15 @@ def main() -> int:
     parser.add_argument("--layouts", default="nhd", help="comma list of cache layouts: nhd, hnd")
     parser.add_argument("--git-commit", default=None)
     parser.add_argument("--dry-run", action="store_true", help="tiny batches on CPU (run with TRITON_INTERPRET=1)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device != "cuda" and not args.dry_run:
         sys.exit("benchmarks/decode_tiles.py needs a CUDA device (or --dry-run)")
+    layouts = args.layouts.split(",")
+    if not set(layouts) <= set(LAYOUTS):
+        sys.exit(f"unknown --layouts {sorted(set(layouts) - set(LAYOUTS))}; choose from {list(LAYOUTS)}")
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     num_sms = device_num_sms(device, cpu_num_sms=4)
-    layouts = args.layouts.split(",")
     settings = [Setting(p, d, g, args.dry_run, device, dtype, num_sms, layouts)
                 for p, d, g in (DRY_SETTINGS if args.dry_run else SETTINGS)]
     start = Candidate(decode_tile_config(HEAD_DIM, NUM_HEADS // NUM_KV_HEADS))

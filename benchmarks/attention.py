@@ -140,9 +140,7 @@ class Sdpa:
         self.gathered = None
 
     def _gather(self, slots):
-        k = self.b.k_cache.view(-1, NUM_KV_HEADS, HEAD_DIM)[slots]  # [..., L, Hkv, D]
-        v = self.b.v_cache.view(-1, NUM_KV_HEADS, HEAD_DIM)[slots]
-        return k.transpose(-3, -2), v.transpose(-3, -2)
+        return gather_kv(self.b, slots)
 
     def pregather(self):
         self.gathered = (self._gather(self.decode_slots), [self._gather(s) for s in self.chunk_slots])
@@ -162,6 +160,13 @@ class Sdpa:
             o = F.scaled_dot_product_attention(q, k[None], v[None], attn_mask=mask, scale=self.scale, enable_gqa=True)
             out[r0:r1] = o[0].transpose(0, 1)
         return out
+
+
+def gather_kv(b, slots):
+    """K and V of the cache slots `slots` ([..., L] int64): [..., Hkv, L, D] each."""
+    k = b.k_cache.view(-1, NUM_KV_HEADS, HEAD_DIM)[slots]  # [..., L, Hkv, D]
+    v = b.v_cache.view(-1, NUM_KV_HEADS, HEAD_DIM)[slots]
+    return k.transpose(-3, -2), v.transpose(-3, -2)
 
 
 def _slots(table, seq_len, shared):
@@ -378,8 +383,7 @@ def dense_kv(b, seqs) -> tuple[torch.Tensor, torch.Tensor]:
     slots = torch.stack([torch.as_tensor(_slots(tables[s], lens[s], shared[s]), device=dev)
                          for s in range(len(seqs))])
     rep = NUM_HEADS // NUM_KV_HEADS
-    k = b.k_cache.view(-1, NUM_KV_HEADS, HEAD_DIM)[slots].transpose(1, 2)  # [B, Hkv, L, D]
-    v = b.v_cache.view(-1, NUM_KV_HEADS, HEAD_DIM)[slots].transpose(1, 2)
+    k, v = gather_kv(b, slots)  # [B, Hkv, L, D]
     return k.repeat_interleave(rep, dim=1).contiguous(), v.repeat_interleave(rep, dim=1).contiguous()
 
 

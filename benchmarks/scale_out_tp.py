@@ -155,7 +155,7 @@ def check(args) -> None:
 def throughput(args) -> None:
     import torch
 
-    from batchllm.bench.runner import graph_replay_counts
+    from batchllm.bench.runner import graph_replay_counts, graph_replays_since
     from batchllm.engine.factory import create_engine
     from batchllm.engine.llm_engine import RunStats
 
@@ -173,8 +173,7 @@ def throughput(args) -> None:
     outputs = run_tokens(engine, requests, stats)
     seconds = time.perf_counter() - started
     # decode steps of the timed run replayed as CUDA graphs (0 without graphs)
-    timed_replays = {"graph_replays": 0, **{name: count - replays_before[name]
-                                            for name, count in graph_replay_counts(engine.runner).items()}}
+    timed_replays = {"graph_replays": 0, **graph_replays_since(engine.runner, replays_before)}
     collectives = profile_collectives(engine, requests[:args.profile_requests]) if cuda else {}
     bound = flop_bound(engine.arch, requests, args.tp)
     record = {

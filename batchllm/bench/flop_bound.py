@@ -25,9 +25,7 @@ def peak_flops_for(quantization: str | None) -> float:
 def flop_bound_seconds(arch, groups, output_num_tokens: Sequence[int],
                        peak_flops: float = H200_BF16_PEAK_FLOPS) -> float:
     """work_flops(...) / peak_flops (FLOP/s)."""
-    if peak_flops <= 0:
-        raise ValueError(f"peak_flops must be positive, got {peak_flops}")
-    return work_flops(arch, groups, output_num_tokens) / peak_flops
+    return work_flop_parts(arch, groups, output_num_tokens).bound_seconds(peak_flops)
 
 
 @dataclass(frozen=True)
@@ -45,6 +43,12 @@ class WorkFlops:
     @property
     def attention_share(self) -> float:
         return self.attention / self.total if self.total else 0.0
+
+    def bound_seconds(self, peak_flops: float) -> float:
+        """The FLOP bound: the whole work at peak_flops (FLOP/s)."""
+        if peak_flops <= 0:
+            raise ValueError(f"peak_flops must be positive, got {peak_flops}")
+        return self.total / peak_flops
 
 
 def work_flops(arch, groups, output_num_tokens: Sequence[int]) -> float:

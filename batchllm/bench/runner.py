@@ -174,8 +174,13 @@ def _input_case(path: str, engine, options: BenchOptions, log: Callable[[str], N
 
 def graph_replay_counts(runner) -> dict[str, int]:
     """The runner's CUDA graph replays so far, by row field (nothing for a runner without graphs);
-    a run's own are the difference of the counts after and before it."""
+    a run's own are graph_replays_since(runner, the counts before it)."""
     return {} if runner.graphs is None else {"graph_replays": runner.graphs.num_replays}
+
+
+def graph_replays_since(runner, before: dict[str, int]) -> dict[str, int]:
+    """The replays since graph_replay_counts returned `before`, by row field."""
+    return {name: count - before[name] for name, count in graph_replay_counts(runner).items()}
 
 
 def significant(value: float, digits: int = 4) -> float:
@@ -226,7 +231,7 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, work: WorkFlo
     peak_blocks = max((s.num_used_blocks for s in steps), default=0)
     peak_bytes = peak_blocks * engine.scheduler_config.block_size * engine_kv_bytes_per_token(engine)
     peak_flops = peak_flops_for(engine.config.quantization)
-    bound = work.total / peak_flops
+    bound = work.bound_seconds(peak_flops)
     row = {
         "workload": case.label, "requests": len(prompts), "model": model, "policy": policy.label,
         **engine_tags(engine),
@@ -251,7 +256,7 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, work: WorkFlo
         "kv_bytes_per_token": engine_kv_bytes_per_token(engine),
         "async_scheduling": options.async_scheduling,
     }
-    row.update({name: count - replays_before[name] for name, count in graph_replay_counts(engine.runner).items()})
+    row.update(graph_replays_since(engine.runner, replays_before))
     if case.skipped_lines is not None:
         row["skipped_lines"] = case.skipped_lines
     return row

@@ -66,6 +66,16 @@ def busy_us(intervals) -> float:
     return total
 
 
+KERNEL_CLASSES = (("collective", ("nccl",)), ("gemm", ("nvjet", "gemm", "cutlass", "xmma", "sm90_")),
+                  ("attention", ("prefix_shared", "attention", "attn", "merge_partials")))
+
+
+def kernel_class(name: str) -> str:
+    """The class of a CUDA kernel by its name: collective, gemm, attention, or other."""
+    lowered = name.lower()
+    return next((label for label, keys in KERNEL_CLASSES if any(key in lowered for key in keys)), "other")
+
+
 def profile_collectives(engine, requests) -> dict:
     """The collectives' GPU time, from a profiled run of `requests` (after the timed run: the
     profiler stays out of the timing, and every graph is captured already)."""
@@ -85,21 +95,35 @@ def profile_collectives(engine, requests) -> dict:
     kernel_spans = [(event.time_range.start, event.time_range.end) for event in run_profile.events()
                     if event.device_type == torch.autograd.DeviceType.CUDA]
     num_steps = max(stats.num_steps, 1)
+    class_us: dict[str, float] = {}
+    for name, us in kernel_us.items():
+        class_us[kernel_class(name)] = class_us.get(kernel_class(name), 0.0) + us
+    top_kernels = sorted(kernel_us.items(), key=lambda item: -item[1])[:12]
     return {"profiled_requests": len(requests), "profiled_steps": stats.num_steps,
             "all_reduce_ms_per_step": round(collective_us / 1000 / num_steps, 2),
             "gpu_kernel_ms_per_step": round(sum(kernel_us.values()) / 1000 / num_steps, 2),
             # rank 0's GPU with at least one kernel running; with every request profiled, the
             # timed run's step_ms minus this is the time its GPU waited (for launches or a peer)
             "gpu_busy_ms_per_step": round(busy_us(kernel_spans) / 1000 / num_steps, 2),
-            "all_reduce_share_of_gpu_time": round(collective_us / max(sum(kernel_us.values()), 1), 4)}
+            "all_reduce_share_of_gpu_time": round(collective_us / max(sum(kernel_us.values()), 1), 4),
+            "kernel_class_ms_per_step": {label: round(us / 1000 / num_steps, 2) for label, us in sorted(class_us.items())},
+            "top_kernels_ms_per_step": [[name[:80], round(us / 1000 / num_steps, 2)] for name, us in top_kernels]}
 
 
 def phase_ms_per_step(steps) -> dict:
-    """Mean host ms per step: scheduling, launching (input building included), waiting for tokens."""
+    """Mean host ms per step: scheduling, launching (input building included), waiting for tokens;
+    and the mean step of the decode-only steps and of the steps with prompt tokens."""
     num_steps = max(len(steps), 1)
+    decode_only = [s for s in steps if s.num_distinct_tokens + s.num_prefix_tokens == 0]
+    with_prompt = [s for s in steps if s.num_distinct_tokens + s.num_prefix_tokens > 0]
+
+    def mean_ms(records) -> float:
+        return round(1000 * sum(s.step_time_s for s in records) / max(len(records), 1), 2)
+
     return {f"{name}_ms_per_step": round(1000 * sum(getattr(s, f"{name}_time_s") for s in steps) / num_steps, 2)
             for name in ("schedule", "launch", "wait")} | {
-        "step_ms": round(1000 * sum(s.step_time_s for s in steps) / num_steps, 2)}
+        "step_ms": mean_ms(steps), "decode_only_steps": len(decode_only), "decode_only_step_ms": mean_ms(decode_only),
+        "prompt_step_ms": mean_ms(with_prompt)}
 
 
 def engine_config(args, dtype: str):

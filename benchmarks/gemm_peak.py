@@ -9,8 +9,9 @@ FP8 peak (batchllm/bench/flop_bound.py). Runs on torch 2.11 and later.
 
 On a GPU each figure also records the SM clock and board power that nvidia-smi reads every 50 ms
 from the first warm-up product to the last timed one (`clocks`), and the result the rated
-maximum SM clock and power limit: a sustained bf16 matmul on random data can run power-limited,
-below the maximum clock, and then below the peak of a short run.
+maximum SM clock and power limit: a sustained bf16 matmul on random data can run below the
+maximum clock, and then below the peak of a short run; the power beside the clock tells whether
+the power limit is the reason.
 
     PYTHONPATH=. python3 benchmarks/gemm_peak.py --out benchmarks/results/gemm_peak.json
     PYTHONPATH=. python3 benchmarks/gemm_peak.py --dry-run   # small shapes on the CPU: checks the code only

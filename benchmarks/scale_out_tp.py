@@ -97,7 +97,8 @@ def profile_collectives(engine, requests) -> dict:
     num_steps = max(stats.num_steps, 1)
     class_us: dict[str, float] = {}
     for name, us in kernel_us.items():
-        class_us[kernel_class(name)] = class_us.get(kernel_class(name), 0.0) + us
+        label = kernel_class(name)
+        class_us[label] = class_us.get(label, 0.0) + us
     top_kernels = sorted(kernel_us.items(), key=lambda item: -item[1])[:12]
     return {"profiled_requests": len(requests), "profiled_steps": stats.num_steps,
             "all_reduce_ms_per_step": round(collective_us / 1000 / num_steps, 2),
@@ -114,8 +115,8 @@ def phase_ms_per_step(steps) -> dict:
     """Mean host ms per step: scheduling, launching (input building included), waiting for tokens;
     and the mean step of the decode-only steps and of the steps with prompt tokens."""
     num_steps = max(len(steps), 1)
-    decode_only = [s for s in steps if s.num_distinct_tokens + s.num_prefix_tokens == 0]
-    with_prompt = [s for s in steps if s.num_distinct_tokens + s.num_prefix_tokens > 0]
+    decode_only = [s for s in steps if s.num_tokens == s.num_decode_tokens]
+    with_prompt = [s for s in steps if s.num_tokens > s.num_decode_tokens]
 
     def mean_ms(records) -> float:
         return round(1000 * sum(s.step_time_s for s in records) / max(len(records), 1), 2)

@@ -425,11 +425,13 @@ def _sdpa_backend_fn(backend_name: str, q, k, v, scale):
 
 
 def dense_tile_configs(configs: dict, quick: bool) -> dict:
-    """The sweep's configs plus two with 128 x 64 and 128 x 128 BIG tiles over 8 warps and 3
-    stages, the tile shapes of FlashAttention-style kernels on Hopper (not with --quick)."""
+    """The sweep's configs, the first without dense calls ("tiles_only": every part in Triton
+    tiles), and (not with --quick) two with 128 x 64 and 128 x 128 BIG tiles over 8 warps and 3
+    stages, the tile shapes of FlashAttention-style kernels on Hopper."""
+    base = next(iter(configs.values()))
+    configs = {**configs, "tiles_only": replace(base, dense_min_rows=0)}
     if quick:
         return configs
-    base = next(iter(configs.values()))
     return {**configs,
             "big128x64": replace(base, big_m=max(128, base.big_m), big_n=64, num_warps=8, num_stages=3),
             "big128x128": replace(base, big_m=max(128, base.big_m), big_n=128, num_warps=8, num_stages=3)}

@@ -275,3 +275,129 @@ def test_overlapped_class_split_launches_match_serial_inside_a_cuda_graph():
     ref = paged_attention_reference(b.query.float(), b.k_cache.float(), b.v_cache.float(), b.query_start_loc,
                                     b.seq_lens, b.shared_kv_lens, b.block_tables, scale)
     torch.testing.assert_close(serial.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+def _dense_tile(min_rows=2, min_tokens=8):
+    from dataclasses import replace
+
+    from batchllm.ops.tile_config import default_tile_config
+
+    return replace(default_tile_config(64, 3), dense_min_rows=min_rows, dense_min_tokens=min_tokens)
+
+
+@pytest.mark.parametrize("scenario", ["prefill_only", "prefix_with_first_chunk", "mixed_ragged"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_dense_calls_match_reference(device, scenario, dtype):
+    """The KV every row of a segment sees, run as dense calls (gathered blocks, outputs and
+    log-sum-exps merged with the rows' other parts), gives the reference's attention."""
+    b, plan, ref = _merge_case(SCENARIOS[scenario], HEADS["gqa3_d64"], dtype, device, _dense_tile(), 16)
+    assert plan.dense.shape[0] > 0
+    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan.to(device), 64 ** -0.5)
+    torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dense_calls_random_batches_match_without(device, seed):
+    """Random steps: a plan with dense calls and one without give the same attention."""
+    from dataclasses import replace
+
+    seqs = _random_seqs(np.random.default_rng(seed), max_groups=4) + [SeqSpec(9, 70), SeqSpec(12, 33, 17)]
+    tile = _dense_tile()
+    b, plan, ref = _merge_case(seqs, HEADS["gqa3_d64"], torch.float32, device, tile, 16)
+    assert plan.dense.shape[0] > 0
+    without = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=3, num_heads=9, head_dim=64,
+                                       kv_split_tokens=16, tile=replace(tile, dense_min_rows=0))
+    scale = 64 ** -0.5
+    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan.to(device), scale)
+    torch.testing.assert_close(out, prefix_shared_attention(b.query, b.k_cache, b.v_cache, without.to(device), scale),
+                               atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)
+
+
+def test_dense_call_writes_rows_that_have_no_other_part(device):
+    """A dense call whose rows have no partial slot writes the output rows themselves."""
+    import dataclasses
+
+    from batchllm.ops.dense_attention import dense_attention_lse
+    from batchllm.ops.prefix_attention import _dense_calls
+
+    b, plan, _ = _merge_case(SCENARIOS["prefill_only"], HEADS["gqa3_d64"], torch.float32, device, _dense_tile(), 16)
+    q_start, rows, seq, first_block, offset, kv_len, _ = (int(x) for x in plan.dense[0])
+    call = (q_start, rows, seq, first_block, offset, kv_len, -1)
+    device_plan = dataclasses.replace(plan.to(device), dense=(call,))
+    out = torch.zeros_like(b.query)
+    untouched = torch.full((1, 9, 64), 7.0)
+    _dense_calls(device_plan, b.query, b.k_cache, b.v_cache, out, untouched, untouched, 64 ** -0.5)
+    positions = torch.arange(offset, offset + kv_len)
+    blocks = b.block_tables[seq, first_block + positions // 16].long()
+    key, value = b.k_cache[blocks, positions % 16], b.v_cache[blocks, positions % 16]
+    expected, _ = dense_attention_lse(b.query[q_start:q_start + rows], key, value, 64 ** -0.5)
+    torch.testing.assert_close(out[q_start:q_start + rows], expected, atol=1e-6, rtol=1e-6)
+    assert not out[:q_start].any() and not out[q_start + rows:].any() and (untouched == 7.0).all()
+
+
+def test_dense_attention_reference_log_sum_exp():
+    """The CPU path of the dense call: softmax output and natural log-sum-exp per row and head,
+    with grouped-query heads."""
+    from batchllm.ops.dense_attention import dense_attention_lse
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(5, 6, 16, generator=g), torch.randn(9, 2, 16, generator=g), torch.randn(9, 2, 16, generator=g)
+    out, lse = dense_attention_lse(q, k, v, 0.25)
+    for head in range(6):
+        scores = q[:, head] @ k[:, head // 3].T * 0.25
+        torch.testing.assert_close(lse[:, head], torch.logsumexp(scores, -1))
+        torch.testing.assert_close(out[:, head], torch.softmax(scores, -1) @ v[:, head // 3])
+
+
+def test_dense_plan_refuses_a_sliding_window(device):
+    b, plan, _ = _merge_case(SCENARIOS["prefill_only"], HEADS["gqa3_d64"], torch.float32, device, _dense_tile(), 16)
+    with pytest.raises(ValueError, match="sliding-window"):
+        prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan.to(device), 0.1, sliding_window=8,
+                                positions=torch.zeros(b.query.shape[0], dtype=torch.int64, device=device))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_fp8", [False, True])
+def test_dense_calls_on_cudnn_gpu(kv_fp8):
+    """bf16 Llama heads on the engine's prefill table (dense calls from 128 rows): a group's
+    prefix seen by its members' chunks, decode rows and a prefix chunk, and a long unshared
+    prompt's later chunk, with the query a strided view of a fused qkv buffer as the model passes it, and a bf16
+    or float8_e4m3fn cache. Equal to the plan without dense calls and to the reference."""
+    from dataclasses import replace
+
+    from batchllm.ops.dense_attention import uses_cudnn
+    from batchllm.ops.tile_config import default_tile_config
+
+    seqs = [SeqSpec(512, 2048, 0, 0, True), SeqSpec(200, 2048 + 200, 2048, 0), SeqSpec(300, 2048 + 300, 2048, 0)]
+    seqs += [SeqSpec(1, 2048 + 40, 2048, 0) for _ in range(8)] + [SeqSpec(640, 3000)] + [SeqSpec(1, 900)]
+    num_heads, num_kv_heads, head_dim = 32, 8, 128
+    b = make_batch(seqs, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=16,
+                   dtype=torch.bfloat16, device="cuda")
+    qkv = torch.randn(b.query.shape[0], (num_heads + 2 * num_kv_heads) * head_dim, dtype=torch.bfloat16,
+                      device="cuda")
+    query = qkv[:, :num_heads * head_dim].view(-1, num_heads, head_dim)
+    query.copy_(b.query)
+    k_cache, v_cache, k_scale, v_scale = b.k_cache, b.v_cache, 1.0, 1.0
+    if kv_fp8:
+        k_scale, v_scale = float(b.k_cache.abs().max()) / 448, float(b.v_cache.abs().max()) / 448
+        k_cache = (b.k_cache.float() / k_scale).to(torch.float8_e4m3fn)
+        v_cache = (b.v_cache.float() / v_scale).to(torch.float8_e4m3fn)
+    assert uses_cudnn(query, query)
+    tile = default_tile_config(head_dim, num_heads // num_kv_heads)
+    assert tile.dense_min_rows == 128
+    outs = []
+    for dense_min_rows in (128, 0):
+        plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=num_kv_heads,
+                                        num_heads=num_heads, head_dim=head_dim,
+                                        tile=replace(tile, dense_min_rows=dense_min_rows),
+                                        num_sms=device_num_sms("cuda"))
+        # the group's rows x its prefix up to the prefix chunk's first row, the long prompt's
+        # chunk x its first 2361 positions
+        assert plan.dense[:, 5].tolist() == ([1537, 2361] if dense_min_rows else [])
+        outs.append(prefix_shared_attention(query, k_cache, v_cache, plan.to("cuda"), head_dim ** -0.5,
+                                            k_scale=k_scale, v_scale=v_scale).float())
+    ref = paged_attention_reference(b.query.float(), k_cache.float() * k_scale, v_cache.float() * v_scale,
+                                    b.query_start_loc, b.seq_lens, b.shared_kv_lens, b.block_tables, head_dim ** -0.5)
+    torch.testing.assert_close(outs[0], outs[1], atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(outs[0], ref, atol=2e-2, rtol=2e-2)

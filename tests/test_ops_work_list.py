@@ -212,3 +212,38 @@ def test_graph_layout_cuts_the_buffer_like_a_step_plan():
     assert step.starts == [0, 36, 44]  # 5 entries padded to 8
     unpacked = step.views(step.pack(arrays))
     assert all(np.array_equal(unpacked[name], arrays[name]) for name in arrays)
+
+
+def test_dense_calls_take_the_kv_every_row_of_a_segment_sees():
+    """A group's rows (a prefix chunk at positions 35-39 and two members' chunks) all see the
+    prefix up to 36: that block is one dense call, the rest of the prefix stays in tiles. An
+    ungrouped 7-row chunk at positions 53-59 sees its first 54 positions whole: a second call.
+    A one-row decode is below the row threshold."""
+    from dataclasses import replace
+
+    from batchllm.ops.work_list import F_MASK_MODE, MASK_ROW_LIMIT, build_prefix_shared_plan
+    from synthetic_batch import SeqSpec, make_batch
+
+    seqs = [SeqSpec(5, 40, 0, 0, True), SeqSpec(6, 46, 40, 0), SeqSpec(4, 44, 40, 0), SeqSpec(7, 60),
+            SeqSpec(1, 30, 21, 1)]
+    b = make_batch(seqs, num_heads=8, num_kv_heads=2, head_dim=16, block_size=16)
+    tile = replace(default_tile_config(64, 4, interpret=True), dense_min_rows=4, dense_min_tokens=8)
+    plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8, tile=tile,
+                                    kv_split_tokens=1024)
+    # q_start, rows, seq, first block, offset, KV positions, first partial slot
+    assert plan.dense[:, :6].tolist() == [[0, 15, 0, 0, 0, 36], [15, 7, 3, 0, 0, 54]]
+    assert (plan.dense[:, 6] >= 0).all()  # every row of a call has other parts too: partial slots
+    prefix = plan.work[(plan.work[:, F_KIND] == KIND_PREFIX) & (plan.work[:, F_SEQ] == 0)]  # group 0's
+    assert prefix[:, F_KV_START].min() == 36 and prefix[:, F_KV_END].max() == 40
+    assert (prefix[:, F_MASK_MODE] == MASK_ROW_LIMIT).any()  # the prefix chunk's rows see 36-40
+    own = plan.work[(plan.work[:, F_SEQ] == 3)]
+    assert own[:, F_KV_START].min() == 54 and own[:, F_KV_END].max() == 60
+    # every row's parts are merged: a slot per dense row, and the calls' slots are distinct
+    slots = np.concatenate([np.arange(base, base + rows) for rows, base in plan.dense[:, [1, 6]]])
+    assert np.unique(slots).size == 22 and np.isin(slots, plan.merge_slots).all()
+    off = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8,
+                                   tile=replace(tile, dense_min_rows=0), kv_split_tokens=1024)
+    assert off.dense.shape == (0, 7)
+    fewer = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8,
+                                     tile=replace(tile, dense_min_tokens=40), kv_split_tokens=1024)
+    assert fewer.dense[:, :6].tolist() == [[15, 7, 3, 0, 0, 54]]  # the 36-position block is too short

@@ -6,7 +6,7 @@ dtype, the dequantization scales of a float8_e4m3fn one (docs/design.md, "FP8 KV
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -73,16 +73,21 @@ class TritonPagedBackend(ReferenceBackend):
 
     def build_host_plan(self, inputs: StepInputs):
         """The step's work list on the host (numpy); one per step, shared by every layer."""
+        from batchllm.ops.tile_config import default_tile_config
         from batchllm.ops.work_list import build_prefix_shared_plan
 
         # Decode-only steps (one row per seq: the CUDA-graph steps) run class-split launches
         # (decode_tile_config); steps with prefill chunks the default table (None).
         decode_only = inputs.num_tokens == inputs.query_start_loc.shape[0] - 1
+        tile = self.decode_tile if decode_only else None
+        if any(window is not None for window in self.layer_windows):  # dense calls have no window path
+            tile = replace(tile or default_tile_config(self.head_dim, self.num_heads // self.num_kv_heads),
+                           dense_min_rows=0)
         groups = (inputs.group_ids, inputs.is_prefix) if self.uses_groups else (None, None)
         return build_prefix_shared_plan(
             inputs.query_start_loc, inputs.seq_lens, inputs.shared_kv_lens, inputs.block_tables, *groups,
             block_size=self.block_size, num_kv_heads=self.num_kv_heads, num_heads=self.num_heads,
-            head_dim=self.head_dim, tile=self.decode_tile if decode_only else None, num_sms=self.num_sms,
+            head_dim=self.head_dim, tile=tile, num_sms=self.num_sms,
         )
 
     def prepare(self, inputs: StepInputs, metadata: AttentionMetadata) -> None:

@@ -61,7 +61,8 @@ class _Graph:
     def fits(self, plan, lists: tuple[np.ndarray, np.ndarray]) -> bool:
         """lists: plan.class_lists()."""
         return (max(items.shape[0] for items in lists) <= self.items_cap
-                and plan.num_partial_slots <= self.slots_cap and plan.merge_tokens.shape[0] < self.key.num_rows)
+                and plan.num_partial_slots <= self.slots_cap and plan.merge_tokens.shape[0] < self.key.num_rows
+                and plan.dense.shape[0] == 0)  # dense calls are host-launched per step (none in decode plans)
 
     def fill(self, plan, lists: tuple[np.ndarray, np.ndarray], inputs: StepInputs) -> None:
         """lists: plan.class_lists(), the work list(s) as the graph's launches take them."""

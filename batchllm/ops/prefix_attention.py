@@ -11,9 +11,12 @@ from __future__ import annotations
 import torch
 
 from batchllm.ops.attention_kernels import merge_partials_kernel, work_list_attention_kernel
+from batchllm.ops.dense_attention import dense_attention_lse
 from batchllm.ops.kv_quant import check_kv_scales, is_fp8
 from batchllm.ops.validation import check, next_power_of_2
-from batchllm.ops.work_list import WORK_FIELDS, PrefixSharedPlanOnDevice
+from batchllm.ops.work_list import (
+    D_FIRST_BLOCK, D_KV_LEN, D_OFFSET, D_PARTIAL_BASE, D_Q_COUNT, D_Q_START, D_SEQ, WORK_FIELDS,
+    PrefixSharedPlanOnDevice)
 
 LOG2_E = 1.4426950408889634
 
@@ -87,6 +90,30 @@ def _work_lists(plan) -> list[tuple]:
     return [(plan.work, 0, plan.num_items[0:1] if persistent else None)]
 
 
+def _dense_calls(plan, query, k_cache, v_cache, out, part_out, part_lse, scale, k_scale: float = 1.0,
+                 v_scale: float = 1.0) -> None:
+    """The plan's dense calls (work_list._dense_calls): gather each call's blocks, attend on the
+    library kernel, and write its rows' outputs and base-2 log-sum-exps to their partial slots
+    (or the output, for rows with no other part)."""
+    page = plan.block_size
+    for call in plan.dense:
+        q_start, q_count, kv_len = call[D_Q_START], call[D_Q_COUNT], call[D_KV_LEN]
+        offset, first_block = call[D_OFFSET], call[D_FIRST_BLOCK]
+        blocks = plan.block_tables[call[D_SEQ], first_block:first_block + -(-(offset + kv_len) // page)]
+        key, value = (cache.index_select(0, blocks).flatten(0, 1)[offset:offset + kv_len] for cache in (k_cache, v_cache))
+        if is_fp8(k_cache.dtype):  # exact in the query dtype; the scales fold into scale and the output
+            key, value = key.to(query.dtype), value.to(query.dtype)
+        o, lse = dense_attention_lse(query[q_start:q_start + q_count], key, value, float(scale) * float(k_scale))
+        if v_scale != 1.0:
+            o = o * v_scale
+        base = call[D_PARTIAL_BASE]
+        if base < 0:
+            out[q_start:q_start + q_count] = o
+        else:
+            part_out[base:base + q_count] = o
+            part_lse[base:base + q_count] = lse * LOG2_E
+
+
 def _merge(plan, out, part_out, part_lse) -> None:
     num_merge = plan.merge_tokens.shape[0]
     if num_merge == 0:
@@ -112,7 +139,8 @@ def prefix_shared_attention(
     side_stream: torch.cuda.Stream | None = None,
 ) -> torch.Tensor:
     """Fused prefix-shared attention: one launch for all prefix and distinct tiles (two with
-    plan.tile.split_classes), then the merge kernel for rows with several parts.
+    plan.tile.split_classes), the plan's dense calls on a library kernel, then the merge kernel
+    for rows with several parts.
     side_stream: with split classes on a GPU, the BIG launch runs on this stream, concurrently
     with the SMALL one (they write disjoint rows and partial slots); the merge waits for both.
     The fork and join are stream waits, so they are captured into CUDA graphs as well.
@@ -122,6 +150,8 @@ def prefix_shared_attention(
     Returns out [num_tokens, num_heads, head_dim] in the query dtype.
     """
     _validate(query, k_cache, v_cache, plan, k_scale, v_scale)
+    check(sliding_window is None or not plan.dense,
+          "dense calls have no sliding-window path: plan with tile.dense_min_rows=0")
     if sliding_window is not None:
         check(isinstance(sliding_window, int) and sliding_window >= 1,
               f"sliding_window must be an integer >= 1, got {sliding_window!r}")
@@ -147,5 +177,6 @@ def prefix_shared_attention(
     else:
         for work, classes, num_items in launches:
             _launch_items(work, *args, classes, num_items, *tail)
+    _dense_calls(plan, query, k_cache, v_cache, out, part_out, part_lse, scale, k_scale, v_scale)
     _merge(plan, out, part_out, part_lse)
     return out

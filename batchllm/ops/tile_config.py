@@ -28,6 +28,12 @@ class TileConfig:
     split_classes: bool = False
     small_num_warps: int | None = None
     small_num_stages: int | None = None
+    # A segment of at least this many query rows runs the KV range that all its rows see whole
+    # (a group's prefix for its members, the context before a prefill chunk) as one dense
+    # attention call on a library kernel (cuDNN) over its gathered blocks, when that range holds
+    # at least dense_min_tokens positions (work_list.py, "dense calls"); 0: never.
+    dense_min_rows: int = 0
+    dense_min_tokens: int = 256
 
     @property
     def kv_split_multiple(self) -> int:
@@ -51,8 +57,11 @@ def default_tile_config(head_dim: int, group_size: int, interpret: bool | None =
     # engine (BENCHMARKS.md, "Dense causal attention against cuDNN"): as every BIG tile they made
     # micro 2000/200 sd16 5% slower and the 16000-token set 4% faster; for prefill chunks only,
     # in a launch of their own, 0.7% slower and 0.7% faster.
+    # Dense calls (cuDNN through PyTorch) from 128 rows x 256 fully visible KV positions: on the
+    # H200 a 2000-token prefix seen by 2000 rows took 13 us of gather + 123 us of cuDNN against
+    # about 240 us as BIG tiles, and by 200 rows 13 + 36 us against about 55 us.
     return TileConfig(small_m=packed_min, small_n=128, big_m=max(64, packed_min), big_n=64,
-                      num_warps=4, num_stages=2, min_kv_split_tokens=512)
+                      num_warps=4, num_stages=2, min_kv_split_tokens=512, dense_min_rows=128)
 
 
 def decode_tile_config(head_dim: int, group_size: int, interpret: bool | None = None) -> TileConfig:
@@ -64,7 +73,7 @@ def decode_tile_config(head_dim: int, group_size: int, interpret: bool | None = 
     took 4-14% less time than the persistent fused launch for batchllm's steps and 11-16% less
     for plain paged plans. On steps with prefill chunks (eager) the split was 1% slower for
     batchllm on geometric mean (-7% to +5%), so those keep the fused launch (default_tile_config)."""
-    base = default_tile_config(head_dim, group_size, interpret)
+    base = replace(default_tile_config(head_dim, group_size, interpret), dense_min_rows=0)  # no dense calls in graphs
     if base.small_n < 64:  # the interpreter's tiny config (CPU tests): only the split
         return replace(base, split_classes=True)
     return replace(base, split_classes=True, small_n=64, small_num_warps=4, small_num_stages=2)

@@ -25,6 +25,9 @@ MASK_NONE, MASK_CAUSAL, MASK_ROW_LIMIT = 0, 1, 2
 KIND_PREFIX, KIND_DISTINCT = 0, 1
 SIZE_SMALL, SIZE_BIG = 0, 1
 WORK_ORDERS = ("cost", "interleave", "auto")
+# Columns of a plan's dense calls (see _dense_calls).
+D_Q_START, D_Q_COUNT, D_SEQ, D_FIRST_BLOCK, D_OFFSET, D_KV_LEN, D_PARTIAL_BASE = range(7)
+DENSE_FIELDS = 7
 # Order used when build_prefix_shared_plan gets no `order` (the engine's).
 DEFAULT_WORK_ORDER = "auto"
 
@@ -119,6 +122,8 @@ class PrefixSharedPlanOnDevice:
     # tile.split_classes: the BIG and the SMALL items of `work`, each in work order
     work_big: torch.Tensor | None = None
     work_small: torch.Tensor | None = None
+    # the plan's dense calls as host ints (rows of PrefixSharedPlan.dense): the host launches them
+    dense: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass
@@ -136,6 +141,14 @@ class PrefixSharedPlan:
     num_kv_heads: int
     block_size: int
     tile: TileConfig
+    # [num_dense_calls, DENSE_FIELDS] int64: rows [q_start, q_start + q_count) x the kv_len
+    # positions that start `offset` into block-table entry first_block of row `seq`, as one
+    # dense attention call whose outputs go to partial slots from partial_base (_dense_calls)
+    dense: np.ndarray = None
+
+    def __post_init__(self) -> None:
+        if self.dense is None:
+            self.dense = np.zeros((0, DENSE_FIELDS), np.int64)
 
     @property
     def num_partial_slots(self) -> int:
@@ -158,7 +171,8 @@ class PrefixSharedPlan:
         buffer = to_device(layout.pack(arrays), torch.device(device))
         return PrefixSharedPlanOnDevice(
             **layout.views(buffer), num_partial_slots=self.num_partial_slots, num_tokens=self.num_tokens,
-            num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, block_size=self.block_size, tile=self.tile)
+            num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, block_size=self.block_size, tile=self.tile,
+            dense=tuple(tuple(int(x) for x in call) for call in self.dense))
 
 
 class _Columns:
@@ -281,6 +295,52 @@ def _segments(step: _Step, groups: _Groups, block_size: int) -> _Segments:
 
 
 @dataclass
+class _Dense:
+    """Dense calls before partial slots: per call its rows and KV range (see _dense_calls)."""
+
+    q_start: np.ndarray
+    num_rows: np.ndarray
+    seq: np.ndarray
+    first_block: np.ndarray
+    offset: np.ndarray
+    kv_len: np.ndarray
+
+
+def _dense_calls(seg: _Segments, prefix_limit: np.ndarray, tile: TileConfig, block_size: int
+                 ) -> tuple[_Segments, _Dense]:
+    """Dense calls: the KV that every row of a segment sees, cut off the segment's front.
+
+    A prefill chunk's rows all see their group's prefix up to the least row limit (members: the
+    whole prefix), or their own context before the chunk (causal: up to the first row's
+    position). That block is plain dense attention, rows x KV with no mask: a library kernel
+    runs it on the gathered blocks faster than the BIG tiles (tile_config.py), and its output
+    and log-sum-exp join the row's other parts in the merge. Segments of at least
+    tile.dense_min_rows rows whose block holds at least tile.dense_min_tokens positions get one;
+    the rest of the segment stays in the work list. Returns (segments, calls)."""
+    none = _Dense(*(np.zeros(0, np.int64) for _ in fields(_Dense)))
+    if tile.dense_min_rows <= 0 or seg.q_start.size == 0:
+        return seg, none
+    visible = np.where(seg.mask_mode == MASK_CAUSAL, seg.first_position + 1, seg.kv_end)
+    limited = np.nonzero((seg.mask_mode == MASK_ROW_LIMIT) & (seg.num_rows > 0))[0]
+    if limited.size:
+        rows = _flat_ranges(seg.q_start[limited], seg.num_rows[limited])
+        visible[limited] = np.minimum.reduceat(prefix_limit[rows], np.cumsum(seg.num_rows[limited])
+                                               - seg.num_rows[limited])
+    dense_end = np.minimum(seg.kv_end, visible)
+    chosen = np.nonzero((seg.num_rows >= tile.dense_min_rows)
+                        & (dense_end - seg.kv_start >= tile.dense_min_tokens))[0]
+    if chosen.size == 0:
+        return seg, none
+    rel = seg.kv_start[chosen] - seg.base_pos[chosen]
+    calls = _Dense(seg.q_start[chosen], seg.num_rows[chosen], seg.seq[chosen],
+                   seg.base_block[chosen] + rel // block_size, rel % block_size,
+                   dense_end[chosen] - seg.kv_start[chosen])
+    seg.kv_start = seg.kv_start.copy()
+    seg.kv_start[chosen] = dense_end[chosen]
+    return seg, calls
+
+
+@dataclass
 class _Tiles(_Columns):
     """Row tiles of segments (GQA heads of one KV head packed with rows into M), later their
     split-KV pieces: the work items."""
@@ -360,18 +420,19 @@ class _Merges:
     merge_slots: np.ndarray
 
 
-def _merges(items: _Tiles, num_tokens: int) -> _Merges:
-    """Rows with exactly one part are written directly; the others get a partial slot per part
-    and a merge list."""
+def _merges(q_start: np.ndarray, num_rows: np.ndarray, num_tokens: int) -> _Merges:
+    """Parts (work items, then dense calls) as rows [q_start, q_start + num_rows): rows with
+    exactly one part are written directly by it; the others get a partial slot per part and a
+    merge list."""
     coverage = np.zeros(num_tokens + 1, np.int64)
-    np.add.at(coverage, items.q_start, 1)
-    np.add.at(coverage, items.q_start + items.num_rows, -1)
+    np.add.at(coverage, q_start, 1)
+    np.add.at(coverage, q_start + num_rows, -1)
     parts_per_row = np.cumsum(coverage)[:num_tokens]
     multi = np.concatenate([[0], np.cumsum(parts_per_row != 1)])
-    direct = (multi[items.q_start + items.num_rows] - multi[items.q_start]) == 0
-    partial_count = np.where(direct, 0, items.num_rows)
+    direct = (multi[q_start + num_rows] - multi[q_start]) == 0
+    partial_count = np.where(direct, 0, num_rows)
     partial_base = np.where(direct, -1, np.cumsum(partial_count) - partial_count)
-    slot_rows = _flat_ranges(items.q_start[~direct], items.num_rows[~direct])
+    slot_rows = _flat_ranges(q_start[~direct], num_rows[~direct])
     slot_order = np.argsort(slot_rows, kind="stable")
     merge_tokens, first = np.unique(slot_rows[slot_order], return_index=True)
     return _Merges(partial_base, merge_tokens, np.concatenate([first, [slot_order.shape[0]]]), slot_order)
@@ -418,13 +479,18 @@ def build_prefix_shared_plan(
     tile = tile or default_tile_config(head_dim, group_size)
     groups = _groups(step)
     prefix_limit = _row_prefix_limits(step, groups)
-    segments = _segments(step, groups, block_size)
+    segments, dense = _dense_calls(_segments(step, groups, block_size), prefix_limit, tile, block_size)
     tiles = _row_tiles(segments, prefix_limit, tile, group_size)
     piece_tokens = _kv_piece_tokens(tiles, tile, kv_split_tokens, num_sms, programs_per_sm, num_kv_heads)
     items = _split_kv(tiles, piece_tokens, tile.kv_split_multiple)
-    merges = _merges(items, step.num_tokens)
+    num_items = items.q_start.shape[0]
+    merges = _merges(np.concatenate([items.q_start, dense.q_start]), np.concatenate([items.num_rows, dense.num_rows]),
+                     step.num_tokens)
+    dense_calls = np.stack([dense.q_start, dense.num_rows, dense.seq, dense.first_block, dense.offset, dense.kv_len,
+                            merges.partial_base[num_items:]], axis=1).astype(np.int64)
     return PrefixSharedPlan(
-        work=_work_list(items, segments, merges.partial_base, tile, order), block_tables=step.block_tables,
+        work=_work_list(items, segments, merges.partial_base[:num_items], tile, order), dense=dense_calls,
+        block_tables=step.block_tables,
         prefix_limit=prefix_limit.astype(np.int32), merge_tokens=merges.merge_tokens.astype(np.int32),
         merge_offsets=merges.merge_offsets.astype(np.int32), merge_slots=merges.merge_slots.astype(np.int32),
         num_tokens=step.num_tokens, num_heads=num_heads, num_kv_heads=num_kv_heads, block_size=block_size,

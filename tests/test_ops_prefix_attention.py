@@ -360,7 +360,7 @@ def test_dense_plan_refuses_a_sliding_window(device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_fp8", [False, True])
 def test_dense_calls_on_cudnn_gpu(kv_fp8):
-    """bf16 Llama heads on the engine's prefill table (dense calls from 128 rows): a group's
+    """bf16 Llama heads on the engine's prefill table (dense calls from 512 rows): a group's
     prefix seen by its members' chunks, decode rows and a prefix chunk, and a long unshared
     prompt's later chunk, with the query a strided view of a fused qkv buffer as the model passes it, and a bf16
     or float8_e4m3fn cache. Equal to the plan without dense calls and to the reference."""
@@ -385,9 +385,9 @@ def test_dense_calls_on_cudnn_gpu(kv_fp8):
         v_cache = (b.v_cache.float() / v_scale).to(torch.float8_e4m3fn)
     assert uses_cudnn(query, query)
     tile = default_tile_config(head_dim, num_heads // num_kv_heads)
-    assert tile.dense_min_rows == 128
+    assert (tile.dense_min_rows, tile.dense_min_tokens) == (512, 1024)
     outs = []
-    for dense_min_rows in (128, 0):
+    for dense_min_rows in (512, 0):
         plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=num_kv_heads,
                                         num_heads=num_heads, head_dim=head_dim,
                                         tile=replace(tile, dense_min_rows=dense_min_rows),

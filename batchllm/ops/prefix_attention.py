@@ -111,7 +111,7 @@ def _dense_calls(plan, query, k_cache, v_cache, out, part_out, part_lse, scale, 
             out[q_start:q_start + q_count] = o
         else:
             part_out[base:base + q_count] = o
-            part_lse[base:base + q_count] = lse * LOG2_E
+            torch.mul(lse, LOG2_E, out=part_lse[base:base + q_count])
 
 
 def _merge(plan, out, part_out, part_lse) -> None:

@@ -59,8 +59,8 @@ def default_tile_config(head_dim: int, group_size: int, interpret: bool | None =
     # in a launch of their own, 0.7% slower and 0.7% faster.
     # Dense calls (cuDNN through PyTorch) from 512 rows x 1024 fully visible KV positions. On the
     # H200 a 2000-token prefix seen by 2000 rows took 13 us of gather + 123 us of cuDNN against
-    # about 240 us as BIG tiles; at 272 rows x 2048 positions the two are about even on the GPU
-    # and each call adds about 100 us of host launches (six kernels).
+    # about 240 us as BIG tiles; from 128 rows, calls of 272 rows x 2048 positions made a mixed
+    # step's attention slower (docs/design.md, "Dense calls").
     return TileConfig(small_m=packed_min, small_n=128, big_m=max(64, packed_min), big_n=64,
                       num_warps=4, num_stages=2, min_kv_split_tokens=512, dense_min_rows=512,
                       dense_min_tokens=1024)

@@ -31,10 +31,29 @@ def test_prefill_and_decode_steps_get_their_tiles(backend_cls):
 
 def test_decode_tiles_on_the_gpu_table():
     """The GPU decode config: the default table's tiles, class-split, SMALL tiles streaming KV in
-    steps of 64 with 4 warps and 2 stages (values written out, not read back from the table)."""
+    steps of 64 with 4 warps and 2 stages, no dense calls (values written out, not read back from
+    the table)."""
     decode = decode_tile_config(128, 4, interpret=False)
     assert decode == TileConfig(small_m=16, small_n=64, big_m=64, big_n=64, num_warps=4, num_stages=2,
-                                min_kv_split_tokens=512, split_classes=True, small_num_warps=4, small_num_stages=2)
+                                min_kv_split_tokens=512, split_classes=True, small_num_warps=4, small_num_stages=2,
+                                dense_min_rows=0, dense_min_tokens=1024)
+
+
+def test_prefill_table_on_the_gpu_makes_dense_calls_from_512_rows():
+    prefill = default_tile_config(128, 4, interpret=False)
+    assert (prefill.dense_min_rows, prefill.dense_min_tokens) == (512, 1024) and not prefill.split_classes
+    assert default_tile_config(128, 4, interpret=True).dense_min_rows == 0  # the interpreter: tiles only
+
+
+def test_windowed_models_plan_without_dense_calls(monkeypatch):
+    """Dense calls have no sliding-window path: a backend for a model with any windowed layer
+    plans its prefill steps with dense_min_rows 0 (on the GPU table, which has them)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # plan with the GPU table (no kernel runs here)
+    backend = FusedPrefixBackend(16, 8, 2, 128, torch.device("cpu"))
+    assert backend.build_host_plan(build_step_inputs(_step(True), 16)).tile.dense_min_rows == 512
+    backend.layer_windows = (None, 4096)
+    prefill = backend.build_host_plan(build_step_inputs(_step(True), 16)).tile
+    assert prefill.dense_min_rows == 0 and not prefill.split_classes
 
 
 def test_cpu_backend_sizes_split_kv_for_its_stand_in_sm_count():

@@ -323,8 +323,9 @@ def test_dense_call_writes_rows_that_have_no_other_part(device):
 
     b, plan, _ = _merge_case(SCENARIOS["prefill_only"], HEADS["gqa3_d64"], torch.float32, device, _dense_tile(), 16)
     q_start, rows, seq, first_block, offset, kv_len, _ = (int(x) for x in plan.dense[0])
-    call = (q_start, rows, seq, first_block, offset, kv_len, -1)
-    device_plan = dataclasses.replace(plan.to(device), dense=(call,))
+    only_part = plan.dense[:1].copy()
+    only_part[0, 6] = -1  # no partial slot
+    device_plan = dataclasses.replace(plan, dense=only_part).to(device)
     out = torch.zeros_like(b.query)
     untouched = torch.full((1, 9, 64), 7.0)
     _dense_calls(device_plan, b.query, b.k_cache, b.v_cache, out, untouched, untouched, 64 ** -0.5)

@@ -14,9 +14,7 @@ from batchllm.ops.attention_kernels import merge_partials_kernel, work_list_atte
 from batchllm.ops.dense_attention import dense_attention_lse
 from batchllm.ops.kv_quant import check_kv_scales, is_fp8
 from batchllm.ops.validation import check, next_power_of_2
-from batchllm.ops.work_list import (
-    D_FIRST_BLOCK, D_KV_LEN, D_OFFSET, D_PARTIAL_BASE, D_Q_COUNT, D_Q_START, D_SEQ, WORK_FIELDS,
-    PrefixSharedPlanOnDevice)
+from batchllm.ops.work_list import WORK_FIELDS, PrefixSharedPlanOnDevice
 
 LOG2_E = 1.4426950408889634
 
@@ -95,23 +93,21 @@ def _dense_calls(plan, query, k_cache, v_cache, out, part_out, part_lse, scale, 
     """The plan's dense calls (work_list._dense_calls): gather each call's blocks, attend on the
     library kernel, and write its rows' outputs and base-2 log-sum-exps to their partial slots
     (or the output, for rows with no other part)."""
-    page = plan.block_size
     for call in plan.dense:
-        q_start, q_count, kv_len = call[D_Q_START], call[D_Q_COUNT], call[D_KV_LEN]
-        offset, first_block = call[D_OFFSET], call[D_FIRST_BLOCK]
-        blocks = plan.block_tables[call[D_SEQ], first_block:first_block + -(-(offset + kv_len) // page)]
-        key, value = (cache.index_select(0, blocks).flatten(0, 1)[offset:offset + kv_len] for cache in (k_cache, v_cache))
+        positions = slice(call.offset, call.offset + call.kv_len)
+        key, value = (cache.index_select(0, call.blocks).flatten(0, 1)[positions] for cache in (k_cache, v_cache))
         if is_fp8(k_cache.dtype):  # exact in the query dtype; the scales fold into scale and the output
             key, value = key.to(query.dtype), value.to(query.dtype)
-        o, lse = dense_attention_lse(query[q_start:q_start + q_count], key, value, float(scale) * float(k_scale))
+        rows = slice(call.q_start, call.q_start + call.q_count)
+        o, lse = dense_attention_lse(query[rows], key, value, float(scale) * float(k_scale))
         if v_scale != 1.0:
             o = o * v_scale
-        base = call[D_PARTIAL_BASE]
-        if base < 0:
-            out[q_start:q_start + q_count] = o
+        if call.partial_base < 0:
+            out[rows] = o
         else:
-            part_out[base:base + q_count] = o
-            torch.mul(lse, LOG2_E, out=part_lse[base:base + q_count])
+            slots = slice(call.partial_base, call.partial_base + call.q_count)
+            part_out[slots] = o
+            torch.mul(lse, LOG2_E, out=part_lse[slots])
 
 
 def _merge(plan, out, part_out, part_lse) -> None:

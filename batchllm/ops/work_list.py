@@ -7,7 +7,7 @@ docs/design.md ("Prefix-shared attention").
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
@@ -25,9 +25,7 @@ MASK_NONE, MASK_CAUSAL, MASK_ROW_LIMIT = 0, 1, 2
 KIND_PREFIX, KIND_DISTINCT = 0, 1
 SIZE_SMALL, SIZE_BIG = 0, 1
 WORK_ORDERS = ("cost", "interleave", "auto")
-# Columns of a plan's dense calls (see _dense_calls).
-D_Q_START, D_Q_COUNT, D_SEQ, D_FIRST_BLOCK, D_OFFSET, D_KV_LEN, D_PARTIAL_BASE = range(7)
-DENSE_FIELDS = 7
+DENSE_FIELDS = 7  # columns of a plan's dense calls (PrefixSharedPlan.dense)
 # Order used when build_prefix_shared_plan gets no `order` (the engine's).
 DEFAULT_WORK_ORDER = "auto"
 
@@ -98,6 +96,21 @@ def order_items(cost: np.ndarray, size_class: np.ndarray, order: str) -> np.ndar
     return merged[np.argsort(np.concatenate(keys), kind="stable")]
 
 
+@dataclass(frozen=True)
+class DenseCall:
+    """One dense call of a plan on the device (work_list._dense_calls): rows [q_start, q_start +
+    q_count) x the kv_len positions that start `offset` into the cache blocks `blocks` (a view of
+    the plan's block tables); its rows' outputs go to partial slots from partial_base (-1: to
+    the output itself)."""
+
+    q_start: int
+    q_count: int
+    blocks: torch.Tensor
+    offset: int
+    kv_len: int
+    partial_base: int
+
+
 @dataclass
 class PrefixSharedPlanOnDevice:
     """Device tensors of a plan (views into one int32 buffer: a single host-to-device copy)."""
@@ -122,8 +135,8 @@ class PrefixSharedPlanOnDevice:
     # tile.split_classes: the BIG and the SMALL items of `work`, each in work order
     work_big: torch.Tensor | None = None
     work_small: torch.Tensor | None = None
-    # the plan's dense calls as host ints (rows of PrefixSharedPlan.dense): the host launches them
-    dense: tuple[tuple[int, ...], ...] = ()
+    # the plan's dense calls, launched from the host (their blocks cut once per step)
+    dense: tuple[DenseCall, ...] = ()
 
 
 @dataclass
@@ -144,11 +157,7 @@ class PrefixSharedPlan:
     # [num_dense_calls, DENSE_FIELDS] int64: rows [q_start, q_start + q_count) x the kv_len
     # positions that start `offset` into block-table entry first_block of row `seq`, as one
     # dense attention call whose outputs go to partial slots from partial_base (_dense_calls)
-    dense: np.ndarray = None
-
-    def __post_init__(self) -> None:
-        if self.dense is None:
-            self.dense = np.zeros((0, DENSE_FIELDS), np.int64)
+    dense: np.ndarray = field(default_factory=lambda: np.zeros((0, DENSE_FIELDS), np.int64))
 
     @property
     def num_partial_slots(self) -> int:
@@ -169,10 +178,20 @@ class PrefixSharedPlan:
             arrays["work_big"], arrays["work_small"] = self.class_lists()
         layout = step_layout(arrays)
         buffer = to_device(layout.pack(arrays), torch.device(device))
+        views = layout.views(buffer)
         return PrefixSharedPlanOnDevice(
-            **layout.views(buffer), num_partial_slots=self.num_partial_slots, num_tokens=self.num_tokens,
+            **views, num_partial_slots=self.num_partial_slots, num_tokens=self.num_tokens,
             num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, block_size=self.block_size, tile=self.tile,
-            dense=tuple(tuple(int(x) for x in call) for call in self.dense))
+            dense=self._dense_calls_on(views["block_tables"]))
+
+    def _dense_calls_on(self, block_tables: torch.Tensor) -> tuple[DenseCall, ...]:
+        """The dense calls with their blocks cut from the device block tables."""
+        calls = []
+        for q_start, q_count, seq, first_block, offset, kv_len, partial_base in self.dense.tolist():
+            num_blocks = _ceil_div(offset + kv_len, self.block_size)
+            calls.append(DenseCall(q_start, q_count, block_tables[seq, first_block:first_block + num_blocks], offset,
+                                   kv_len, partial_base))
+        return tuple(calls)
 
 
 class _Columns:
@@ -446,8 +465,8 @@ def _work_list(items: _Tiles, seg: _Segments, partial_base: np.ndarray, tile: Ti
                F_BASE_POS: seg.base_pos[items.segment], F_MASK_MODE: items.mask_mode,
                F_Q_POS0: items.first_position, F_PARTIAL_BASE: partial_base, F_SIZE_CLASS: items.size_class,
                F_KIND: seg.kind[items.segment]}
-    for field, column in columns.items():
-        work[:, field] = column
+    for column_index, column in columns.items():
+        work[:, column_index] = column
     cost = item_cost(items.kv_end - items.kv_start, items.size_class, tile)
     resolved = resolve_order(order, items.size_class, work[:, F_KIND])
     return work[order_items(cost, items.size_class, resolved)].astype(np.int32)

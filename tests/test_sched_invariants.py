@@ -113,6 +113,18 @@ def test_every_policy_same_outputs_no_leaks(spec, block_size, budget, tight, sto
         assert results[policy] == results["batchllm"], policy
 
 
+def test_sglang_matches_again_after_evictions():
+    """A request admitted earlier in a step may evict cached blocks that a later one matched at
+    the start of the step (here request 4's block of token 3, cached by request 1): the later
+    one matches again when admitted, so it never reads a block that another request rewrote."""
+    spec = [([1, 0], 2), ([3, 1], 1), ([1, 4, 4, 3, 3], 2), ([1, 5], 2), ([3, 4, 1], 1)]
+    results = {}
+    for policy in ("batchllm", "sglang"):
+        config = SchedulerConfig(policy=policy, num_kv_blocks=9, block_size=1, max_num_batched_tokens=3)
+        results[policy], _, _ = run(spec, config)
+    assert results["sglang"] == results["batchllm"]
+
+
 @SETTINGS
 @given(spec=workloads(), block_size=st.sampled_from([1, 4, 16]), budget=st.integers(4, 64),
        threshold=st.sampled_from([0.6, 0.8, 1.0]), reserve=st.sampled_from([0.0, 0.3, 1.0]))

@@ -50,16 +50,17 @@ class SglangScheduler(CachedPolicyBase):
             self.chunked = None  # its last chunk runs now; it decodes from the next step
             if budget <= 0:
                 return scheduled
-        # Longest prefix match first (stable: input order among equals).
-        matches = {id(seq): self.match_cached(seq) for seq in self.waiting}
-        order = sorted(self.waiting, key=lambda s: -len(matches[id(s)]))
+        # Longest prefix match first (stable: input order among equals). Each request matches
+        # again when admitted: admitting the ones before it may have evicted blocks it matched.
+        match_lengths = {id(seq): len(self.match_cached(seq)) for seq in self.waiting}
+        order = sorted(self.waiting, key=lambda s: -match_lengths[id(s)])
         admitted: list[CachedSeq] = []
         for seq in order:
             if budget <= 0:
                 break
             if self.max_running_requests is not None and len(self.running) >= self.max_running_requests:
                 break
-            nodes = matches[id(seq)]
+            nodes = self.match_cached(seq)
             extend_tokens = seq.num_own_tokens - len(nodes) * size
             remaining_new = seq.request.max_tokens - len(seq.request.output_token_ids)
             need_tokens = extend_tokens + min(max(remaining_new, 0), CLIP_MAX_NEW_TOKENS)

@@ -1,6 +1,8 @@
 """Steps with prefill chunks run the default tile table; decode-only steps (the CUDA-graph steps)
 decode_tile_config (class-split launches); the split-KV target is the device's SM count."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -40,8 +42,11 @@ def test_decode_tiles_on_the_gpu_table():
 
 
 def test_prefill_table_on_the_gpu_makes_dense_calls_from_512_rows():
+    """Unmasked calls from 512 rows x 1024 positions; causal squares from 4096 rows."""
     prefill = default_tile_config(128, 4, interpret=False)
     assert (prefill.dense_min_rows, prefill.dense_min_tokens) == (512, 1024) and not prefill.split_classes
+    assert prefill.causal_square_rows() == 4096
+    assert replace(prefill, dense_min_rows=0).causal_square_rows() == 0  # one switch turns every call off
     assert default_tile_config(128, 4, interpret=True).dense_min_rows == 0  # the interpreter: tiles only
 
 

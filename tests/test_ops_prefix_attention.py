@@ -291,7 +291,7 @@ def test_dense_calls_match_reference(device, scenario, dtype):
     """The KV every row of a segment sees, run as dense calls (gathered blocks, outputs and
     log-sum-exps merged with the rows' other parts), gives the reference's attention."""
     b, plan, ref = _merge_case(SCENARIOS[scenario], HEADS["gqa3_d64"], dtype, device, _dense_tile(), 16)
-    assert plan.dense.shape[0] > 0
+    assert plan.dense.shape[0] > 0 and plan.dense[:, 7].any()  # unmasked and causal calls
     out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan.to(device), 64 ** -0.5)
     torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
 
@@ -322,7 +322,8 @@ def test_dense_call_writes_rows_that_have_no_other_part(device):
     from batchllm.ops.prefix_attention import _dense_calls
 
     b, plan, _ = _merge_case(SCENARIOS["prefill_only"], HEADS["gqa3_d64"], torch.float32, device, _dense_tile(), 16)
-    q_start, rows, seq, first_block, offset, kv_len, _ = (int(x) for x in plan.dense[0])
+    q_start, rows, seq, first_block, offset, kv_len, _, causal = (int(x) for x in plan.dense[0])
+    assert not causal
     only_part = plan.dense[:1].copy()
     only_part[0, 6] = -1  # no partial slot
     device_plan = dataclasses.replace(plan, dense=only_part).to(device)
@@ -351,6 +352,21 @@ def test_dense_attention_reference_log_sum_exp():
         torch.testing.assert_close(out[:, head], torch.softmax(scores, -1) @ v[:, head // 3])
 
 
+def test_dense_attention_reference_causal():
+    """A causal dense call: row i attends to keys 0..i only; rows and keys must match."""
+    from batchllm.ops.dense_attention import dense_attention_lse
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(6, 4, 16, generator=g), torch.randn(6, 2, 16, generator=g), torch.randn(6, 2, 16, generator=g)
+    out, lse = dense_attention_lse(q, k, v, 0.25, causal=True)
+    for row in range(6):
+        part_out, part_lse = dense_attention_lse(q[row:row + 1], k[:row + 1], v[:row + 1], 0.25)
+        torch.testing.assert_close(out[row], part_out[0])
+        torch.testing.assert_close(lse[row], part_lse[0])
+    with pytest.raises(ValueError, match="as many rows as keys"):
+        dense_attention_lse(q, k[:5], v[:5], 0.25, causal=True)
+
+
 def test_dense_plan_refuses_a_sliding_window(device):
     b, plan, _ = _merge_case(SCENARIOS["prefill_only"], HEADS["gqa3_d64"], torch.float32, device, _dense_tile(), 16)
     with pytest.raises(ValueError, match="sliding-window"):
@@ -361,17 +377,18 @@ def test_dense_plan_refuses_a_sliding_window(device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_fp8", [False, True])
 def test_dense_calls_on_cudnn_gpu(kv_fp8):
-    """bf16 Llama heads on the engine's prefill table (dense calls from 512 rows): a group's
-    prefix seen by its members' chunks, decode rows and a prefix chunk, and a long unshared
-    prompt's later chunk, with the query a strided view of a fused qkv buffer as the model passes it, and a bf16
-    or float8_e4m3fn cache. Equal to the plan without dense calls and to the reference."""
+    """bf16 Llama heads on the engine's prefill table (dense calls from 512 rows), and with causal
+    squares from 512 rows: a group's prefix chunk, its prefix seen by its members' chunks and
+    decode rows, and a long unshared prompt's later chunk, with the query a strided view of a
+    fused qkv buffer as the model passes it, and a bf16 or float8_e4m3fn cache. Equal to the plan
+    without dense calls and to the reference."""
     from dataclasses import replace
 
     from batchllm.ops.dense_attention import uses_cudnn
     from batchllm.ops.tile_config import default_tile_config
 
     seqs = [SeqSpec(512, 2048, 0, 0, True), SeqSpec(200, 2048 + 200, 2048, 0), SeqSpec(300, 2048 + 300, 2048, 0)]
-    seqs += [SeqSpec(1, 2048 + 40, 2048, 0) for _ in range(8)] + [SeqSpec(640, 3000)] + [SeqSpec(1, 900)]
+    seqs += [SeqSpec(1, 2048 + 40, 2048, 0) for _ in range(16)] + [SeqSpec(640, 3000)] + [SeqSpec(1, 900)]
     num_heads, num_kv_heads, head_dim = 32, 8, 128
     b = make_batch(seqs, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=16,
                    dtype=torch.bfloat16, device="cuda")
@@ -386,19 +403,28 @@ def test_dense_calls_on_cudnn_gpu(kv_fp8):
         v_cache = (b.v_cache.float() / v_scale).to(torch.float8_e4m3fn)
     assert uses_cudnn(query, query)
     tile = default_tile_config(head_dim, num_heads // num_kv_heads)
-    assert (tile.dense_min_rows, tile.dense_min_tokens) == (512, 1024)
+    assert (tile.dense_min_rows, tile.dense_min_tokens, tile.causal_square_rows()) == (512, 1024, 4096)
+    # (KV positions, causal) of each call, in row order
+    expected = {
+        # the engine's table: the group's rows x its prefix up to the prefix chunk's first row, the
+        # long prompt's chunk x its first 2361 positions
+        "table": (tile, [[1537, 0], [2361, 0]]),
+        # causal squares from 512 rows: the prefix chunk leaves its group (its first 1536 positions,
+        # then its own 512, causal), the members' 516 rows see the whole prefix, the long prompt's
+        # chunk sees its first 2360 positions, then its own 640, causal
+        "squares": (replace(tile, dense_causal_min_rows=512), [[1536, 0], [512, 1], [2048, 0], [2360, 0], [640, 1]]),
+        "tiles only": (replace(tile, dense_min_rows=0), []),
+    }
     outs = []
-    for dense_min_rows in (512, 0):
+    for config, calls in expected.values():
         plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=num_kv_heads,
-                                        num_heads=num_heads, head_dim=head_dim,
-                                        tile=replace(tile, dense_min_rows=dense_min_rows),
+                                        num_heads=num_heads, head_dim=head_dim, tile=config,
                                         num_sms=device_num_sms("cuda"))
-        # the group's rows x its prefix up to the prefix chunk's first row, the long prompt's
-        # chunk x its first 2361 positions
-        assert plan.dense[:, 5].tolist() == ([1537, 2361] if dense_min_rows else [])
+        assert plan.dense[:, [5, 7]].tolist() == calls
         outs.append(prefix_shared_attention(query, k_cache, v_cache, plan.to("cuda"), head_dim ** -0.5,
                                             k_scale=k_scale, v_scale=v_scale).float())
     ref = paged_attention_reference(b.query.float(), k_cache.float() * k_scale, v_cache.float() * v_scale,
                                     b.query_start_loc, b.seq_lens, b.shared_kv_lens, b.block_tables, head_dim ** -0.5)
-    torch.testing.assert_close(outs[0], outs[1], atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(outs[0], ref, atol=2e-2, rtol=2e-2)
+    for out in outs:
+        torch.testing.assert_close(out, outs[-1], atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)

@@ -215,10 +215,11 @@ def test_graph_layout_cuts_the_buffer_like_a_step_plan():
 
 
 def test_dense_calls_take_the_kv_every_row_of_a_segment_sees():
-    """A group's rows (a prefix chunk at positions 35-39 and two members' chunks) all see the
-    prefix up to 36: that block is one dense call, the rest of the prefix stays in tiles. An
-    ungrouped 7-row chunk at positions 53-59 sees its first 54 positions whole: a second call.
-    A one-row decode is below the row threshold."""
+    """A group's rows (a prefix chunk at positions 35-39 and two members' chunks of 6 and 4
+    rows) all see the prefix up to 36, and an ungrouped 7-row chunk at positions 53-59 sees its
+    first 53 positions whole. From 6 rows: the group's block up to 36 is one dense call (the rest
+    of the prefix stays in tiles), and the 7-row chunk gets a call for its context and a causal
+    call for its own positions. A one-row decode is below the row threshold."""
     from dataclasses import replace
 
     from batchllm.ops.work_list import F_MASK_MODE, MASK_ROW_LIMIT, build_prefix_shared_plan
@@ -227,23 +228,54 @@ def test_dense_calls_take_the_kv_every_row_of_a_segment_sees():
     seqs = [SeqSpec(5, 40, 0, 0, True), SeqSpec(6, 46, 40, 0), SeqSpec(4, 44, 40, 0), SeqSpec(7, 60),
             SeqSpec(1, 30, 21, 1)]
     b = make_batch(seqs, num_heads=8, num_kv_heads=2, head_dim=16, block_size=16)
-    tile = replace(default_tile_config(64, 4, interpret=True), dense_min_rows=4, dense_min_tokens=8)
+    tile = replace(default_tile_config(64, 4, interpret=True), dense_min_rows=6, dense_min_tokens=8)
     plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8, tile=tile,
                                     kv_split_tokens=1024)
-    # q_start, rows, seq, first block, offset, KV positions, first partial slot
-    assert plan.dense[:, :6].tolist() == [[0, 15, 0, 0, 0, 36], [15, 7, 3, 0, 0, 54]]
+    # q_start, rows, seq, first block, offset, KV positions, [first partial slot], causal; a
+    # member's own KV starts at block 3 of its table (after the shared 40 positions)
+    assert plan.dense[:, [0, 1, 2, 3, 4, 5, 7]].tolist() == [
+        [0, 15, 0, 0, 0, 36, 0], [5, 6, 1, 3, 0, 6, 1], [15, 7, 3, 0, 0, 53, 0], [15, 7, 3, 3, 5, 7, 1]]
     assert (plan.dense[:, 6] >= 0).all()  # every row of a call has other parts too: partial slots
     prefix = plan.work[(plan.work[:, F_KIND] == KIND_PREFIX) & (plan.work[:, F_SEQ] == 0)]  # group 0's
     assert prefix[:, F_KV_START].min() == 36 and prefix[:, F_KV_END].max() == 40
     assert (prefix[:, F_MASK_MODE] == MASK_ROW_LIMIT).any()  # the prefix chunk's rows see 36-40
-    own = plan.work[(plan.work[:, F_SEQ] == 3)]
-    assert own[:, F_KV_START].min() == 54 and own[:, F_KV_END].max() == 60
+    assert not (plan.work[:, F_SEQ] == 3).any()  # the 7-row chunk is all dense calls
     # every row's parts are merged: a slot per dense row, and the calls' slots are distinct
     slots = np.concatenate([np.arange(base, base + rows) for rows, base in plan.dense[:, [1, 6]]])
-    assert np.unique(slots).size == 22 and np.isin(slots, plan.merge_slots).all()
+    assert np.unique(slots).size == 35 and np.isin(slots, plan.merge_slots).all()
     off = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8,
                                    tile=replace(tile, dense_min_rows=0), kv_split_tokens=1024)
-    assert off.dense.shape == (0, 7)
+    assert off.dense.shape == (0, 8)
     fewer = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8,
                                      tile=replace(tile, dense_min_tokens=40), kv_split_tokens=1024)
-    assert fewer.dense[:, :6].tolist() == [[15, 7, 3, 0, 0, 54]]  # the 36-position block is too short
+    # the 36-position block is too short; the 53-position context still gets its call
+    assert fewer.dense[:, [0, 1, 5, 7]].tolist() == [[5, 6, 6, 1], [15, 7, 53, 0], [15, 7, 7, 1]]
+    squares_from = lambda rows: build_prefix_shared_plan(
+        **b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8,
+        tile=replace(tile, dense_causal_min_rows=rows), kv_split_tokens=1024).dense[:, [0, 1, 5, 7]].tolist()
+    # causal squares from 7 rows: the member's 6 rows stay in tiles
+    assert squares_from(7) == [[0, 15, 36, 0], [15, 7, 53, 0], [15, 7, 7, 1]]
+    # from 8 rows: none; the 7-row chunk's call takes every position its first row sees
+    assert squares_from(8) == [[0, 15, 36, 0], [15, 7, 54, 0]]
+
+
+def test_long_prefix_chunks_leave_their_group_segment():
+    """From 4 rows the group's 5-row prefix chunk is carved out of its group's segment: a call
+    for its first 35 positions and a causal call for its own 35-39 (through its own block
+    table), while the members' rows see the whole 40-position prefix in one call. No work item
+    is left for group 0 or the ungrouped chunk; the prefix chunk's rows have no row-limit tile."""
+    from dataclasses import replace
+
+    from batchllm.ops.work_list import build_prefix_shared_plan
+    from synthetic_batch import SeqSpec, make_batch
+
+    seqs = [SeqSpec(5, 40, 0, 0, True), SeqSpec(6, 46, 40, 0), SeqSpec(4, 44, 40, 0), SeqSpec(7, 60),
+            SeqSpec(1, 30, 21, 1)]
+    b = make_batch(seqs, num_heads=8, num_kv_heads=2, head_dim=16, block_size=16)
+    tile = replace(default_tile_config(64, 4, interpret=True), dense_min_rows=4, dense_min_tokens=8)
+    plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8, tile=tile,
+                                    kv_split_tokens=1024)
+    assert plan.dense[:, [0, 1, 2, 3, 4, 5, 7]].tolist() == [
+        [0, 5, 0, 0, 0, 35, 0], [0, 5, 0, 2, 3, 5, 1], [5, 10, 0, 0, 0, 40, 0], [5, 6, 1, 3, 0, 6, 1],
+        [11, 4, 2, 3, 0, 4, 1], [15, 7, 3, 0, 0, 53, 0], [15, 7, 3, 3, 5, 7, 1]]
+    assert plan.work[:, F_SEQ].tolist() == [4, 4]  # only the decode row's prefix piece and own KV

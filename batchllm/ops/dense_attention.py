@@ -1,5 +1,6 @@
 """Dense attention with its log-sum-exp: the block of KV that every row of a segment sees whole
-(work_list._dense_calls), rows x KV positions with no mask, on a library kernel.
+(work_list._dense_calls), rows x KV positions with no mask, or a prefill chunk's causal square
+over its own positions, on a library kernel.
 
 On float16 / bfloat16 CUDA tensors this is cuDNN's fused attention through PyTorch's SDPA op
 that also returns the log-sum-exp, with grouped-query heads as they are (no repeated KV);
@@ -20,20 +21,24 @@ def uses_cudnn(query: torch.Tensor, key: torch.Tensor) -> bool:
 
 
 def dense_attention_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                        scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                        scale: float, causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """query [L, H, D], key / value [S, KVH, D] (H a multiple of KVH; only the last dim need be
     contiguous) -> (out [L, H, D] in the query dtype (float32 off cuDNN), lse [L, H] float32,
-    natural log of each row's softmax denominator)."""
+    natural log of each row's softmax denominator). causal: L == S, row i sees keys 0..i."""
     num_heads, num_kv_heads = query.shape[1], key.shape[1]
+    if causal and query.shape[0] != key.shape[0]:
+        raise ValueError(f"a causal dense call needs as many rows as keys, got {query.shape[0]} / {key.shape[0]}")
     if uses_cudnn(query, key):
         q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (query, key, value))  # [1, heads, tokens, D] views
         out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
-            q, k, v, None, True, 0.0, False, False, scale=scale)[:2]
+            q, k, v, None, True, 0.0, causal, False, scale=scale)[:2]
         return out[0].transpose(0, 1), lse.reshape(num_heads, -1).transpose(0, 1)
     group = num_heads // num_kv_heads
     k = key.float().repeat_interleave(group, dim=1)
     v = value.float().repeat_interleave(group, dim=1)
     scores = torch.einsum("lhd,shd->hls", query.float(), k) * scale
+    if causal:
+        scores = scores.masked_fill(torch.ones_like(scores[0], dtype=torch.bool).triu(1), float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # [H, L]
     out = torch.einsum("hls,shd->lhd", torch.exp(scores - lse[:, :, None]), v)
     return out, lse.transpose(0, 1)

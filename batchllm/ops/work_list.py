@@ -25,7 +25,7 @@ MASK_NONE, MASK_CAUSAL, MASK_ROW_LIMIT = 0, 1, 2
 KIND_PREFIX, KIND_DISTINCT = 0, 1
 SIZE_SMALL, SIZE_BIG = 0, 1
 WORK_ORDERS = ("cost", "interleave", "auto")
-DENSE_FIELDS = 7  # columns of a plan's dense calls (PrefixSharedPlan.dense)
+DENSE_FIELDS = 8  # columns of a plan's dense calls (PrefixSharedPlan.dense)
 # Order used when build_prefix_shared_plan gets no `order` (the engine's).
 DEFAULT_WORK_ORDER = "auto"
 
@@ -101,7 +101,7 @@ class DenseCall:
     """One dense call of a plan on the device (work_list._dense_calls): rows [q_start, q_start +
     q_count) x the kv_len positions that start `offset` into the cache blocks `blocks` (a view of
     the plan's block tables); its rows' outputs go to partial slots from partial_base (-1: to
-    the output itself)."""
+    the output itself). causal: row i sees the first i + 1 positions (q_count == kv_len)."""
 
     q_start: int
     q_count: int
@@ -109,6 +109,7 @@ class DenseCall:
     offset: int
     kv_len: int
     partial_base: int
+    causal: bool = False
 
 
 @dataclass
@@ -156,7 +157,8 @@ class PrefixSharedPlan:
     tile: TileConfig
     # [num_dense_calls, DENSE_FIELDS] int64: rows [q_start, q_start + q_count) x the kv_len
     # positions that start `offset` into block-table entry first_block of row `seq`, as one
-    # dense attention call whose outputs go to partial slots from partial_base (_dense_calls)
+    # dense attention call whose outputs go to partial slots from partial_base, causal (1) or
+    # unmasked (0) (_dense_calls)
     dense: np.ndarray = field(default_factory=lambda: np.zeros((0, DENSE_FIELDS), np.int64))
 
     @property
@@ -187,10 +189,10 @@ class PrefixSharedPlan:
     def _dense_calls_on(self, block_tables: torch.Tensor) -> tuple[DenseCall, ...]:
         """The dense calls with their blocks cut from the device block tables."""
         calls = []
-        for q_start, q_count, seq, first_block, offset, kv_len, partial_base in self.dense.tolist():
+        for q_start, q_count, seq, first_block, offset, kv_len, partial_base, causal in self.dense.tolist():
             num_blocks = _ceil_div(offset + kv_len, self.block_size)
             calls.append(DenseCall(q_start, q_count, block_tables[seq, first_block:first_block + num_blocks], offset,
-                                   kv_len, partial_base))
+                                   kv_len, partial_base, bool(causal)))
         return tuple(calls)
 
 
@@ -308,13 +310,43 @@ def _segments(step: _Step, groups: _Groups, block_size: int) -> _Segments:
     zeros = np.zeros(s.shape[0], np.int64)
     shared_part = _Segments(qsl[s], num_rows[s], s, zeros, np.minimum(shared[s], lens[s]), zeros, zeros,
                             np.full_like(s, MASK_CAUSAL), step.first_positions[s], np.full_like(s, KIND_DISTINCT))
-    parts = (prefix, own, shared_part)
+    return _concat_segments([prefix, own, shared_part])
+
+
+def _concat_segments(parts: list[_Segments]) -> _Segments:
     return _Segments(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]).astype(np.int64)
                         for f in fields(_Segments)})
 
 
+def _carve_prefix_chunks(seg: _Segments, step: _Step, tile: TileConfig) -> _Segments:
+    """Prefix chunks of at least tile.causal_square_rows() rows leave their group's segment.
+
+    A group's prefix chunk shares its group's segment with the members' rows, and its rows'
+    limits make it causal over the chunk's own positions. Long chunks (a first chunk is a
+    square causal block) run faster as dense calls (_dense_calls) than as row-limit tiles, so
+    such a chunk becomes a causal segment of its own over its seq's KV, and the members' rows
+    before and after it stay one row-limit segment each."""
+    min_rows = tile.causal_square_rows()
+    if min_rows <= 0:
+        return seg
+    chunks = np.nonzero((step.group_ids >= 0) & step.is_prefix & (step.num_rows >= min_rows))[0]
+    for s in chunks.tolist():
+        begin, end = int(step.query_start_loc[s]), int(step.query_start_loc[s + 1])
+        seg_end = seg.q_start + seg.num_rows
+        j = int(np.nonzero((seg.mask_mode == MASK_ROW_LIMIT) & (seg.q_start <= begin) & (seg_end >= end))[0][0])
+        before, after = seg.take([j]), seg.take([j])
+        before.num_rows = np.array([begin - seg.q_start[j]])
+        after.q_start, after.num_rows = np.array([end]), np.array([seg_end[j] - end])
+        one = np.ones(1, np.int64)
+        chunk = _Segments(one * begin, one * (end - begin), one * s, one * 0, one * step.seq_lens[s], one * 0, one * 0,
+                          one * MASK_CAUSAL, one * step.first_positions[s], one * KIND_PREFIX)
+        rest = seg.take(np.arange(seg.q_start.shape[0]) != j)
+        seg = _concat_segments([rest] + [part for part in (before, chunk, after) if part.num_rows[0] > 0])
+    return seg
+
+
 @dataclass
-class _Dense:
+class _Dense(_Columns):
     """Dense calls before partial slots: per call its rows and KV range (see _dense_calls)."""
 
     q_start: np.ndarray
@@ -323,23 +355,39 @@ class _Dense:
     first_block: np.ndarray
     offset: np.ndarray
     kv_len: np.ndarray
+    causal: np.ndarray
+
+
+def _dense_range(seg: _Segments, rows: np.ndarray, kv_start: np.ndarray, kv_len: np.ndarray, causal: int,
+                 block_size: int) -> _Dense:
+    rel = kv_start - seg.base_pos[rows]
+    return _Dense(seg.q_start[rows], seg.num_rows[rows], seg.seq[rows], seg.base_block[rows] + rel // block_size,
+                  rel % block_size, kv_len, np.full(rows.shape[0], causal, np.int64))
 
 
 def _dense_calls(seg: _Segments, prefix_limit: np.ndarray, tile: TileConfig, block_size: int
                  ) -> tuple[_Segments, _Dense]:
-    """Dense calls: the KV that every row of a segment sees, cut off the segment's front.
+    """Dense calls: the KV that every row of a segment sees, cut off the segment's front, and
+    the causal square of a long prefill chunk's own positions.
 
     A prefill chunk's rows all see their group's prefix up to the least row limit (members: the
     whole prefix), or their own context before the chunk (causal: up to the first row's
     position). That block is plain dense attention, rows x KV with no mask: a library kernel
     runs it on the gathered blocks faster than the BIG tiles (tile_config.py), and its output
     and log-sum-exp join the row's other parts in the merge. Segments of at least
-    tile.dense_min_rows rows whose block holds at least tile.dense_min_tokens positions get one;
-    the rest of the segment stays in the work list. Returns (segments, calls)."""
+    tile.dense_min_rows rows whose block holds at least tile.dense_min_tokens positions get one.
+    A causal segment of at least tile.causal_square_rows() rows also gets a causal call over the
+    chunk's own positions (row i sees the first i + 1), which the library kernel runs with its
+    causal mask. The rest of each segment stays in the work list. Returns (segments, calls in
+    row order)."""
     none = _Dense(*(np.zeros(0, np.int64) for _ in fields(_Dense)))
     if tile.dense_min_rows <= 0 or seg.q_start.size == 0:
         return seg, none
-    visible = np.where(seg.mask_mode == MASK_CAUSAL, seg.first_position + 1, seg.kv_end)
+    causal = seg.mask_mode == MASK_CAUSAL
+    square = np.nonzero(causal & (seg.num_rows >= tile.causal_square_rows()) & (seg.first_position >= seg.kv_start)
+                        & (seg.kv_end == seg.first_position + seg.num_rows))[0]
+    visible = np.where(causal, seg.first_position + 1, seg.kv_end)
+    visible[square] = seg.first_position[square]  # the context only: the square is a call of its own
     limited = np.nonzero((seg.mask_mode == MASK_ROW_LIMIT) & (seg.num_rows > 0))[0]
     if limited.size:
         rows = _flat_ranges(seg.q_start[limited], seg.num_rows[limited])
@@ -348,15 +396,21 @@ def _dense_calls(seg: _Segments, prefix_limit: np.ndarray, tile: TileConfig, blo
     dense_end = np.minimum(seg.kv_end, visible)
     chosen = np.nonzero((seg.num_rows >= tile.dense_min_rows)
                         & (dense_end - seg.kv_start >= tile.dense_min_tokens))[0]
-    if chosen.size == 0:
+    if chosen.size == 0 and square.size == 0:
         return seg, none
-    rel = seg.kv_start[chosen] - seg.base_pos[chosen]
-    calls = _Dense(seg.q_start[chosen], seg.num_rows[chosen], seg.seq[chosen],
-                   seg.base_block[chosen] + rel // block_size, rel % block_size,
-                   dense_end[chosen] - seg.kv_start[chosen])
+    calls = _concat_dense([
+        _dense_range(seg, chosen, seg.kv_start[chosen], dense_end[chosen] - seg.kv_start[chosen], 0, block_size),
+        _dense_range(seg, square, seg.first_position[square], seg.num_rows[square], 1, block_size)])
     seg.kv_start = seg.kv_start.copy()
     seg.kv_start[chosen] = dense_end[chosen]
-    return seg, calls
+    seg.kv_end = seg.kv_end.copy()
+    seg.kv_end[square] = seg.first_position[square]
+    return seg, calls.take(np.lexsort((calls.causal, calls.q_start)))
+
+
+def _concat_dense(parts: list[_Dense]) -> _Dense:
+    return _Dense(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]).astype(np.int64)
+                     for f in fields(_Dense)})
 
 
 @dataclass
@@ -498,7 +552,8 @@ def build_prefix_shared_plan(
     tile = tile or default_tile_config(head_dim, group_size)
     groups = _groups(step)
     prefix_limit = _row_prefix_limits(step, groups)
-    segments, dense = _dense_calls(_segments(step, groups, block_size), prefix_limit, tile, block_size)
+    segments = _carve_prefix_chunks(_segments(step, groups, block_size), step, tile)
+    segments, dense = _dense_calls(segments, prefix_limit, tile, block_size)
     tiles = _row_tiles(segments, prefix_limit, tile, group_size)
     piece_tokens = _kv_piece_tokens(tiles, tile, kv_split_tokens, num_sms, programs_per_sm, num_kv_heads)
     items = _split_kv(tiles, piece_tokens, tile.kv_split_multiple)
@@ -506,7 +561,7 @@ def build_prefix_shared_plan(
     merges = _merges(np.concatenate([items.q_start, dense.q_start]), np.concatenate([items.num_rows, dense.num_rows]),
                      step.num_tokens)
     dense_calls = np.stack([dense.q_start, dense.num_rows, dense.seq, dense.first_block, dense.offset, dense.kv_len,
-                            merges.partial_base[num_items:]], axis=1).astype(np.int64)
+                            merges.partial_base[num_items:], dense.causal], axis=1).astype(np.int64)
     return PrefixSharedPlan(
         work=_work_list(items, segments, merges.partial_base[:num_items], tile, order), dense=dense_calls,
         block_tables=step.block_tables,

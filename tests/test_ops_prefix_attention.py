@@ -314,6 +314,24 @@ def test_dense_calls_random_batches_match_without(device, seed):
     torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_batched_causal_calls_match_reference(device, dtype):
+    """Equal causal squares on consecutive rows run as batched calls: three fresh 6-token prompts
+    (a batch whose rows have no other part, written to the output) and three later 6-row chunks
+    at positions 16-21 (a batch written to partial slots, merged with their context's calls),
+    beside a group with a prefix chunk and a decode row. Equal to the reference."""
+    from dataclasses import replace
+
+    seqs = [SeqSpec(6, 6)] * 3 + [SeqSpec(6, 22)] * 3 + [SeqSpec(5, 40, 0, 0, True), SeqSpec(1, 44, 40, 0)]
+    tile = replace(_dense_tile(min_rows=4, min_tokens=8), dense_causal_min_rows=12)
+    b, plan, ref = _merge_case(seqs, HEADS["gqa3_d64"], dtype, device, tile, 16)
+    causal = plan.dense[plan.dense[:, 7] == 1]
+    assert causal[:, 8].tolist() == [3, 0, 0, 3, 0, 0]  # two batches of three
+    assert causal[:3, 6].tolist() == [-1] * 3 and causal[3:, 6].tolist() == [causal[3, 6] + 6 * i for i in range(3)]
+    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan.to(device), 64 ** -0.5)
+    torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+
+
 def test_dense_call_writes_rows_that_have_no_other_part(device):
     """A dense call whose rows have no partial slot writes the output rows themselves."""
     import dataclasses
@@ -322,7 +340,7 @@ def test_dense_call_writes_rows_that_have_no_other_part(device):
     from batchllm.ops.prefix_attention import _dense_calls
 
     b, plan, _ = _merge_case(SCENARIOS["prefill_only"], HEADS["gqa3_d64"], torch.float32, device, _dense_tile(), 16)
-    q_start, rows, seq, first_block, offset, kv_len, _, causal = (int(x) for x in plan.dense[0])
+    q_start, rows, seq, first_block, offset, kv_len, _, causal, _ = (int(x) for x in plan.dense[0])
     assert not causal
     only_part = plan.dense[:1].copy()
     only_part[0, 6] = -1  # no partial slot
@@ -411,8 +429,8 @@ def test_dense_calls_on_cudnn_gpu(kv_fp8):
         "table": (tile, [[1537, 0], [2361, 0]]),
         # causal squares from 512 rows: the prefix chunk leaves its group (its first 1536 positions,
         # then its own 512, causal), the members' 516 rows see the whole prefix, the long prompt's
-        # chunk sees its first 2360 positions, then its own 640, causal
-        "squares": (replace(tile, dense_causal_min_rows=512), [[1536, 0], [512, 1], [2048, 0], [2360, 0], [640, 1]]),
+        # chunk sees its first 2360 positions, then its own 640, causal (unmasked calls first)
+        "squares": (replace(tile, dense_causal_min_rows=512), [[1536, 0], [2048, 0], [2360, 0], [512, 1], [640, 1]]),
         "tiles only": (replace(tile, dense_min_rows=0), []),
     }
     outs = []
@@ -428,3 +446,46 @@ def test_dense_calls_on_cudnn_gpu(kv_fp8):
     for out in outs:
         torch.testing.assert_close(out, outs[-1], atol=2e-2, rtol=2e-2)
         torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_fp8", [False, True])
+def test_batched_causal_calls_on_cudnn_gpu(kv_fp8):
+    """bf16 Llama heads, causal calls from 1024 rows in all: three fresh 640-token prompts run as
+    one batched call written to the output, two 640-row chunks at positions 1360-1999 as one
+    batched call written to partial slots (beside their contexts' unmasked calls), with a decode
+    row, the query a strided view of a fused qkv buffer, and a bf16 or float8_e4m3fn cache.
+    Equal to the plan without dense calls and to the reference."""
+    from dataclasses import replace
+
+    from batchllm.ops.tile_config import default_tile_config
+
+    seqs = [SeqSpec(640, 640)] * 3 + [SeqSpec(640, 2000)] * 2 + [SeqSpec(1, 900)]
+    num_heads, num_kv_heads, head_dim = 32, 8, 128
+    b = make_batch(seqs, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=16,
+                   dtype=torch.bfloat16, device="cuda")
+    qkv = torch.randn(b.query.shape[0], (num_heads + 2 * num_kv_heads) * head_dim, dtype=torch.bfloat16,
+                      device="cuda")
+    query = qkv[:, :num_heads * head_dim].view(-1, num_heads, head_dim)
+    query.copy_(b.query)
+    k_cache, v_cache, k_scale, v_scale = b.k_cache, b.v_cache, 1.0, 1.0
+    if kv_fp8:
+        k_scale, v_scale = float(b.k_cache.abs().max()) / 448, float(b.v_cache.abs().max()) / 448
+        k_cache = (b.k_cache.float() / k_scale).to(torch.float8_e4m3fn)
+        v_cache = (b.v_cache.float() / v_scale).to(torch.float8_e4m3fn)
+    tile = replace(default_tile_config(head_dim, num_heads // num_kv_heads), dense_causal_min_rows=1024)
+    outs = []
+    for config in (tile, replace(tile, dense_min_rows=0)):
+        plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=num_kv_heads,
+                                        num_heads=num_heads, head_dim=head_dim, tile=config,
+                                        num_sms=device_num_sms("cuda"))
+        device_plan = plan.to("cuda")
+        if config.dense_min_rows:
+            assert [(c.q_count, c.batch, c.causal, c.partial_base < 0) for c in device_plan.dense] == [
+                (640, 1, False, False), (640, 1, False, False), (1920, 3, True, True), (1280, 2, True, False)]
+        outs.append(prefix_shared_attention(query, k_cache, v_cache, device_plan, head_dim ** -0.5,
+                                            k_scale=k_scale, v_scale=v_scale).float())
+    ref = paged_attention_reference(b.query.float(), k_cache.float() * k_scale, v_cache.float() * v_scale,
+                                    b.query_start_loc, b.seq_lens, b.shared_kv_lens, b.block_tables, head_dim ** -0.5)
+    torch.testing.assert_close(outs[0], outs[1], atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(outs[0], ref, atol=2e-2, rtol=2e-2)

@@ -231,10 +231,11 @@ def test_dense_calls_take_the_kv_every_row_of_a_segment_sees():
     tile = replace(default_tile_config(64, 4, interpret=True), dense_min_rows=6, dense_min_tokens=8)
     plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8, tile=tile,
                                     kv_split_tokens=1024)
-    # q_start, rows, seq, first block, offset, KV positions, [first partial slot], causal; a
-    # member's own KV starts at block 3 of its table (after the shared 40 positions)
-    assert plan.dense[:, [0, 1, 2, 3, 4, 5, 7]].tolist() == [
-        [0, 15, 0, 0, 0, 36, 0], [5, 6, 1, 3, 0, 6, 1], [15, 7, 3, 0, 0, 53, 0], [15, 7, 3, 3, 5, 7, 1]]
+    # q_start, rows, seq, first block, offset, KV positions, [first partial slot], causal, batch:
+    # the unmasked calls, then the causal ones; a member's own KV starts at block 3 of its table
+    # (after the shared 40 positions)
+    assert plan.dense[:, [0, 1, 2, 3, 4, 5, 7, 8]].tolist() == [
+        [0, 15, 0, 0, 0, 36, 0, 1], [15, 7, 3, 0, 0, 53, 0, 1], [5, 6, 1, 3, 0, 6, 1, 1], [15, 7, 3, 3, 5, 7, 1, 1]]
     assert (plan.dense[:, 6] >= 0).all()  # every row of a call has other parts too: partial slots
     prefix = plan.work[(plan.work[:, F_KIND] == KIND_PREFIX) & (plan.work[:, F_SEQ] == 0)]  # group 0's
     assert prefix[:, F_KV_START].min() == 36 and prefix[:, F_KV_END].max() == 40
@@ -245,11 +246,11 @@ def test_dense_calls_take_the_kv_every_row_of_a_segment_sees():
     assert np.unique(slots).size == 35 and np.isin(slots, plan.merge_slots).all()
     off = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8,
                                    tile=replace(tile, dense_min_rows=0), kv_split_tokens=1024)
-    assert off.dense.shape == (0, 8)
+    assert off.dense.shape == (0, 9)
     fewer = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8,
                                      tile=replace(tile, dense_min_tokens=40), kv_split_tokens=1024)
     # the 36-position block is too short; the 53-position context still gets its call
-    assert fewer.dense[:, [0, 1, 5, 7]].tolist() == [[5, 6, 6, 1], [15, 7, 53, 0], [15, 7, 7, 1]]
+    assert fewer.dense[:, [0, 1, 5, 7]].tolist() == [[15, 7, 53, 0], [5, 6, 6, 1], [15, 7, 7, 1]]
     squares_from = lambda rows: build_prefix_shared_plan(
         **b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8,
         tile=replace(tile, dense_causal_min_rows=rows), kv_split_tokens=1024).dense[:, [0, 1, 5, 7]].tolist()
@@ -276,6 +277,35 @@ def test_long_prefix_chunks_leave_their_group_segment():
     plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8, tile=tile,
                                     kv_split_tokens=1024)
     assert plan.dense[:, [0, 1, 2, 3, 4, 5, 7]].tolist() == [
-        [0, 5, 0, 0, 0, 35, 0], [0, 5, 0, 2, 3, 5, 1], [5, 10, 0, 0, 0, 40, 0], [5, 6, 1, 3, 0, 6, 1],
-        [11, 4, 2, 3, 0, 4, 1], [15, 7, 3, 0, 0, 53, 0], [15, 7, 3, 3, 5, 7, 1]]
+        [0, 5, 0, 0, 0, 35, 0], [5, 10, 0, 0, 0, 40, 0], [15, 7, 3, 0, 0, 53, 0],
+        [0, 5, 0, 2, 3, 5, 1], [5, 6, 1, 3, 0, 6, 1], [11, 4, 2, 3, 0, 4, 1], [15, 7, 3, 3, 5, 7, 1]]
     assert plan.work[:, F_SEQ].tolist() == [4, 4]  # only the decode row's prefix piece and own KV
+
+
+def test_equal_causal_squares_on_consecutive_rows_run_as_one_batched_call():
+    """Three fresh 6-token prompts on consecutive rows are causal squares of one length and block
+    offset: with causal calls from 12 rows in all they run as one call of batch 3 (its blocks
+    three runs of one block each). A 5-token prompt after them differs in length, and a 6-row
+    chunk at positions 4-9 in block offset: alone they are below 12 rows and stay in tiles. With
+    calls from 19 rows, the batch of 18 rows is too small as well."""
+    from dataclasses import replace
+
+    from batchllm.ops.work_list import build_prefix_shared_plan
+    from synthetic_batch import SeqSpec, make_batch
+
+    seqs = [SeqSpec(6, 6), SeqSpec(6, 6), SeqSpec(6, 6), SeqSpec(5, 5), SeqSpec(6, 10)]
+    b = make_batch(seqs, num_heads=8, num_kv_heads=2, head_dim=16, block_size=16)
+    tile = replace(default_tile_config(64, 4, interpret=True), dense_min_rows=4, dense_min_tokens=8,
+                   dense_causal_min_rows=12)
+    plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8, tile=tile,
+                                    kv_split_tokens=1024)
+    # q_start, rows, seq, first block, offset, KV positions, first partial slot, causal, batch
+    assert plan.dense.tolist() == [[0, 6, 0, 0, 0, 6, -1, 1, 3], [6, 6, 1, 0, 0, 6, -1, 1, 0],
+                                   [12, 6, 2, 0, 0, 6, -1, 1, 0]]
+    assert sorted(set(plan.work[:, F_SEQ].tolist())) == [3, 4]
+    calls = plan.to("cpu").dense
+    assert [(c.q_start, c.q_count, c.batch, c.kv_len, c.causal) for c in calls] == [(0, 18, 3, 6, True)]
+    assert calls[0].blocks.tolist() == [int(b.block_tables[s, 0]) for s in range(3)]
+    fewer = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8,
+                                     tile=replace(tile, dense_causal_min_rows=19), kv_split_tokens=1024)
+    assert fewer.dense.shape == (0, 9)

@@ -91,23 +91,26 @@ def _work_lists(plan) -> list[tuple]:
 def _dense_calls(plan, query, k_cache, v_cache, out, part_out, part_lse, scale, k_scale: float = 1.0,
                  v_scale: float = 1.0) -> None:
     """The plan's dense calls (work_list._dense_calls): gather each call's blocks, attend on the
-    library kernel (with its causal mask for a chunk's own positions), and write its rows' outputs and base-2 log-sum-exps to their partial slots
-    (or the output, for rows with no other part)."""
+    library kernel (with its causal mask for a chunk's own positions; a batch of equal squares
+    in one call), and write its rows' outputs and base-2 log-sum-exps to their partial slots (or
+    the output, for rows with no other part)."""
     for call in plan.dense:
         positions = slice(call.offset, call.offset + call.kv_len)
-        key, value = (cache.index_select(0, call.blocks).flatten(0, 1)[positions] for cache in (k_cache, v_cache))
+        key, value = (cache.index_select(0, call.blocks).view(call.batch, -1, *cache.shape[2:])[:, positions]
+                      for cache in (k_cache, v_cache))
         if is_fp8(k_cache.dtype):  # exact in the query dtype; the scales fold into scale and the output
             key, value = key.to(query.dtype), value.to(query.dtype)
         rows = slice(call.q_start, call.q_start + call.q_count)
-        o, lse = dense_attention_lse(query[rows], key, value, float(scale) * float(k_scale), call.causal)
+        o, lse = dense_attention_lse(query[rows].view(call.batch, -1, *query.shape[1:]), key, value,
+                                     float(scale) * float(k_scale), call.causal)
         if v_scale != 1.0:
             o = o * v_scale
         if call.partial_base < 0:
-            out[rows] = o
+            out[rows].view(o.shape).copy_(o)
         else:
             slots = slice(call.partial_base, call.partial_base + call.q_count)
-            part_out[slots] = o
-            torch.mul(lse, LOG2_E, out=part_lse[slots])
+            part_out[slots].view(o.shape).copy_(o)
+            torch.mul(lse, LOG2_E, out=part_lse[slots].view(lse.shape))
 
 
 def _merge(plan, out, part_out, part_lse) -> None:

@@ -34,13 +34,15 @@ class TileConfig:
     # at least dense_min_tokens positions (work_list.py, "dense calls"); 0: never.
     dense_min_rows: int = 0
     dense_min_tokens: int = 256
-    # A causal segment (a prefill chunk) of at least this many rows, and dense_min_rows, also runs
-    # the causal square of its own positions as a dense call with the library's causal mask; a
-    # group's prefix chunk that long leaves its group's segment for it (work_list.py)
+    # A prefill chunk of at least dense_min_rows rows also runs the causal square of its own
+    # positions as a dense call with the library's causal mask, when that call has at least this
+    # many rows: equal squares on consecutive rows run as one call with a batch dimension, so
+    # they count together. A group's prefix chunk with a call leaves its group's segment for it
+    # (work_list.py).
     dense_causal_min_rows: int = 0
 
     def causal_square_rows(self) -> int:
-        """Least rows of a chunk whose own positions run as a causal dense call; 0: none."""
+        """Least rows of a causal dense call (all its squares together); 0: none."""
         return max(self.dense_min_rows, self.dense_causal_min_rows) if self.dense_min_rows > 0 else 0
 
     @property
@@ -69,9 +71,10 @@ def default_tile_config(head_dim: int, group_size: int, interpret: bool | None =
     # H200 a 2000-token prefix seen by 2000 rows took 13 us of gather + 123 us of cuDNN against
     # about 240 us as BIG tiles; from 128 rows, calls of 272 rows x 2048 positions made a mixed
     # step's attention slower (docs/design.md, "Dense calls").
-    # Causal squares from 4096 rows: a cuDNN call costs the host 100-190 us (at 2048 rows more
-    # than the GPU time it saves: 8 x 2048 ran 1409 us as calls against 1033 us as tiles, host
-    # bound); 8192 rows ran 972 us against 1757 us as tiles (docs/design.md, "Dense calls").
+    # Causal calls from 4096 rows: a cuDNN call costs the host 100-190 us, more than the GPU time
+    # it saves on one 2048-row square (8 x 2048 as eight calls: 1409 us against 1033 us as tiles,
+    # host bound; as one batched call: 599 us); 8192 rows ran 972 us against 1757 us as tiles
+    # (docs/design.md, "Dense calls").
     return TileConfig(small_m=packed_min, small_n=128, big_m=max(64, packed_min), big_n=64,
                       num_warps=4, num_stages=2, min_kv_split_tokens=512, dense_min_rows=512,
                       dense_min_tokens=1024, dense_causal_min_rows=4096)

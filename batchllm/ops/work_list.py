@@ -25,7 +25,7 @@ MASK_NONE, MASK_CAUSAL, MASK_ROW_LIMIT = 0, 1, 2
 KIND_PREFIX, KIND_DISTINCT = 0, 1
 SIZE_SMALL, SIZE_BIG = 0, 1
 WORK_ORDERS = ("cost", "interleave", "auto")
-DENSE_FIELDS = 8  # columns of a plan's dense calls (PrefixSharedPlan.dense)
+DENSE_FIELDS = 9  # columns of a plan's dense calls (PrefixSharedPlan.dense)
 # Order used when build_prefix_shared_plan gets no `order` (the engine's).
 DEFAULT_WORK_ORDER = "auto"
 
@@ -101,7 +101,10 @@ class DenseCall:
     """One dense call of a plan on the device (work_list._dense_calls): rows [q_start, q_start +
     q_count) x the kv_len positions that start `offset` into the cache blocks `blocks` (a view of
     the plan's block tables); its rows' outputs go to partial slots from partial_base (-1: to
-    the output itself). causal: row i sees the first i + 1 positions (q_count == kv_len)."""
+    the output itself). causal: row i sees the first i + 1 positions (q_count == kv_len). A
+    batch of `batch` causal squares: rows [q_start, q_start + q_count) are batch squares of kv_len
+    rows each, whose blocks (each its own `offset`-shifted run of blocks) follow one another in
+    `blocks`."""
 
     q_start: int
     q_count: int
@@ -110,6 +113,7 @@ class DenseCall:
     kv_len: int
     partial_base: int
     causal: bool = False
+    batch: int = 1
 
 
 @dataclass
@@ -158,7 +162,8 @@ class PrefixSharedPlan:
     # [num_dense_calls, DENSE_FIELDS] int64: rows [q_start, q_start + q_count) x the kv_len
     # positions that start `offset` into block-table entry first_block of row `seq`, as one
     # dense attention call whose outputs go to partial slots from partial_base, causal (1) or
-    # unmasked (0) (_dense_calls)
+    # unmasked (0) (_dense_calls); batch: at the first call of a batch of causal calls run as one
+    # (_batch_squares) the number of calls it holds, 0 for the others, 1 for a call alone
     dense: np.ndarray = field(default_factory=lambda: np.zeros((0, DENSE_FIELDS), np.int64))
 
     @property
@@ -188,11 +193,15 @@ class PrefixSharedPlan:
 
     def _dense_calls_on(self, block_tables: torch.Tensor) -> tuple[DenseCall, ...]:
         """The dense calls with their blocks cut from the device block tables."""
-        calls = []
-        for q_start, q_count, seq, first_block, offset, kv_len, partial_base, causal in self.dense.tolist():
+        calls, rows = [], self.dense.tolist()
+        for index, (q_start, _, _, _, offset, kv_len, partial_base, causal, batch) in enumerate(rows):
+            if batch == 0:
+                continue  # in the batch of an earlier call
             num_blocks = _ceil_div(offset + kv_len, self.block_size)
-            calls.append(DenseCall(q_start, q_count, block_tables[seq, first_block:first_block + num_blocks], offset,
-                                   kv_len, partial_base, bool(causal)))
+            runs = [block_tables[seq, first:first + num_blocks] for _, _, seq, first, *_ in rows[index:index + batch]]
+            calls.append(DenseCall(q_start, sum(row[1] for row in rows[index:index + batch]),
+                                   runs[0] if batch == 1 else torch.cat(runs), offset, kv_len, partial_base,
+                                   bool(causal), batch))
         return tuple(calls)
 
 
@@ -318,18 +327,37 @@ def _concat_segments(parts: list[_Segments]) -> _Segments:
                         for f in fields(_Segments)})
 
 
-def _carve_prefix_chunks(seg: _Segments, step: _Step, tile: TileConfig) -> _Segments:
-    """Prefix chunks of at least tile.causal_square_rows() rows leave their group's segment.
+def _square_seqs(step: _Step, tile: TileConfig, block_size: int) -> np.ndarray:
+    """[num_seqs] bool: the seqs whose chunk's own positions run as a causal dense call.
 
-    A group's prefix chunk shares its group's segment with the members' rows, and its rows'
-    limits make it causal over the chunk's own positions. Long chunks (a first chunk is a
-    square causal block) run faster as dense calls (_dense_calls) than as row-limit tiles, so
-    such a chunk becomes a causal segment of its own over its seq's KV, and the members' rows
-    before and after it stay one row-limit segment each."""
+    A chunk of at least tile.dense_min_rows rows whose own KV starts at or before its first row
+    (a group's prefix chunk, or a chunk at or after its shared KV) sees its own positions as a
+    causal square. Squares of equal rows and block offset on consecutive rows can run as one
+    batched call, and a call is worth its host cost from tile.causal_square_rows() rows in all
+    (tile_config.py): the squares of such runs are chosen."""
+    chosen = np.zeros(step.num_seqs, bool)
     min_rows = tile.causal_square_rows()
     if min_rows <= 0:
-        return seg
-    chunks = np.nonzero((step.group_ids >= 0) & step.is_prefix & (step.num_rows >= min_rows))[0]
+        return chosen
+    own_start = np.where((step.group_ids >= 0) & step.is_prefix, 0, step.shared_kv_lens)
+    s = np.nonzero((step.num_rows >= tile.dense_min_rows) & (step.first_positions >= own_start))[0]
+    if s.size == 0:
+        return chosen
+    rows, offsets, starts = step.num_rows[s], (step.first_positions[s] - own_start[s]) % block_size, step.query_start_loc[s]
+    joins = (rows[1:] == rows[:-1]) & (offsets[1:] == offsets[:-1]) & (starts[1:] == starts[:-1] + rows[:-1])
+    run = np.cumsum(np.concatenate([[True], ~joins])) - 1
+    chosen[s[np.bincount(run, weights=rows)[run] >= min_rows]] = True
+    return chosen
+
+
+def _carve_prefix_chunks(seg: _Segments, step: _Step, squares: np.ndarray) -> _Segments:
+    """The prefix chunks among `squares` leave their group's segment.
+
+    A group's prefix chunk shares its group's segment with the members' rows, and its rows'
+    limits make it causal over the chunk's own positions. For its causal call (_dense_calls)
+    such a chunk becomes a causal segment of its own over its seq's KV, and the members' rows
+    before and after it stay one row-limit segment each."""
+    chunks = np.nonzero(squares & (step.group_ids >= 0) & step.is_prefix)[0]
     for s in chunks.tolist():
         begin, end = int(step.query_start_loc[s]), int(step.query_start_loc[s + 1])
         seg_end = seg.q_start + seg.num_rows
@@ -365,8 +393,8 @@ def _dense_range(seg: _Segments, rows: np.ndarray, kv_start: np.ndarray, kv_len:
                   rel % block_size, kv_len, np.full(rows.shape[0], causal, np.int64))
 
 
-def _dense_calls(seg: _Segments, prefix_limit: np.ndarray, tile: TileConfig, block_size: int
-                 ) -> tuple[_Segments, _Dense]:
+def _dense_calls(seg: _Segments, prefix_limit: np.ndarray, tile: TileConfig, block_size: int,
+                 squares: np.ndarray) -> tuple[_Segments, _Dense]:
     """Dense calls: the KV that every row of a segment sees, cut off the segment's front, and
     the causal square of a long prefill chunk's own positions.
 
@@ -376,15 +404,15 @@ def _dense_calls(seg: _Segments, prefix_limit: np.ndarray, tile: TileConfig, blo
     runs it on the gathered blocks faster than the BIG tiles (tile_config.py), and its output
     and log-sum-exp join the row's other parts in the merge. Segments of at least
     tile.dense_min_rows rows whose block holds at least tile.dense_min_tokens positions get one.
-    A causal segment of at least tile.causal_square_rows() rows also gets a causal call over the
-    chunk's own positions (row i sees the first i + 1), which the library kernel runs with its
-    causal mask. The rest of each segment stays in the work list. Returns (segments, calls in
-    row order)."""
+    The own segment of a seq in `squares` (_square_seqs) also gets a causal call over the chunk's
+    own positions (row i sees the first i + 1), which the library kernel runs with its causal
+    mask. The rest of each segment stays in the work list. Returns (segments, calls: the
+    unmasked ones, then the causal ones, each in row order)."""
     none = _Dense(*(np.zeros(0, np.int64) for _ in fields(_Dense)))
     if tile.dense_min_rows <= 0 or seg.q_start.size == 0:
         return seg, none
     causal = seg.mask_mode == MASK_CAUSAL
-    square = np.nonzero(causal & (seg.num_rows >= tile.causal_square_rows()) & (seg.first_position >= seg.kv_start)
+    square = np.nonzero(causal & squares[seg.seq] & (seg.first_position >= seg.kv_start)
                         & (seg.kv_end == seg.first_position + seg.num_rows))[0]
     visible = np.where(causal, seg.first_position + 1, seg.kv_end)
     visible[square] = seg.first_position[square]  # the context only: the square is a call of its own
@@ -405,7 +433,28 @@ def _dense_calls(seg: _Segments, prefix_limit: np.ndarray, tile: TileConfig, blo
     seg.kv_start[chosen] = dense_end[chosen]
     seg.kv_end = seg.kv_end.copy()
     seg.kv_end[square] = seg.first_position[square]
-    return seg, calls.take(np.lexsort((calls.causal, calls.q_start)))
+    return seg, calls.take(np.lexsort((calls.q_start, calls.causal)))
+
+
+def _batch_squares(dense: np.ndarray) -> np.ndarray:
+    """[num_calls] the `batch` column: consecutive causal calls of equal length and block offset
+    on consecutive rows whose partial slots follow one another (or that have none) run as one
+    call of the library kernel with a batch dimension, which costs the host what one call
+    costs. At a batch's first call: the number of calls it holds; 0 at the others."""
+    batch = np.ones(dense.shape[0], np.int64)
+    first = 0
+    for index in range(1, dense.shape[0]):
+        q_start, q_count, _, _, offset, kv_len, base, causal = dense[index, :8].tolist()
+        before = dense[index - 1]
+        joins = (causal and before[7] and kv_len == before[5] and offset == before[4]
+                 and q_start == before[0] + before[1]
+                 and (base == before[6] == -1 or (base >= 0 and before[6] >= 0 and base == before[6] + before[1])))
+        if joins:
+            batch[first] += 1
+            batch[index] = 0
+        else:
+            first = index
+    return batch
 
 
 def _concat_dense(parts: list[_Dense]) -> _Dense:
@@ -552,8 +601,9 @@ def build_prefix_shared_plan(
     tile = tile or default_tile_config(head_dim, group_size)
     groups = _groups(step)
     prefix_limit = _row_prefix_limits(step, groups)
-    segments = _carve_prefix_chunks(_segments(step, groups, block_size), step, tile)
-    segments, dense = _dense_calls(segments, prefix_limit, tile, block_size)
+    squares = _square_seqs(step, tile, block_size)
+    segments = _carve_prefix_chunks(_segments(step, groups, block_size), step, squares)
+    segments, dense = _dense_calls(segments, prefix_limit, tile, block_size, squares)
     tiles = _row_tiles(segments, prefix_limit, tile, group_size)
     piece_tokens = _kv_piece_tokens(tiles, tile, kv_split_tokens, num_sms, programs_per_sm, num_kv_heads)
     items = _split_kv(tiles, piece_tokens, tile.kv_split_multiple)
@@ -561,7 +611,8 @@ def build_prefix_shared_plan(
     merges = _merges(np.concatenate([items.q_start, dense.q_start]), np.concatenate([items.num_rows, dense.num_rows]),
                      step.num_tokens)
     dense_calls = np.stack([dense.q_start, dense.num_rows, dense.seq, dense.first_block, dense.offset, dense.kv_len,
-                            merges.partial_base[num_items:], dense.causal], axis=1).astype(np.int64)
+                            merges.partial_base[num_items:], dense.causal, dense.causal], axis=1).astype(np.int64)
+    dense_calls[:, 8] = _batch_squares(dense_calls)
     return PrefixSharedPlan(
         work=_work_list(items, segments, merges.partial_base[:num_items], tile, order), dense=dense_calls,
         block_tables=step.block_tables,

@@ -90,7 +90,7 @@ def _work_lists(plan) -> list[tuple]:
 
 def _dense_calls(plan, query, k_cache, v_cache, out, part_out, part_lse, scale, k_scale: float = 1.0,
                  v_scale: float = 1.0) -> None:
-    """The plan's dense calls (work_list._dense_calls): gather each call's blocks, attend on the
+    """The plan's dense calls (dense_plan.cut_dense_calls): gather each call's blocks, attend on the
     library kernel (with its causal mask for a chunk's own positions; a batch of equal squares
     in one call), and write its rows' outputs and base-2 log-sum-exps to their partial slots (or
     the output, for rows with no other part)."""

@@ -1,0 +1,186 @@
+"""Dense calls of a step's attention plan (docs/design.md, "Dense calls"): the blocks of KV that
+every row of a segment sees, and the causal squares of prefill chunks, which a library kernel
+(ops/dense_attention.py) runs faster than the work list's tiles. Host side, numpy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+
+from batchllm.ops.plan_segments import (KIND_PREFIX, MASK_CAUSAL, MASK_ROW_LIMIT, Columns, Segments, Step,
+                                        ceil_div, concat_segments, flat_ranges)
+from batchllm.ops.tile_config import TileConfig
+
+DENSE_FIELDS = 9  # columns of a plan's dense calls (PrefixSharedPlan.dense)
+
+
+@dataclass(frozen=True)
+class DenseCall:
+    """One dense call of a plan on the device (cut_dense_calls): rows [q_start, q_start +
+    q_count) x the kv_len positions that start `offset` into the cache blocks `blocks` (a view of
+    the plan's block tables); its rows' outputs go to partial slots from partial_base (-1: to
+    the output itself). causal: row i sees the first i + 1 positions (q_count == kv_len). A
+    batch of `batch` causal squares: rows [q_start, q_start + q_count) are batch squares of kv_len
+    rows each, whose blocks (each its own `offset`-shifted run of blocks) follow one another in
+    `blocks`."""
+
+    q_start: int
+    q_count: int
+    blocks: torch.Tensor
+    offset: int
+    kv_len: int
+    partial_base: int
+    causal: bool = False
+    batch: int = 1
+
+
+def square_seqs(step: Step, tile: TileConfig, block_size: int) -> np.ndarray:
+    """[num_seqs] bool: the seqs whose chunk's own positions run as a causal dense call.
+
+    A chunk of at least tile.dense_min_rows rows whose own KV starts at or before its first row
+    (a group's prefix chunk, or a chunk at or after its shared KV) sees its own positions as a
+    causal square. Squares of equal rows and block offset on consecutive rows can run as one
+    batched call, and a call is worth its host cost from tile.causal_square_rows() rows in all
+    (tile_config.py): the squares of such runs are chosen."""
+    chosen = np.zeros(step.num_seqs, bool)
+    min_rows = tile.causal_square_rows()
+    if min_rows <= 0:
+        return chosen
+    own_start = np.where((step.group_ids >= 0) & step.is_prefix, 0, step.shared_kv_lens)
+    s = np.nonzero((step.num_rows >= tile.dense_min_rows) & (step.first_positions >= own_start))[0]
+    if s.size == 0:
+        return chosen
+    rows, offsets, starts = step.num_rows[s], (step.first_positions[s] - own_start[s]) % block_size, step.query_start_loc[s]
+    joins = (rows[1:] == rows[:-1]) & (offsets[1:] == offsets[:-1]) & (starts[1:] == starts[:-1] + rows[:-1])
+    run = np.cumsum(np.concatenate([[True], ~joins])) - 1
+    chosen[s[np.bincount(run, weights=rows)[run] >= min_rows]] = True
+    return chosen
+
+
+def carve_prefix_chunks(seg: Segments, step: Step, squares: np.ndarray) -> Segments:
+    """The prefix chunks among `squares` leave their group's segment.
+
+    A group's prefix chunk shares its group's segment with the members' rows, and its rows'
+    limits make it causal over the chunk's own positions. For its causal call (cut_dense_calls)
+    such a chunk becomes a causal segment of its own over its seq's KV, and the members' rows
+    before and after it stay one row-limit segment each."""
+    chunks = np.nonzero(squares & (step.group_ids >= 0) & step.is_prefix)[0]
+    for s in chunks.tolist():
+        begin, end = int(step.query_start_loc[s]), int(step.query_start_loc[s + 1])
+        seg_end = seg.q_start + seg.num_rows
+        j = int(np.nonzero((seg.mask_mode == MASK_ROW_LIMIT) & (seg.q_start <= begin) & (seg_end >= end))[0][0])
+        before, after = seg.take([j]), seg.take([j])
+        before.num_rows = np.array([begin - seg.q_start[j]])
+        after.q_start, after.num_rows = np.array([end]), np.array([seg_end[j] - end])
+        one = np.ones(1, np.int64)
+        chunk = Segments(one * begin, one * (end - begin), one * s, one * 0, one * step.seq_lens[s], one * 0, one * 0,
+                          one * MASK_CAUSAL, one * step.first_positions[s], one * KIND_PREFIX)
+        rest = seg.take(np.arange(seg.q_start.shape[0]) != j)
+        seg = concat_segments([rest] + [part for part in (before, chunk, after) if part.num_rows[0] > 0])
+    return seg
+
+
+@dataclass
+class Dense(Columns):
+    """Dense calls before partial slots: per call its rows and KV range (see cut_dense_calls)."""
+
+    q_start: np.ndarray
+    num_rows: np.ndarray
+    seq: np.ndarray
+    first_block: np.ndarray
+    offset: np.ndarray
+    kv_len: np.ndarray
+    causal: np.ndarray
+
+
+def _dense_range(seg: Segments, rows: np.ndarray, kv_start: np.ndarray, kv_len: np.ndarray, causal: int,
+                 block_size: int) -> Dense:
+    rel = kv_start - seg.base_pos[rows]
+    return Dense(seg.q_start[rows], seg.num_rows[rows], seg.seq[rows], seg.base_block[rows] + rel // block_size,
+                  rel % block_size, kv_len, np.full(rows.shape[0], causal, np.int64))
+
+
+def cut_dense_calls(seg: Segments, prefix_limit: np.ndarray, tile: TileConfig, block_size: int,
+                 squares: np.ndarray) -> tuple[Segments, Dense]:
+    """Dense calls: the KV that every row of a segment sees, cut off the segment's front, and
+    the causal square of a long prefill chunk's own positions.
+
+    A prefill chunk's rows all see their group's prefix up to the least row limit (members: the
+    whole prefix), or their own context before the chunk (causal: up to the first row's
+    position). That block is plain dense attention, rows x KV with no mask: a library kernel
+    runs it on the gathered blocks faster than the BIG tiles (tile_config.py), and its output
+    and log-sum-exp join the row's other parts in the merge. Segments of at least
+    tile.dense_min_rows rows whose block holds at least tile.dense_min_tokens positions get one.
+    The own segment of a seq in `squares` (square_seqs) also gets a causal call over the chunk's
+    own positions (row i sees the first i + 1), which the library kernel runs with its causal
+    mask. The rest of each segment stays in the work list. Returns (segments, calls: the
+    unmasked ones, then the causal ones, each in row order)."""
+    none = Dense(*(np.zeros(0, np.int64) for _ in fields(Dense)))
+    if tile.dense_min_rows <= 0 or seg.q_start.size == 0:
+        return seg, none
+    causal = seg.mask_mode == MASK_CAUSAL
+    square = np.nonzero(causal & squares[seg.seq] & (seg.first_position >= seg.kv_start)
+                        & (seg.kv_end == seg.first_position + seg.num_rows))[0]
+    visible = np.where(causal, seg.first_position + 1, seg.kv_end)
+    visible[square] = seg.first_position[square]  # the context only: the square is a call of its own
+    limited = np.nonzero((seg.mask_mode == MASK_ROW_LIMIT) & (seg.num_rows > 0))[0]
+    if limited.size:
+        rows = flat_ranges(seg.q_start[limited], seg.num_rows[limited])
+        visible[limited] = np.minimum.reduceat(prefix_limit[rows], np.cumsum(seg.num_rows[limited])
+                                               - seg.num_rows[limited])
+    dense_end = np.minimum(seg.kv_end, visible)
+    chosen = np.nonzero((seg.num_rows >= tile.dense_min_rows)
+                        & (dense_end - seg.kv_start >= tile.dense_min_tokens))[0]
+    if chosen.size == 0 and square.size == 0:
+        return seg, none
+    calls = _concat_dense([
+        _dense_range(seg, chosen, seg.kv_start[chosen], dense_end[chosen] - seg.kv_start[chosen], 0, block_size),
+        _dense_range(seg, square, seg.first_position[square], seg.num_rows[square], 1, block_size)])
+    seg.kv_start = seg.kv_start.copy()
+    seg.kv_start[chosen] = dense_end[chosen]
+    seg.kv_end = seg.kv_end.copy()
+    seg.kv_end[square] = seg.first_position[square]
+    return seg, calls.take(np.lexsort((calls.q_start, calls.causal)))
+
+
+def batch_squares(dense: np.ndarray) -> np.ndarray:
+    """[num_calls] the `batch` column: consecutive causal calls of equal length and block offset
+    on consecutive rows whose partial slots follow one another (or that have none) run as one
+    call of the library kernel with a batch dimension, which costs the host what one call
+    costs. At a batch's first call: the number of calls it holds; 0 at the others."""
+    batch = np.ones(dense.shape[0], np.int64)
+    first = 0
+    for index in range(1, dense.shape[0]):
+        q_start, q_count, _, _, offset, kv_len, base, causal = dense[index, :8].tolist()
+        before = dense[index - 1]
+        joins = (causal and before[7] and kv_len == before[5] and offset == before[4]
+                 and q_start == before[0] + before[1]
+                 and (base == before[6] == -1 or (base >= 0 and before[6] >= 0 and base == before[6] + before[1])))
+        if joins:
+            batch[first] += 1
+            batch[index] = 0
+        else:
+            first = index
+    return batch
+
+
+def _concat_dense(parts: list[Dense]) -> Dense:
+    return Dense(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]).astype(np.int64)
+                    for f in fields(Dense)})
+
+
+def dense_calls_on(dense: np.ndarray, block_tables: torch.Tensor, block_size: int) -> tuple[DenseCall, ...]:
+    """A plan's dense calls (its `dense` array) on the device, their blocks cut from the device
+    block tables, each batch of causal calls as one call."""
+    calls, rows = [], dense.tolist()
+    for index, (q_start, _, _, _, offset, kv_len, partial_base, causal, batch) in enumerate(rows):
+        if batch == 0:
+            continue  # in the batch of an earlier call
+        num_blocks = ceil_div(offset + kv_len, block_size)
+        runs = [block_tables[seq, first:first + num_blocks] for _, _, seq, first, *_ in rows[index:index + batch]]
+        calls.append(DenseCall(q_start, sum(row[1] for row in rows[index:index + batch]),
+                               runs[0] if batch == 1 else torch.cat(runs), offset, kv_len, partial_base,
+                               bool(causal), batch))
+    return tuple(calls)

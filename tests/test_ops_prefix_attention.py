@@ -392,6 +392,24 @@ def test_dense_plan_refuses_a_sliding_window(device):
                                 positions=torch.zeros(b.query.shape[0], dtype=torch.int64, device=device))
 
 
+def _llama_case_gpu(seqs, kv_fp8: bool):
+    """bf16 Llama-3.1-8B heads (32 / 8, head_dim 128) on the GPU: the batch, its query as a strided
+    view of a fused qkv buffer (as the model passes it), and its caches in bf16 or
+    float8_e4m3fn with their scales."""
+    num_heads, num_kv_heads, head_dim = 32, 8, 128
+    b = make_batch(seqs, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=16,
+                   dtype=torch.bfloat16, device="cuda")
+    qkv = torch.randn(b.query.shape[0], (num_heads + 2 * num_kv_heads) * head_dim, dtype=torch.bfloat16,
+                      device="cuda")
+    query = qkv[:, :num_heads * head_dim].view(-1, num_heads, head_dim)
+    query.copy_(b.query)
+    if not kv_fp8:
+        return b, query, b.k_cache, b.v_cache, 1.0, 1.0
+    k_scale, v_scale = float(b.k_cache.abs().max()) / 448, float(b.v_cache.abs().max()) / 448
+    return (b, query, (b.k_cache.float() / k_scale).to(torch.float8_e4m3fn),
+            (b.v_cache.float() / v_scale).to(torch.float8_e4m3fn), k_scale, v_scale)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_fp8", [False, True])
 def test_dense_calls_on_cudnn_gpu(kv_fp8):
@@ -408,17 +426,7 @@ def test_dense_calls_on_cudnn_gpu(kv_fp8):
     seqs = [SeqSpec(512, 2048, 0, 0, True), SeqSpec(200, 2048 + 200, 2048, 0), SeqSpec(300, 2048 + 300, 2048, 0)]
     seqs += [SeqSpec(1, 2048 + 40, 2048, 0) for _ in range(16)] + [SeqSpec(640, 3000)] + [SeqSpec(1, 900)]
     num_heads, num_kv_heads, head_dim = 32, 8, 128
-    b = make_batch(seqs, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=16,
-                   dtype=torch.bfloat16, device="cuda")
-    qkv = torch.randn(b.query.shape[0], (num_heads + 2 * num_kv_heads) * head_dim, dtype=torch.bfloat16,
-                      device="cuda")
-    query = qkv[:, :num_heads * head_dim].view(-1, num_heads, head_dim)
-    query.copy_(b.query)
-    k_cache, v_cache, k_scale, v_scale = b.k_cache, b.v_cache, 1.0, 1.0
-    if kv_fp8:
-        k_scale, v_scale = float(b.k_cache.abs().max()) / 448, float(b.v_cache.abs().max()) / 448
-        k_cache = (b.k_cache.float() / k_scale).to(torch.float8_e4m3fn)
-        v_cache = (b.v_cache.float() / v_scale).to(torch.float8_e4m3fn)
+    b, query, k_cache, v_cache, k_scale, v_scale = _llama_case_gpu(seqs, kv_fp8)
     assert uses_cudnn(query, query)
     tile = default_tile_config(head_dim, num_heads // num_kv_heads)
     assert (tile.dense_min_rows, tile.dense_min_tokens, tile.causal_square_rows()) == (512, 1024, 4096)
@@ -462,17 +470,7 @@ def test_batched_causal_calls_on_cudnn_gpu(kv_fp8):
 
     seqs = [SeqSpec(640, 640)] * 3 + [SeqSpec(640, 2000)] * 2 + [SeqSpec(1, 900)]
     num_heads, num_kv_heads, head_dim = 32, 8, 128
-    b = make_batch(seqs, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=16,
-                   dtype=torch.bfloat16, device="cuda")
-    qkv = torch.randn(b.query.shape[0], (num_heads + 2 * num_kv_heads) * head_dim, dtype=torch.bfloat16,
-                      device="cuda")
-    query = qkv[:, :num_heads * head_dim].view(-1, num_heads, head_dim)
-    query.copy_(b.query)
-    k_cache, v_cache, k_scale, v_scale = b.k_cache, b.v_cache, 1.0, 1.0
-    if kv_fp8:
-        k_scale, v_scale = float(b.k_cache.abs().max()) / 448, float(b.v_cache.abs().max()) / 448
-        k_cache = (b.k_cache.float() / k_scale).to(torch.float8_e4m3fn)
-        v_cache = (b.v_cache.float() / v_scale).to(torch.float8_e4m3fn)
+    b, query, k_cache, v_cache, k_scale, v_scale = _llama_case_gpu(seqs, kv_fp8)
     tile = replace(default_tile_config(head_dim, num_heads // num_kv_heads), dense_causal_min_rows=1024)
     outs = []
     for config in (tile, replace(tile, dense_min_rows=0)):

@@ -214,6 +214,16 @@ def test_graph_layout_cuts_the_buffer_like_a_step_plan():
     assert all(np.array_equal(unpacked[name], arrays[name]) for name in arrays)
 
 
+def _group_and_chunks_batch():
+    """Group 0: a 5-row prefix chunk at positions 35-39 and two members' chunks of 6 and 4 rows
+    after its 40 positions; an ungrouped 7-row chunk at positions 53-59; a decode row of group 1."""
+    from synthetic_batch import SeqSpec, make_batch
+
+    seqs = [SeqSpec(5, 40, 0, 0, True), SeqSpec(6, 46, 40, 0), SeqSpec(4, 44, 40, 0), SeqSpec(7, 60),
+            SeqSpec(1, 30, 21, 1)]
+    return make_batch(seqs, num_heads=8, num_kv_heads=2, head_dim=16, block_size=16)
+
+
 def test_dense_calls_take_the_kv_every_row_of_a_segment_sees():
     """A group's rows (a prefix chunk at positions 35-39 and two members' chunks of 6 and 4
     rows) all see the prefix up to 36, and an ungrouped 7-row chunk at positions 53-59 sees its
@@ -223,11 +233,8 @@ def test_dense_calls_take_the_kv_every_row_of_a_segment_sees():
     from dataclasses import replace
 
     from batchllm.ops.work_list import F_MASK_MODE, MASK_ROW_LIMIT, build_prefix_shared_plan
-    from synthetic_batch import SeqSpec, make_batch
 
-    seqs = [SeqSpec(5, 40, 0, 0, True), SeqSpec(6, 46, 40, 0), SeqSpec(4, 44, 40, 0), SeqSpec(7, 60),
-            SeqSpec(1, 30, 21, 1)]
-    b = make_batch(seqs, num_heads=8, num_kv_heads=2, head_dim=16, block_size=16)
+    b = _group_and_chunks_batch()
     tile = replace(default_tile_config(64, 4, interpret=True), dense_min_rows=6, dense_min_tokens=8)
     plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8, tile=tile,
                                     kv_split_tokens=1024)
@@ -268,11 +275,8 @@ def test_long_prefix_chunks_leave_their_group_segment():
     from dataclasses import replace
 
     from batchllm.ops.work_list import build_prefix_shared_plan
-    from synthetic_batch import SeqSpec, make_batch
 
-    seqs = [SeqSpec(5, 40, 0, 0, True), SeqSpec(6, 46, 40, 0), SeqSpec(4, 44, 40, 0), SeqSpec(7, 60),
-            SeqSpec(1, 30, 21, 1)]
-    b = make_batch(seqs, num_heads=8, num_kv_heads=2, head_dim=16, block_size=16)
+    b = _group_and_chunks_batch()
     tile = replace(default_tile_config(64, 4, interpret=True), dense_min_rows=4, dense_min_tokens=8)
     plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8, tile=tile,
                                     kv_split_tokens=1024)

@@ -6,6 +6,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fuzz import examples
 from io_helpers import parse_lines
 
 from batchllm.io.batch_input import BatchError, BatchRequest
@@ -44,21 +45,21 @@ def _check(lines):
         json.loads(record)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.binary(max_size=60), max_size=6))
 def test_random_bytes_never_crash_the_parser(lines):
     lines = [line.replace(b"\n", b" ") for line in lines]
     _check(lines)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_request_like | _json, min_size=1, max_size=5))
 def test_json_garbage_never_crashes_the_parser(objects):
     lines = [json.dumps(obj) for obj in objects]
     _check(lines)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(max_size=80))
 def test_random_text_never_crashes_the_parser(text):
     _check([text.replace("\n", " ").replace("\r", " ")])

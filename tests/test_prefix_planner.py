@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from fuzz import examples
+
 from batchllm.prefix import PromptError, plan_prefix_arrays, plan_prefix_groups
 
 
@@ -62,7 +64,7 @@ prompt_lists = st.lists(
 )
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(prompt_lists)
 def test_matches_brute_force_on_small_random_batches(prompts):
     plan = plan_prefix_groups(prompts)
@@ -76,7 +78,7 @@ def test_matches_brute_force_on_small_random_batches(prompts):
     assert stats.processed_prefill_tokens_naive_first_level <= stats.logical_prefill_tokens
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.lists(st.integers(0, 1), min_size=1, max_size=9), min_size=1, max_size=7))
 def test_matches_brute_force_with_long_binary_prompts(prompts):
     plan = plan_prefix_groups([np.asarray(p, dtype=np.int32) for p in prompts])

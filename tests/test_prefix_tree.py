@@ -3,6 +3,8 @@
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
+from fuzz import examples
+
 from batchllm.prefix import plan_prefix_groups
 from batchllm.prefix.keys import sort_keys
 from batchllm.prefix.tree import build_tree
@@ -53,7 +55,7 @@ def test_sorted_keys_and_lcp_match_python():
         assert keys.lcp_num_tokens[i] == n
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=10), min_size=1, max_size=30))
 def test_tree_invariants(prompts):
     keys, tree = _tree_of(prompts)

@@ -9,6 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fuzz import examples
+
 from batchllm.sched.block_table import BlockTableTracker
 from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.factory import make_scheduler
@@ -105,7 +107,7 @@ def workloads(draw):
     return spec
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=workloads(), block_size=st.sampled_from([1, 4, 16]), budget=st.integers(4, 64),
        spare_blocks=st.sampled_from([1, 3, 300]), reserve=st.sampled_from([0.0, 1.0]))
 def test_rebuilt_tables_equal_the_schedulers_own(spec, block_size, budget, spare_blocks, reserve):

@@ -13,6 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fuzz import examples
+
 from batchllm.sched.checker import ChunkStreamChecker
 from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.factory import make_scheduler
@@ -92,7 +94,7 @@ def _min_blocks(spec, block_size: int) -> int:
     return max(-(-(len(p) + m) // block_size) for p, m in spec) + 1
 
 
-SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS

@@ -52,7 +52,8 @@ def square_seqs(step: Step, tile: TileConfig, block_size: int) -> np.ndarray:
     s = np.nonzero((step.num_rows >= tile.dense_min_rows) & (step.first_positions >= own_start))[0]
     if s.size == 0:
         return chosen
-    rows, offsets, starts = step.num_rows[s], (step.first_positions[s] - own_start[s]) % block_size, step.query_start_loc[s]
+    rows, starts = step.num_rows[s], step.query_start_loc[s]
+    offsets = (step.first_positions[s] - own_start[s]) % block_size
     joins = (rows[1:] == rows[:-1]) & (offsets[1:] == offsets[:-1]) & (starts[1:] == starts[:-1] + rows[:-1])
     run = np.cumsum(np.concatenate([[True], ~joins])) - 1
     chosen[s[np.bincount(run, weights=rows)[run] >= min_rows]] = True

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from batchllm.ops.plan_segments import (KIND_PREFIX, MASK_CAUSAL, MASK_ROW_LIMIT, Columns, Segments, Step,
-                                        ceil_div, concat_segments, flat_ranges)
+                                        ceil_div, flat_ranges)
 from batchllm.ops.tile_config import TileConfig
 
 DENSE_FIELDS = 9  # columns of a plan's dense calls (PrefixSharedPlan.dense)
@@ -77,9 +77,9 @@ def carve_prefix_chunks(seg: Segments, step: Step, squares: np.ndarray) -> Segme
         after.q_start, after.num_rows = np.array([end]), np.array([seg_end[j] - end])
         one = np.ones(1, np.int64)
         chunk = Segments(one * begin, one * (end - begin), one * s, one * 0, one * step.seq_lens[s], one * 0, one * 0,
-                          one * MASK_CAUSAL, one * step.first_positions[s], one * KIND_PREFIX)
+                         one * MASK_CAUSAL, one * step.first_positions[s], one * KIND_PREFIX)
         rest = seg.take(np.arange(seg.q_start.shape[0]) != j)
-        seg = concat_segments([rest] + [part for part in (before, chunk, after) if part.num_rows[0] > 0])
+        seg = Segments.concat([rest] + [part for part in (before, chunk, after) if part.num_rows[0] > 0])
     return seg
 
 
@@ -100,11 +100,11 @@ def _dense_range(seg: Segments, rows: np.ndarray, kv_start: np.ndarray, kv_len: 
                  block_size: int) -> Dense:
     rel = kv_start - seg.base_pos[rows]
     return Dense(seg.q_start[rows], seg.num_rows[rows], seg.seq[rows], seg.base_block[rows] + rel // block_size,
-                  rel % block_size, kv_len, np.full(rows.shape[0], causal, np.int64))
+                 rel % block_size, kv_len, np.full(rows.shape[0], causal, np.int64))
 
 
 def cut_dense_calls(seg: Segments, prefix_limit: np.ndarray, tile: TileConfig, block_size: int,
-                 squares: np.ndarray) -> tuple[Segments, Dense]:
+                    squares: np.ndarray) -> tuple[Segments, Dense]:
     """Dense calls: the KV that every row of a segment sees, cut off the segment's front, and
     the causal square of a long prefill chunk's own positions.
 
@@ -136,7 +136,7 @@ def cut_dense_calls(seg: Segments, prefix_limit: np.ndarray, tile: TileConfig, b
                         & (dense_end - seg.kv_start >= tile.dense_min_tokens))[0]
     if chosen.size == 0 and square.size == 0:
         return seg, none
-    calls = _concat_dense([
+    calls = Dense.concat([
         _dense_range(seg, chosen, seg.kv_start[chosen], dense_end[chosen] - seg.kv_start[chosen], 0, block_size),
         _dense_range(seg, square, seg.first_position[square], seg.num_rows[square], 1, block_size)])
     seg.kv_start = seg.kv_start.copy()
@@ -165,11 +165,6 @@ def batch_squares(dense: np.ndarray) -> np.ndarray:
         else:
             first = index
     return batch
-
-
-def _concat_dense(parts: list[Dense]) -> Dense:
-    return Dense(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]).astype(np.int64)
-                    for f in fields(Dense)})
 
 
 def dense_calls_on(dense: np.ndarray, block_tables: torch.Tensor, block_size: int) -> tuple[DenseCall, ...]:

@@ -41,10 +41,16 @@ def ceil_div(a, b):
 
 
 class Columns:
-    """Equal-length numpy columns (a dataclass's fields); `take` selects rows of all of them."""
+    """Equal-length numpy columns (a dataclass's fields); `take` selects rows of all of them,
+    `concat` joins several column sets of one class as int64."""
 
     def take(self, rows):
         return type(self)(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+
+    @classmethod
+    def concat(cls, parts: list):
+        return cls(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]).astype(np.int64)
+                      for f in fields(cls)})
 
 
 @dataclass
@@ -143,20 +149,15 @@ def step_segments(step: Step, groups: Groups, block_size: int) -> Segments:
     g = np.nonzero((groups.prefix_len > 0) & (groups.row_end > groups.row_begin))[0]
     zeros = np.zeros(g.shape[0], np.int64)
     prefix = Segments(groups.row_begin[g], groups.row_end[g] - groups.row_begin[g], groups.representative_seq[g],
-                       zeros, groups.prefix_len[g], zeros, zeros, zeros + MASK_ROW_LIMIT, zeros,
-                       zeros + KIND_PREFIX)
+                      zeros, groups.prefix_len[g], zeros, zeros, zeros + MASK_ROW_LIMIT, zeros,
+                      zeros + KIND_PREFIX)
     qsl, lens, shared, num_rows = step.query_start_loc, step.seq_lens, step.shared_kv_lens, step.num_rows
     active, in_group = num_rows > 0, step.group_ids >= 0
     s = np.nonzero(active & ~(in_group & step.is_prefix) & (lens > shared))[0]  # own KV [shared, seq_len)
     own = Segments(qsl[s], num_rows[s], s, shared[s], lens[s], ceil_div(shared[s], block_size), shared[s],
-                    np.full_like(s, MASK_CAUSAL), step.first_positions[s], np.full_like(s, KIND_DISTINCT))
+                   np.full_like(s, MASK_CAUSAL), step.first_positions[s], np.full_like(s, KIND_DISTINCT))
     s = np.nonzero(active & ~in_group & (shared > 0))[0]  # [0, shared) of ungrouped seqs
     zeros = np.zeros(s.shape[0], np.int64)
     shared_part = Segments(qsl[s], num_rows[s], s, zeros, np.minimum(shared[s], lens[s]), zeros, zeros,
-                            np.full_like(s, MASK_CAUSAL), step.first_positions[s], np.full_like(s, KIND_DISTINCT))
-    return concat_segments([prefix, own, shared_part])
-
-
-def concat_segments(parts: list[Segments]) -> Segments:
-    return Segments(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]).astype(np.int64)
-                        for f in fields(Segments)})
+                           np.full_like(s, MASK_CAUSAL), step.first_positions[s], np.full_like(s, KIND_DISTINCT))
+    return Segments.concat([prefix, own, shared_part])

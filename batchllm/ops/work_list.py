@@ -297,8 +297,8 @@ def build_prefix_shared_plan(
     merges = _merges(np.concatenate([items.q_start, dense.q_start]), np.concatenate([items.num_rows, dense.num_rows]),
                      step.num_tokens)
     dense_calls = np.stack([dense.q_start, dense.num_rows, dense.seq, dense.first_block, dense.offset, dense.kv_len,
-                            merges.partial_base[num_items:], dense.causal, dense.causal], axis=1).astype(np.int64)
-    dense_calls[:, 8] = batch_squares(dense_calls)
+                            merges.partial_base[num_items:], dense.causal], axis=1).astype(np.int64)
+    dense_calls = np.column_stack([dense_calls, batch_squares(dense_calls)])
     return PrefixSharedPlan(
         work=_work_list(items, segments, merges.partial_base[:num_items], tile, order), dense=dense_calls,
         block_tables=step.block_tables,

@@ -2,6 +2,7 @@
 and the SDPA wrapper, on CPU (the Triton interpreter for our kernel)."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -57,3 +58,31 @@ def test_dense_dry_run_validates_our_kernel_on_every_shape(tmp_path, monkeypatch
         assert r["tflop_per_s"] == round(flops / r["us"] / 1e6, 1)
     table = markdown.read_text()
     assert "| last 16 rows of 48, 32 shared |" in table and "prefix/distinct/group" not in table
+
+
+@pytest.mark.parametrize("q_len, context", [(5, 5), (3, 7)])
+def test_sdpa_peer_settings_agree(q_len, context):
+    """The SDPA peer's swept settings (KV heads repeated, and the KV heads as they are with
+    grouped-query attention in the kernel) compute the same attention: the second reads every
+    query-head group's own KV head back out of the repeated K / V."""
+    generator = torch.Generator().manual_seed(context)
+    rep = attention.NUM_HEADS // attention.NUM_KV_HEADS
+    q = torch.randn(1, attention.NUM_HEADS, q_len, 8, generator=generator)
+    k, v = (torch.randn(1, attention.NUM_KV_HEADS, context, 8, generator=generator).repeat_interleave(rep, dim=1)
+            for _ in range(2))
+    expected = attention.dense_reference(q, k, v, 0.3)
+    variants = attention.sdpa_variants("MATH", q, k, v, 0.3)
+    assert [tag for tag, _ in variants] == ["", "gqa"]  # the direct cuDNN op is for the cuDNN peer only
+    for _, fn in variants:
+        torch.testing.assert_close(fn(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_best_variant_is_the_fastest_valid_one():
+    """A variant whose output misses the reference is never chosen over a valid one, however fast."""
+    ref = torch.zeros(4, 2, 8)
+    impls = {"peer": [("wrong", lambda: ref + 1.0), ("right", lambda: (time.sleep(0.02), ref.clone())[1])]}
+    notes = []
+    us, err, tag = attention._time_impls(impls, ref, notes, "test")["peer"]
+    assert (tag, err) == ("right", 0.0) and not notes
+    only_wrong = attention._time_impls({"peer": impls["peer"][:1]}, ref, notes, "test")["peer"]
+    assert only_wrong[2] == "wrong" and only_wrong[1] == 1.0  # reported, and marked invalid by its row

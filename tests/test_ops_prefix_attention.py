@@ -332,6 +332,28 @@ def test_batched_causal_calls_match_reference(device, dtype):
     torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_step_of_fresh_prompts_is_one_call_whose_output_is_the_steps(device, dtype):
+    """Four fresh 6-token prompts and nothing else: one batched causal call computes every row,
+    so its output is the step's (no tiles, no merge); with a decode row beside them it is not."""
+    from dataclasses import replace
+
+    from batchllm.ops.prefix_attention import _whole_step_call
+
+    tile = replace(_dense_tile(min_rows=4, min_tokens=8), dense_causal_min_rows=12)
+    b, plan, ref = _merge_case([SeqSpec(6, 6)] * 4, HEADS["gqa3_d64"], dtype, device, tile, 16)
+    device_plan = plan.to(device)
+    call = _whole_step_call(device_plan)
+    assert (call.q_start, call.q_count, call.batch, call.causal, call.partial_base) == (0, 24, 4, True, -1)
+    assert plan.work.shape[0] == 0 and plan.merge_tokens.shape[0] == 0
+    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, device_plan, 64 ** -0.5)
+    assert out.shape == b.query.shape and out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+    _, mixed, _ = _merge_case([SeqSpec(6, 6)] * 4 + [SeqSpec(1, 30)], HEADS["gqa3_d64"], dtype, device, tile, 16)
+    mixed = mixed.to(device)
+    assert len(mixed.dense) == 1 and mixed.dense[0].batch == 4 and _whole_step_call(mixed) is None
+
+
 def test_dense_call_writes_rows_that_have_no_other_part(device):
     """A dense call whose rows have no partial slot writes the output rows themselves."""
     import dataclasses
@@ -487,3 +509,30 @@ def test_batched_causal_calls_on_cudnn_gpu(kv_fp8):
                                     b.query_start_loc, b.seq_lens, b.shared_kv_lens, b.block_tables, head_dim ** -0.5)
     torch.testing.assert_close(outs[0], outs[1], atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(outs[0], ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_a_step_of_fresh_prompts_on_cudnn_gpu():
+    """bf16 Llama heads, four fresh 1024-token prompts: one batched causal call on cuDNN computes
+    the whole step, and its output, returned without a copy, has the query's layout and equals
+    the tiles' and the reference."""
+    from dataclasses import replace
+
+    from batchllm.ops.prefix_attention import _whole_step_call
+    from batchllm.ops.tile_config import default_tile_config
+
+    num_heads, num_kv_heads, head_dim = 32, 8, 128
+    b, query, k_cache, v_cache, _, _ = _llama_case_gpu([SeqSpec(1024, 1024)] * 4, kv_fp8=False)
+    tile = default_tile_config(head_dim, num_heads // num_kv_heads)
+    outs = []
+    for config in (tile, replace(tile, dense_min_rows=0)):
+        plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=num_kv_heads,
+                                        num_heads=num_heads, head_dim=head_dim, tile=config,
+                                        num_sms=device_num_sms("cuda")).to("cuda")
+        assert (_whole_step_call(plan) is not None) == bool(config.dense_min_rows)
+        outs.append(prefix_shared_attention(query, k_cache, v_cache, plan, head_dim ** -0.5))
+    assert outs[0].is_contiguous() and outs[0].dtype == torch.bfloat16
+    ref = paged_attention_reference(b.query.float(), k_cache.float(), v_cache.float(), b.query_start_loc,
+                                    b.seq_lens, b.shared_kv_lens, b.block_tables, head_dim ** -0.5)
+    torch.testing.assert_close(outs[0].float(), outs[1].float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(outs[0].float(), ref, atol=2e-2, rtol=2e-2)

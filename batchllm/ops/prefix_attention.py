@@ -88,23 +88,40 @@ def _work_lists(plan) -> list[tuple]:
     return [(plan.work, 0, plan.num_items[0:1] if persistent else None)]
 
 
+def _dense_output(call, query, k_cache, v_cache, scale, k_scale: float = 1.0, v_scale: float = 1.0):
+    """One dense call (dense_plan.cut_dense_calls): gather its blocks and attend on the library
+    kernel (with its causal mask for a chunk's own positions; a batch of equal squares in one
+    call). Returns (out [batch, rows, heads, head_dim], lse [batch, rows, heads] natural log)."""
+    positions = slice(call.offset, call.offset + call.kv_len)
+    key, value = (cache.index_select(0, call.blocks).view(call.batch, -1, *cache.shape[2:])[:, positions]
+                  for cache in (k_cache, v_cache))
+    if is_fp8(k_cache.dtype):  # exact in the query dtype; the scales fold into scale and the output
+        key, value = key.to(query.dtype), value.to(query.dtype)
+    rows = query[call.q_start:call.q_start + call.q_count]
+    o, lse = dense_attention_lse(rows.view(call.batch, -1, *query.shape[1:]), key, value,
+                                 float(scale) * float(k_scale), call.causal)
+    if v_scale != 1.0:
+        o = o * v_scale
+    return o, lse
+
+
+def _whole_step_call(plan):
+    """The plan's dense call when it alone computes every row's output (a step of fresh prompts'
+    causal squares and nothing else), else None. Its output is then the step's, with no copy."""
+    if len(plan.dense) != 1:
+        return None
+    call = plan.dense[0]
+    whole = call.partial_base < 0 and call.q_start == 0 and call.q_count == plan.num_tokens
+    return call if whole else None
+
+
 def _dense_calls(plan, query, k_cache, v_cache, out, part_out, part_lse, scale, k_scale: float = 1.0,
                  v_scale: float = 1.0) -> None:
-    """The plan's dense calls (dense_plan.cut_dense_calls): gather each call's blocks, attend on the
-    library kernel (with its causal mask for a chunk's own positions; a batch of equal squares
-    in one call), and write its rows' outputs and base-2 log-sum-exps to their partial slots (or
-    the output, for rows with no other part)."""
+    """The plan's dense calls: each writes its rows' outputs and base-2 log-sum-exps to their
+    partial slots (or the output, for rows with no other part)."""
     for call in plan.dense:
-        positions = slice(call.offset, call.offset + call.kv_len)
-        key, value = (cache.index_select(0, call.blocks).view(call.batch, -1, *cache.shape[2:])[:, positions]
-                      for cache in (k_cache, v_cache))
-        if is_fp8(k_cache.dtype):  # exact in the query dtype; the scales fold into scale and the output
-            key, value = key.to(query.dtype), value.to(query.dtype)
+        o, lse = _dense_output(call, query, k_cache, v_cache, scale, k_scale, v_scale)
         rows = slice(call.q_start, call.q_start + call.q_count)
-        o, lse = dense_attention_lse(query[rows].view(call.batch, -1, *query.shape[1:]), key, value,
-                                     float(scale) * float(k_scale), call.causal)
-        if v_scale != 1.0:
-            o = o * v_scale
         if call.partial_base < 0:
             out[rows].view(o.shape).copy_(o)
         else:
@@ -156,6 +173,10 @@ def prefix_shared_attention(
               f"sliding_window must be an integer >= 1, got {sliding_window!r}")
         check(positions is not None and positions.shape == (query.shape[0],) and positions.dtype == torch.int64,
               "a sliding window needs positions: [num_tokens] int64")
+    whole = _whole_step_call(plan)
+    if whole is not None:  # a view of cuDNN's output ([B, L, H, D] in memory, as the query's rows)
+        o, _ = _dense_output(whole, query, k_cache, v_cache, scale, k_scale, v_scale)
+        return o.reshape(query.shape).to(query.dtype)
     out = torch.empty_like(query)
     slots = max(plan.num_partial_slots, 1)
     part_out = torch.empty((slots, plan.num_heads, query.shape[2]), dtype=torch.float32, device=query.device)

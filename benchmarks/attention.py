@@ -29,8 +29,10 @@ and the same rows with the first 14336 tokens as a shared prefix (prefix tiles).
   batchllm    our fused kernel on the paged cache (the engine's work order, best tile config)
   sdpa_cudnn  PyTorch SDPA with only the cuDNN backend on dense contiguous K/V, at its best of
               three settings: KV heads repeated beforehand (excluded from the timing), the KV
-              heads as they are with enable_gqa, and (square shapes) cuDNN's op called directly
-  sdpa_flash  the same with only the flash backend (the first two settings)
+              heads as they are with enable_gqa, and (square shapes) cuDNN's op called directly;
+              each with the tensors head-major and token-major (the token-major output is
+              already in the packed layout that ours is returned in)
+  sdpa_flash  the same with only the flash backend (the first two settings, both layouts)
 Each output is checked first against a float32 reference computed in row chunks.
 
 Usage: PYTHONPATH=. python3 benchmarks/attention.py --out results.json [--markdown table.md] [--quick]
@@ -439,15 +441,27 @@ def _cudnn_op_fn(q, k, v, scale):
     return fn
 
 
+def token_major(t: torch.Tensor) -> torch.Tensor:
+    """The same [B, H, L, D] values stored token-major ([B, L, H, D] in memory, as the engine's
+    query and output are), as a [B, H, L, D] view."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def sdpa_variants(backend_name: str, q, k, v, scale) -> list[tuple[str, object]]:
     """The peer's settings, swept (the fastest valid one is its row): SDPA with the KV heads
     repeated, SDPA with grouped-query attention inside the kernel and, for cuDNN on square
-    shapes, its op called directly. k / v: [B, query heads, L, D], KV heads repeated."""
+    shapes, its op called directly; each with the tensors head-major ([B, H, L, D] in memory)
+    and token-major ("bshd_": [B, L, H, D] in memory, whose output is already in the packed
+    layout, so it needs no copy). q: [B, query heads, L, D]; k / v: [B, query heads, L, D], KV
+    heads repeated."""
     k_heads, v_heads = (t[:, ::NUM_HEADS // NUM_KV_HEADS].contiguous() for t in (k, v))
-    variants = [("", _sdpa_backend_fn(backend_name, q, k, v, scale)),
-                ("gqa", _sdpa_backend_fn(backend_name, q, k_heads, v_heads, scale, enable_gqa=True))]
-    if backend_name == "CUDNN_ATTENTION" and q.shape[2] == k.shape[2]:
-        variants.append(("gqa_op", _cudnn_op_fn(q, k_heads, v_heads, scale)))
+    variants = []
+    for prefix, layout in (("", lambda t: t), ("bshd_", token_major)):
+        lq, lk, lv, lkh, lvh = (layout(t) for t in (q, k, v, k_heads, v_heads))
+        variants += [(prefix.rstrip("_"), _sdpa_backend_fn(backend_name, lq, lk, lv, scale)),
+                     (prefix + "gqa", _sdpa_backend_fn(backend_name, lq, lkh, lvh, scale, enable_gqa=True))]
+        if backend_name == "CUDNN_ATTENTION" and q.shape[2] == k.shape[2]:
+            variants.append((prefix + "gqa_op", _cudnn_op_fn(lq, lkh, lvh, scale)))
     return variants
 
 

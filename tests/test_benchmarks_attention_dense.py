@@ -63,8 +63,9 @@ def test_dense_dry_run_validates_our_kernel_on_every_shape(tmp_path, monkeypatch
 @pytest.mark.parametrize("q_len, context", [(5, 5), (3, 7)])
 def test_sdpa_peer_settings_agree(q_len, context):
     """The SDPA peer's swept settings (KV heads repeated, and the KV heads as they are with
-    grouped-query attention in the kernel) compute the same attention: the second reads every
-    query-head group's own KV head back out of the repeated K / V."""
+    grouped-query attention in the kernel, head-major and token-major) compute the same
+    attention: the second reads every query-head group's own KV head back out of the repeated
+    K / V."""
     generator = torch.Generator().manual_seed(context)
     rep = attention.NUM_HEADS // attention.NUM_KV_HEADS
     q = torch.randn(1, attention.NUM_HEADS, q_len, 8, generator=generator)
@@ -72,9 +73,16 @@ def test_sdpa_peer_settings_agree(q_len, context):
             for _ in range(2))
     expected = attention.dense_reference(q, k, v, 0.3)
     variants = attention.sdpa_variants("MATH", q, k, v, 0.3)
-    assert [tag for tag, _ in variants] == ["", "gqa"]  # the direct cuDNN op is for the cuDNN peer only
+    # the direct cuDNN op is for the cuDNN peer only
+    assert [tag for tag, _ in variants] == ["", "gqa", "bshd", "bshd_gqa"]
     for _, fn in variants:
         torch.testing.assert_close(fn(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_token_major_keeps_values_and_stores_tokens_outermost():
+    t = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32).view(2, 3, 4, 5)
+    moved = attention.token_major(t)
+    assert torch.equal(moved, t) and moved.transpose(1, 2).is_contiguous() and not moved.is_contiguous()
 
 
 def test_best_variant_is_the_fastest_valid_one():

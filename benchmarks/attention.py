@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -55,6 +54,7 @@ import torch
 from batchllm.ops.work_list import build_prefix_shared_plan as build_paged_plan
 from batchllm.ops.prefix_attention import prefix_shared_attention
 from batchllm.ops.reference import paged_attention_reference
+from batchllm.bench.runner import git_commit
 from batchllm.ops.tile_config import TileConfig, default_tile_config
 from batchllm.ops.validation import next_power_of_2
 from batchllm.ops.work_list import DEFAULT_WORK_ORDER, build_prefix_shared_plan, device_num_sms
@@ -537,11 +537,9 @@ def run(args):
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
     scale = HEAD_DIM ** -0.5
     rows, notes = [], []
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            check=False).stdout.strip()
     result = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (dry run)",
               "date": datetime.datetime.now().isoformat(timespec="seconds"),
-              "git_commit": args.git_commit or commit or "unknown", "dtype": "bfloat16",
+              "git_commit": args.git_commit or git_commit() or "unknown", "dtype": "bfloat16",
               "heads": f"{NUM_HEADS}q/{NUM_KV_HEADS}kv d{HEAD_DIM} page {BLOCK_SIZE}", "rows": rows, "notes": notes}
     try:
         import flashinfer  # noqa: F401

@@ -44,6 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from attention import BLOCK_SIZE, DRY_SETTINGS, HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, SETTINGS, kv_bytes_unique, scenario_seqs
 from engine_steps import bench_us, graph_plan
 
+from batchllm.bench.runner import git_commit
 from batchllm.ops.prefix_attention import _launch_items, _merge, prefix_shared_attention
 from batchllm.ops.reference import paged_attention_reference
 from batchllm.ops.tile_config import decode_tile_config
@@ -233,7 +234,7 @@ def main(argv=None) -> int:
     if time.time() - t0 > args.budget_s:
         notes.append("--budget-s passed: the search stopped early")
     result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)",
-              "date": datetime.date.today().isoformat(), "git_commit": args.git_commit,
+              "date": datetime.date.today().isoformat(), "git_commit": args.git_commit or git_commit(),
               "start": start.key(), "start_geomean_us": {layout: round(timed[(start.key(), layout)], 2)
                                                          for layout in layouts},
               "serial_geomean_us": {layout: round(timed[(serial.key(), layout)], 2) for layout in layouts},

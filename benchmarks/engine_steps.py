@@ -46,6 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from attention import bench_us as eager_us
 
+from batchllm.bench.runner import git_commit
 from batchllm.bench.workload import make_workload
 from batchllm.engine.batch_rows import BatchRows
 from batchllm.engine.cuda_graphs import TOKEN_BUCKETS, graph_items_capacity, rows_bucket
@@ -234,7 +235,7 @@ def main() -> int:
                 print(json.dumps(row), flush=True)
     summary_rows = geomean_speedups(rows, args.policies.split(","))
     result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)",
-              "date": datetime.date.today().isoformat(), "git_commit": args.git_commit,
+              "date": datetime.date.today().isoformat(), "git_commit": args.git_commit or git_commit(),
               "workload": args.workload, "requests": args.requests, "kv_cache_tokens": args.kv_cache_tokens,
               "tile": vars(tile), "decode_tile": vars(decode_tile), "summary": summary_rows, "rows": rows, "notes": notes}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

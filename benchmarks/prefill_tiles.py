@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import attention  # noqa: E402
 from attention import BLOCK_SIZE, HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, SETTINGS, bench_us, scenario_seqs  # noqa: E402
 
+from batchllm.bench.runner import git_commit  # noqa: E402
 from batchllm.ops.work_list import build_prefix_shared_plan as build_paged_plan  # noqa: E402
 from batchllm.ops.prefix_attention import prefix_shared_attention  # noqa: E402
 from batchllm.ops.reference import paged_attention_reference  # noqa: E402
@@ -148,7 +149,7 @@ def main() -> int:
                     "config": winner, "geomean_us": {k: round(v, 1) for k, v in means.items()},
                     "speedup_vs_default": round(means["default"] / means[winner], 3) if "default" in means else None}
     result = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
-              "date": datetime.date.today().isoformat(), "git_commit": args.git_commit,
+              "date": datetime.date.today().isoformat(), "git_commit": args.git_commit or git_commit(),
               "configs": {k: vars(v) for k, v in configs.items()}, "best": best, "rows": rows, "notes": notes}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as handle:

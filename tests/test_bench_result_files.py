@@ -62,3 +62,27 @@ def test_the_command_keeps_the_first_row_when_interrupted(tmp_path, monkeypatch)
                  "--workload", "micro:32:8:2#4", "--policies", "batchllm,vllm", "--out", str(out)]) == 130
     assert [row["policy"] for row in json.loads(out.read_text())["rows"]] == ["batchllm"]
     assert "| micro:32:8:2 | batchllm |" in (tmp_path / "r.md").read_text()
+
+
+def test_git_commit_names_a_tree_that_differs_from_its_commit_dirty(tmp_path):
+    """A row's commit is the checkout's short hash, with "-dirty" when tracked files were changed
+    (a run on a copied tree must not name a commit its code was not); untracked files do not
+    count, and outside git there is none."""
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    assert runner.git_commit(str(tmp_path)) is None
+    git("init", "-q")
+    assert runner.git_commit(str(tmp_path)) is None  # no commit yet
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("commit", "-q", "-m", "one")
+    head = git("rev-parse", "--short", "HEAD")
+    assert runner.git_commit(str(tmp_path)) == head
+    (tmp_path / "notes.txt").write_text("untracked\n")
+    assert runner.git_commit(str(tmp_path)) == head
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert runner.git_commit(str(tmp_path)) == head + "-dirty"

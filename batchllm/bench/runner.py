@@ -109,15 +109,25 @@ def engine_tags(engine) -> dict:
             "kv_cache_tokens": engine.num_kv_tokens}
 
 
-def git_commit() -> str | None:
-    """Short commit of the checkout holding this package (None outside git)."""
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+def git_commit(directory: str | None = None) -> str | None:
+    """Short commit of the checkout holding this package (or `directory`), with "-dirty" when
+    tracked files differ from it, so a row never names a commit its code was not; None outside
+    git."""
+    if directory is None:
+        directory = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", directory, *args], capture_output=True, text=True, timeout=10,
+                              check=False)
     try:
-        done = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              timeout=10, check=False)
+        head = git("rev-parse", "--short", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
-    return done.stdout.strip() or None
+    commit = head.stdout.strip() if head.returncode == 0 else ""
+    if not commit:
+        return None
+    return commit + "-dirty" if changed.returncode == 0 and changed.stdout.strip() else commit
 
 
 def compiled_kernel_variants() -> dict[str, int]:

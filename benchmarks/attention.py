@@ -641,7 +641,9 @@ def main(argv=None):
     parser.add_argument("--out", default="benchmarks/results/attention.json")
     parser.add_argument("--markdown", default=None)
     parser.add_argument("--quick", action="store_true", help="one tile config only")
-    parser.add_argument("--git-commit", default=None, help="commit id to record (when .git is absent)")
+    parser.add_argument("--git-commit", default=None,
+                        help="commit id to record (default: the checkout's short hash, with -dirty when "
+                             "tracked files were changed)")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU (TRITON_INTERPRET=1)")
     parser.add_argument("--budget-s", type=float, default=300.0,
                         help="main pass: stop starting new scenarios after this many seconds")

@@ -167,7 +167,9 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-s", type=float, default=400.0, help="stop searching after this many seconds")
     parser.add_argument("--fields", default=None, help="comma list of the SWEEP fields to search (default: all)")
     parser.add_argument("--layouts", default="nhd", help="comma list of cache layouts: nhd, hnd")
-    parser.add_argument("--git-commit", default=None)
+    parser.add_argument("--git-commit", default=None,
+                        help="commit id to record (default: the checkout's short hash, with -dirty when "
+                             "tracked files were changed)")
     parser.add_argument("--dry-run", action="store_true", help="tiny batches on CPU (run with TRITON_INTERPRET=1)")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"

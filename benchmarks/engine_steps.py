@@ -173,7 +173,9 @@ def main() -> int:
     parser.add_argument("--kv-cache-tokens", type=int, default=500_000)
     parser.add_argument("--steps", default="auto", help="'auto' or a comma list of step indices (every policy)")
     parser.add_argument("--out", default="benchmarks/results/engine_steps.json")
-    parser.add_argument("--git-commit", default=None)
+    parser.add_argument("--git-commit", default=None,
+                        help="commit id to record (default: the checkout's short hash, with -dirty when "
+                             "tracked files were changed)")
     parser.add_argument("--dry-run", action="store_true",
                         help="tiny workload and heads on CPU (run with TRITON_INTERPRET=1)")
     args = parser.parse_args()

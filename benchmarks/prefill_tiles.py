@@ -90,7 +90,9 @@ def engine_like_decode_step(prefix: int = 2000, distinct: int = 200, groups: int
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="benchmarks/results/prefill_tiles.json")
-    parser.add_argument("--git-commit", default=None)
+    parser.add_argument("--git-commit", default=None,
+                        help="commit id to record (default: the checkout's short hash, with -dirty when "
+                             "tracked files were changed)")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU (TRITON_INTERPRET=1)")
     args = parser.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"

@@ -112,7 +112,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--trace-dir", default=None, metavar="DIR",
                         help="write each run's step trace (batchllm plot input) and one timeline PNG per "
                              "workload with every policy's panel into DIR")
-    parser.add_argument("--git-commit", default=None, help="commit id to record (when .git is absent)")
+    parser.add_argument("--git-commit", default=None,
+                        help="commit id to record (default: the checkout's short hash, with -dirty when "
+                             "tracked files were changed)")
     parser.add_argument("--no-warm-pass", dest="warm_pass", action="store_false",
                         help="skip the untimed pass of the first policy over each workload (by default it "
                              "runs before the workload's timed policies, so one-time costs such as the CUDA "

@@ -57,6 +57,20 @@ def test_decode_group_packs_rows_into_one_prefix_matmul():
     assert cost[0] == cost.max()  # largest first
 
 
+def test_a_group_split_by_other_seqs_is_refused():
+    """A group's prefix segment spans its rows from first to last, so a seq of another group (or
+    none) between them would read this group's prefix: such a step is refused, not planned
+    into wrong attention. The same seqs with each group's seqs together plan."""
+    qsl, lens, shared, tables, _, is_prefix = _decode_groups(1, 4, 64, 16)
+    tile = default_tile_config(64, 3, interpret=True)
+    kwargs = dict(block_size=16, num_kv_heads=3, num_heads=9, tile=tile, kv_split_tokens=16)
+    for split in ([1, 0, 1, 0], [0, -1, 0, 0]):
+        with pytest.raises(ValueError, match="group id 1 has other seqs between|group id 0 has other seqs between"):
+            build_prefix_shared_plan(qsl, lens, shared, tables, np.array(split, np.int32), is_prefix, **kwargs)
+    plan = build_prefix_shared_plan(qsl, lens, shared, tables, np.array([1, 1, 0, -1], np.int32), is_prefix, **kwargs)
+    assert (plan.work[:, F_KIND] == KIND_PREFIX).sum() > 0
+
+
 def test_single_part_rows_write_directly():
     qsl = np.array([0, 1, 2], np.int32)
     plan = build_prefix_shared_plan(qsl, np.array([10, 20], np.int32), np.zeros(2, np.int32),

@@ -108,6 +108,14 @@ def step_groups(step: Step) -> Groups:
                   np.where(step.is_prefix[grouped], step.seq_lens[grouped], step.shared_kv_lens[grouped]))
     representative = np.full(num_groups, step.num_seqs, np.int64)
     np.minimum.at(representative, group_of, grouped)
+    last_seq = np.full(num_groups, -1, np.int64)
+    np.maximum.at(last_seq, group_of, grouped)
+    # A group's prefix segment spans its rows from first to last: another seq's rows in between
+    # would see this group's prefix.
+    split = np.nonzero(last_seq - representative + 1 != np.bincount(group_of, minlength=num_groups))[0]
+    if split.size:
+        raise ValueError(f"a group's seqs must be consecutive in the step; group id "
+                         f"{int(step.group_ids[representative[split[0]]])} has other seqs between its seqs")
     row_begin = np.full(num_groups, step.num_tokens, np.int64)
     row_end = np.zeros(num_groups, np.int64)
     np.minimum.at(row_begin, group_of, step.query_start_loc[grouped])

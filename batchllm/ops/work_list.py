@@ -266,7 +266,7 @@ def build_prefix_shared_plan(
     seq_lens,  # [num_seqs] int
     shared_kv_lens,  # [num_seqs] int
     block_tables,  # [num_seqs, max_blocks] int
-    group_ids=None,  # [num_seqs] int, -1 = no group (None: no sharing, plain paged)
+    group_ids=None,  # [num_seqs] int, -1 = no group, a group's seqs consecutive (None: no sharing, plain paged)
     is_prefix=None,  # [num_seqs] bool
     *,
     block_size: int,

@@ -314,6 +314,42 @@ def test_dense_calls_random_batches_match_without(device, seed):
     torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)
 
 
+def _random_steps_with_squares(rng):
+    """Groups (with or without their prefix chunk), runs of equal causal squares (fresh prompts or
+    later chunks) and single prompts, as blocks in random order, each group's seqs together."""
+    blocks = []
+    for g in range(int(rng.integers(0, 3))):
+        p = int(rng.integers(1, 60))
+        block = [SeqSpec(int(rng.integers(1, p + 1)), p, 0, g, True)] if rng.random() < 0.5 else []
+        for _ in range(int(rng.integers(1, 4))):
+            d = int(rng.integers(1, 30))
+            block.append(SeqSpec(1 if rng.random() < 0.5 else int(rng.integers(1, d + 1)), p + d, p, g))
+        blocks.append(block)
+    for _ in range(int(rng.integers(0, 3))):
+        n, start = int(rng.integers(2, 24)), 0 if rng.random() < 0.5 else int(rng.integers(1, 40))
+        blocks.append([SeqSpec(n, start + n)] * int(rng.integers(1, 5)))
+    for _ in range(int(rng.integers(0, 3))):
+        n = int(rng.integers(1, 60))
+        blocks.append([SeqSpec(int(rng.integers(1, n + 1)), n)])
+    blocks = blocks or [[SeqSpec(6, 6)] * 3]
+    return [seq for i in rng.permutation(len(blocks)) for seq in blocks[i]]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_dense_calls_random_steps_with_squares_match_reference(device, seed):
+    """Random steps and random dense thresholds (unmasked calls, causal squares, batched squares
+    and whole-step calls alike) give the reference's attention."""
+    from dataclasses import replace
+
+    rng = np.random.default_rng(100 + seed)
+    seqs = _random_steps_with_squares(rng)
+    tile = replace(_dense_tile(min_rows=int(rng.integers(1, 8)), min_tokens=int(rng.integers(1, 24))),
+                   dense_causal_min_rows=int(rng.integers(0, 30)))
+    b, plan, ref = _merge_case(seqs, HEADS["gqa3_d64"], torch.float32, device, tile, [16, 32][seed % 2])
+    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan.to(device), 64 ** -0.5)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_batched_causal_calls_match_reference(device, dtype):
     """Equal causal squares on consecutive rows run as batched calls: three fresh 6-token prompts

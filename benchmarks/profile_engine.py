@@ -47,7 +47,10 @@ def _phase_summary(steps) -> dict:
 
 
 CATEGORIES = (  # (category, substrings of kernel names), first match wins
-    ("attention", ("work_list_attention", "merge_partials")),
+    # the fused work-list launch, its merge, and the dense calls' cuDNN kernels (whose names
+    # also hold "sm90", so they must match before the GEMMs)
+    ("attention", ("work_list_attention", "merge_partials", "sdpa", "fmha", "cudnn")),
+    ("attention_gather", ("indexselect", "index_select")),  # the dense calls' KV block gathers
     ("kv_store", ("store_kv", "kv_store")),
     ("gemm", ("gemm", "cutlass", "xmma", "sm90", "cublas", "matmul", "nvjet")),
     ("norm_rope_silu", ("rms", "rope", "silu", "quantize_rows")),

@@ -5,7 +5,7 @@ import pytest
 
 from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS, work_flops
 from batchllm.bench.roofline import (H200_COPY_BANDWIDTH_BYTES_PER_S, StepWork, TrafficModel, roofline,
-                                     step_bytes_read, step_flops, step_work)
+                                     step_byte_parts, step_bytes_read, step_flop_parts, step_flops, step_work)
 from batchllm.bench.schedule_replay import replay_schedule
 from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.interface import ScheduledChunk
@@ -70,6 +70,32 @@ def test_steps_add_up_and_fp8_weights_read_one_byte():
         step_bytes_read(_Arch8B, fp8, decode) / 1e12
     with pytest.raises(ValueError, match="positive"):
         roofline(_Arch8B, [decode], BF16, bandwidth_bytes_per_s=0)
+
+
+def test_serial_roofline_charges_a_mixed_steps_kv_reads_beside_its_gemms():
+    # 1792 prompt rows at positions 0..1791 (causal) and 256 decode rows at position 2400: the
+    # GEMMs of 2048 rows are bound by arithmetic, the decode rows' 256 x 2401 KV positions by
+    # reading them, and the plain roofline lets the GEMMs' time hide those reads
+    prompt_keys = 1792 * 1793 // 2
+    step = StepWork(num_tokens=2048, num_attended_keys=prompt_keys + 256 * 2401, num_sampled_rows=257,
+                    num_kv_tokens_read=1792 + 256 * 2401)
+    linear_flops, attention_flops = step_flop_parts(_Arch8B, step)
+    assert linear_flops == 2.0 * NUM_PARAMS * 2048 + 2.0 * LM_HEAD * 257
+    assert attention_flops == ATTENTION * (prompt_keys + 256 * 2401)
+    weights, kv = step_byte_parts(_Arch8B, BF16, step)
+    assert (weights, kv) == (2.0 * NUM_PARAMS + 2.0 * LM_HEAD, (1792 + 256 * 2401) * KV_BYTES)
+    peak, bandwidth = H200_BF16_PEAK_FLOPS, H200_COPY_BANDWIDTH_BYTES_PER_S
+    bound = roofline(_Arch8B, [step], BF16)
+    assert bound.seconds == (linear_flops + attention_flops) / peak  # 38 ms of math against 23 ms of reads
+    # the linear part is math (37 ms against 4 ms of weights), attention reads (19 ms of KV against 1.5 ms of math)
+    assert bound.serial_seconds == pytest.approx(linear_flops / peak + kv / bandwidth)
+    assert bound.serial_seconds > 1.4 * bound.seconds
+    # a decode step reads both parts' bytes: the serial roofline is the plain one
+    decode = StepWork(64, 64 * 2201, 64, 64 * 2201)
+    both = roofline(_Arch8B, [decode], BF16)
+    assert both.serial_seconds == pytest.approx(both.seconds)
+    assert roofline(_Arch8B, [step, decode], BF16).serial_seconds == pytest.approx(bound.serial_seconds
+                                                                                     + both.serial_seconds)
 
 
 def _chunk(seq_id, start, count, *, shared=0, group=-1, prefix=False, sample=False, decode=False):

@@ -15,7 +15,8 @@ REQUIRED = {"workload", "requests", "model", "policy", "seconds", "req_per_s", "
             "launch_ms_per_step", "wait_ms_per_step", "flop_bound_s", "time_over_bound", "async_scheduling",
             "quantization", "kv_cache_dtype", "tensor_parallel_size", "flop_bound_peak_tflop_per_s",
             "kv_bytes_per_token", "roofline_s", "time_over_roofline", "roofline_memory_bound_steps",
-            "roofline_bandwidth_tb_per_s", "roofline_replay_matches_run", "attention_flop_share"}
+            "roofline_bandwidth_tb_per_s", "roofline_replay_matches_run", "attention_flop_share",
+            "serial_roofline_s", "time_over_serial_roofline"}
 BASE = ["bench", "--model", MODEL, "--device", "cpu", "--kv-cache-tokens", "4096", "--output-tokens", "3"]
 
 
@@ -49,6 +50,10 @@ def test_micro_workload_two_policies(tmp_path, capsys):
         assert row["roofline_replay_matches_run"] is True and row["roofline_s"] > 0
         assert 0 < row["time_over_roofline"] <= row["time_over_bound"]
         assert row["roofline_memory_bound_steps"] == row["steps"]  # a tiny model: every step is reads
+        # each part at its own roofline, added: never below the plain roofline, never above the two
+        # parts' FLOPs and bytes both paid in full
+        assert row["serial_roofline_s"] >= row["roofline_s"]
+        assert 0 < row["time_over_serial_roofline"] <= row["time_over_roofline"]
         # the default engine: no quantization, the KV cache in the model dtype (float32 on CPU), one device
         assert (row["quantization"], row["kv_cache_dtype"], row["tensor_parallel_size"]) == (None, "auto", 1)
         assert row["flop_bound_peak_tflop_per_s"] == 790.0
@@ -64,7 +69,7 @@ def test_micro_workload_two_policies(tmp_path, capsys):
     table = md.read_text()
     assert len(_table_rows(table)) == len(result["rows"]) == 2
     assert "quantization / KV cache" not in table  # only default engines: no engine column
-    assert "| time / bound | roofline s | time / roofline |" in table and "4.2 TB/s (H200 copy ceiling)" in table
+    assert "| time / bound | roofline s | time / roofline | serial roofline s | time / serial roofline |" in table and "4.2 TB/s (H200 copy ceiling)" in table
     assert table in capsys.readouterr().out  # also printed
 
 

@@ -22,6 +22,8 @@ COLUMNS = (
     ("time / bound", "time_over_bound", "{:,.2f}"),
     ("roofline s", "roofline_s", "{:.3g}"),
     ("time / roofline", "time_over_roofline", "{:,.2f}"),
+    ("serial roofline s", "serial_roofline_s", "{:.3g}"),
+    ("time / serial roofline", "time_over_serial_roofline", "{:,.2f}"),
 )
 
 
@@ -99,7 +101,9 @@ def render_markdown(result: dict) -> str:
                  f"{kv_bytes}. roofline s: the sum over the run's steps of max(FLOPs / that peak, bytes read / "
                  f"{H200_COPY_BANDWIDTH_BYTES_PER_S / 1e12:.1f} TB/s (H200 copy ceiling)), the bytes being every "
                  "weight, the LM head when a row samples and the KV each step attends (a prefix-sharing group's "
-                 "prefix once); time / roofline: wall time over it.")
+                 "prefix once); time / roofline: wall time over it. serial roofline s: the same with each step's "
+                 "linear layers (and LM head) and its attention each at its own max(FLOPs / peak, bytes / "
+                 "bandwidth), one after the other, as the engine runs them.")
     for entry in result.get("inputs", []):
         lines.append(f"- input {entry['file']}: {entry['requests']} requests, {entry['skipped_lines']} lines skipped")
     for entry in result.get("load_errors", []):

@@ -25,6 +25,14 @@ What one step counts (StepWork; step_work derives it from the step's ScheduledCh
   in on-chip memory.
 Attention is counted as full in every layer (as work_flops does): a sliding-window model reads
 and computes less there.
+
+The serial roofline charges the two parts of a step one after the other: the linear layers and
+the LM head (their FLOPs, the weights read) and attention (its FLOPs, the KV read), each at its
+own max(FLOPs / peak, bytes / bandwidth). In every layer the engine runs attention between the
+QKV and output projections, kernel after kernel, so a step of this engine cannot take less: a
+mixed step's GEMMs are bound by arithmetic while its decode rows' attention is bound by reading
+KV, and the plain roofline lets the one hide the other. It is a bound for kernels that run in
+sequence, not for every possible implementation (a kernel overlapping the two would go below it).
 """
 
 from __future__ import annotations
@@ -64,6 +72,7 @@ class TrafficModel:
 class Roofline:
     seconds: float
     num_memory_bound_steps: int  # steps whose bytes take longer than their FLOPs
+    serial_seconds: float  # the linear part and the attention part of each step at their own roofline, added
 
 
 def chunk_attended_keys(start_position: int, num_tokens: int) -> int:
@@ -89,28 +98,40 @@ def step_work(chunks: Iterable[ScheduledChunk]) -> StepWork:
     return StepWork(num_tokens, attended, sampled, own_kv + sum(group_prefix_len.values()))
 
 
-def step_flops(arch, work: StepWork) -> float:
-    return (2.0 * arch.num_params(include_embeddings=False) * work.num_tokens
-            + 4.0 * arch.num_layers * arch.num_heads * arch.head_dim * work.num_attended_keys
-            + 2.0 * arch.vocab_size * arch.hidden_size * work.num_sampled_rows)
+def step_flop_parts(arch, work: StepWork) -> tuple[float, float]:
+    """(the linear layers' and the LM head's FLOPs, attention's FLOPs) of one step."""
+    linear = (2.0 * arch.num_params(include_embeddings=False) * work.num_tokens
+              + 2.0 * arch.vocab_size * arch.hidden_size * work.num_sampled_rows)
+    return linear, 4.0 * arch.num_layers * arch.num_heads * arch.head_dim * work.num_attended_keys
 
 
-def step_bytes_read(arch, traffic: TrafficModel, work: StepWork) -> float:
+def step_byte_parts(arch, traffic: TrafficModel, work: StepWork) -> tuple[float, float]:
+    """(the weights and the LM head read, the KV read) of one step."""
     weights = float(arch.num_params(include_embeddings=False) * traffic.weight_bytes_per_element)
     if work.num_sampled_rows:
         weights += arch.vocab_size * arch.hidden_size * traffic.lm_head_bytes_per_element
-    return weights + float(work.num_kv_tokens_read) * traffic.kv_bytes_per_token
+    return weights, float(work.num_kv_tokens_read) * traffic.kv_bytes_per_token
+
+
+def step_flops(arch, work: StepWork) -> float:
+    return sum(step_flop_parts(arch, work))
+
+
+def step_bytes_read(arch, traffic: TrafficModel, work: StepWork) -> float:
+    return sum(step_byte_parts(arch, traffic, work))
 
 
 def roofline(arch, steps: Sequence[StepWork], traffic: TrafficModel, peak_flops: float = H200_BF16_PEAK_FLOPS,
              bandwidth_bytes_per_s: float = H200_COPY_BANDWIDTH_BYTES_PER_S) -> Roofline:
-    """Sum over steps of max(step_flops / peak_flops, step_bytes_read / bandwidth_bytes_per_s)."""
+    """Sum over steps of max(step_flops / peak_flops, step_bytes_read / bandwidth_bytes_per_s), and
+    the serial roofline (the module docstring)."""
     if peak_flops <= 0 or bandwidth_bytes_per_s <= 0:
         raise ValueError(f"peak_flops and bandwidth must be positive, got {peak_flops} and {bandwidth_bytes_per_s}")
-    seconds, memory_bound = 0.0, 0
+    seconds, serial, memory_bound = 0.0, 0.0, 0
     for work in steps:
-        compute_s = step_flops(arch, work) / peak_flops
-        memory_s = step_bytes_read(arch, traffic, work) / bandwidth_bytes_per_s
+        flops, read = step_flop_parts(arch, work), step_byte_parts(arch, traffic, work)
+        compute_s, memory_s = sum(flops) / peak_flops, sum(read) / bandwidth_bytes_per_s
         seconds += max(compute_s, memory_s)
+        serial += sum(max(f / peak_flops, r / bandwidth_bytes_per_s) for f, r in zip(flops, read))
         memory_bound += memory_s > compute_s
-    return Roofline(seconds, memory_bound)
+    return Roofline(seconds, memory_bound, serial)

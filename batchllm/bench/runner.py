@@ -204,6 +204,8 @@ def roofline_fields(engine, case: _Case, seconds: float, steps) -> dict:
     replay = replay_schedule(case.prompts, case.max_tokens, engine.scheduler_config)
     bound = roofline(engine.arch, replay.steps, engine_traffic(engine), peak_flops_for(engine.config.quantization))
     return {"roofline_s": significant(bound.seconds), "time_over_roofline": round(seconds / bound.seconds, 2),
+            "serial_roofline_s": significant(bound.serial_seconds),
+            "time_over_serial_roofline": round(seconds / bound.serial_seconds, 2),
             "roofline_memory_bound_steps": bound.num_memory_bound_steps,
             "roofline_bandwidth_tb_per_s": round(H200_COPY_BANDWIDTH_BYTES_PER_S / 1e12, 2),
             "roofline_replay_matches_run": replay.matches(steps)}

@@ -47,6 +47,9 @@ rows with --quantization fp8 at the H200 FP8 peak ({fp8_tflops:.0f} TFLOP/s): ar
 time/roofline: wall time over the sum over the run's steps of max(FLOPs / that peak, bytes read /
 {bandwidth_tbs:.1f} TB/s, the H200 copy ceiling), the bytes being the weights, the LM head when a row
 samples and the KV each step attends (a batchllm group's shared prefix once per step).
+time/serial roofline: the same, with each step's linear layers (weights, LM head) and its
+attention (KV) each at its own max(FLOPs / peak, bytes / bandwidth), added: the engine runs them
+one after the other, so a mixed step's GEMMs cannot hide its decode rows' KV reads.
 --out and --markdown are rewritten after every row, so a run that dies keeps what it measured.
 """
 

@@ -1,0 +1,109 @@
+"""The lower bounds of a workload's schedule, without a GPU: what `batchllm bench` reports beside
+each row's wall time, and the floor the bf16 GEMMs set under it.
+
+For each workload and policy the scheduler runs on the host (bench/schedule_replay.py, the steps a
+bench run makes) and every step is charged:
+  flop_bound_s           all FLOPs at the peak (790 TFLOP/s bf16): arithmetic only
+  roofline_s             per step max(FLOPs / peak, bytes read / 4.2 TB/s) (bench/roofline.py)
+  serial_roofline_s      per step the linear part (weights, LM head) and attention (KV) each at its
+                         own max(FLOPs / peak, bytes / bandwidth), added: the engine runs them one
+                         after the other
+  serial_at_gemm_rate_s  the same with the linear part at --gemm-tflops, the rate bf16 GEMMs
+                         sustain on the device (692 TFLOP/s on an H200, benchmarks/gemm_peak.py)
+The FLOP bound here is the policy's own work (its recomputed prefixes included); for batchllm it is
+the bench rows' flop_bound_s. Each *_over_flop_bound divides by the batchllm policy's FLOP bound of
+the workload, the bench rows' denominator.
+
+    PYTHONPATH=. python3 benchmarks/bounds.py --out bounds.json
+    PYTHONPATH=. python3 benchmarks/bounds.py --workload micro:64:16:4#16 --policies batchllm,vllm
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS
+from batchllm.bench.roofline import (H200_COPY_BANDWIDTH_BYTES_PER_S, TrafficModel, roofline, step_byte_parts,
+                                     step_flop_parts)
+from batchllm.bench.schedule_replay import replay_schedule
+from batchllm.bench.workload import make_workload, split_workload_spec
+from batchllm.models.presets import PRESETS
+from batchllm.sched.config import SchedulerConfig
+
+WORKLOADS = ("micro:2000:200:16#1024", "industrial#2000", "micro:2000:1000:4#1024", "micro:16000:200:16#512")
+
+
+def serial_at_gemm_rate(arch, steps, traffic: TrafficModel, gemm_flops: float, peak_flops: float,
+                        bandwidth: float) -> float:
+    """The serial roofline with the linear part's FLOPs at gemm_flops (FLOP/s) and attention's at
+    peak_flops."""
+    seconds = 0.0
+    for work in steps:
+        (linear_flops, attention_flops), (weights, kv) = step_flop_parts(arch, work), step_byte_parts(arch, traffic, work)
+        seconds += max(linear_flops / gemm_flops, weights / bandwidth) + max(attention_flops / peak_flops, kv / bandwidth)
+    return seconds
+
+
+def bound_rows(workload_text: str, policies: list[str], model: str, kv_cache_tokens: int, block_size: int,
+               output_tokens: int, budget: int, gemm_flops: float) -> list[dict]:
+    arch = PRESETS[model]
+    spec, num_requests = split_workload_spec(workload_text, 1024)
+    workload = make_workload(spec, num_requests, output_tokens, arch.vocab_size, 0)
+    prompts = [p.tolist() for p in workload.prompts]
+    kv_bytes = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * 2  # K and V, bf16
+    traffic = TrafficModel(weight_bytes_per_element=2, lm_head_bytes_per_element=2, kv_bytes_per_token=kv_bytes)
+    peak, bandwidth = H200_BF16_PEAK_FLOPS, H200_COPY_BANDWIDTH_BYTES_PER_S
+    rows = []
+    for policy in policies:
+        config = SchedulerConfig(policy=policy, num_kv_blocks=kv_cache_tokens // block_size, block_size=block_size,
+                                 max_num_batched_tokens=budget)
+        steps = replay_schedule(prompts, workload.max_tokens, config).steps
+        flops = sum(sum(step_flop_parts(arch, work)) for work in steps)
+        bound = roofline(arch, steps, traffic, peak, bandwidth)
+        rows.append({"workload": workload_text, "policy": policy, "steps": len(steps),
+                     "flop_bound_s": flops / peak, "roofline_s": bound.seconds,
+                     "serial_roofline_s": bound.serial_seconds,
+                     "serial_at_gemm_rate_s": serial_at_gemm_rate(arch, steps, traffic, gemm_flops, peak, bandwidth)})
+    reference = next((row["flop_bound_s"] for row in rows if row["policy"] == "batchllm"), None)
+    for row in rows:
+        for key in ("roofline_s", "serial_roofline_s", "serial_at_gemm_rate_s"):
+            row[key] = round(row[key], 3)
+            if reference:
+                row[key.removesuffix("_s") + "_over_flop_bound"] = round(row[key] / reference, 3)
+        row["flop_bound_s"] = round(row["flop_bound_s"], 3)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", action="append", help=f"WORKLOAD[#REQUESTS], repeatable (default: {WORKLOADS})")
+    parser.add_argument("--policies", default="batchllm,vllm,sglang")
+    parser.add_argument("--model", default="llama-3.1-8b", choices=sorted(PRESETS), help="architecture preset")
+    parser.add_argument("--kv-cache-tokens", type=int, default=500_000)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--output-tokens", type=int, default=100)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--gemm-tflops", type=float, default=692.0,
+                        help="the rate bf16 GEMMs sustain (TFLOP/s; default: measured on an H200)")
+    parser.add_argument("--out", default=None, help="write the rows here (JSON)")
+    args = parser.parse_args(argv)
+    if args.gemm_tflops <= 0:
+        parser.error("--gemm-tflops must be positive")
+    rows = []
+    for text in args.workload or WORKLOADS:
+        for row in bound_rows(text, args.policies.split(","), args.model, args.kv_cache_tokens, args.block_size,
+                              args.output_tokens, args.max_num_batched_tokens, args.gemm_tflops * 1e12):
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as handle:
+            json.dump({"model": args.model, "gemm_tflops": args.gemm_tflops, "rows": rows}, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""benchmarks/bounds.py: the bounds of a replayed schedule in order, the batchllm policy's FLOP
+bound the optimal one, and the serial roofline at a GEMM rate below the peak above it."""
+
+import json
+
+import pytest
+from script_loader import load_benchmark_script
+
+from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS, work_flops
+from batchllm.bench.workload import make_workload
+from batchllm.models.presets import PRESETS
+from batchllm.prefix.planner import plan_prefix_groups
+
+
+def test_bounds_of_a_small_workload(tmp_path, capsys):
+    script = load_benchmark_script("bounds.py")
+    out = tmp_path / "bounds.json"
+    assert script.main(["--workload", "micro:64:16:4#16", "--policies", "batchllm,vllm", "--output-tokens", "5",
+                        "--kv-cache-tokens", "4096", "--max-num-batched-tokens", "256", "--out", str(out)]) == 0
+    rows = {row["policy"]: row for row in json.loads(out.read_text())["rows"]}
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    arch = PRESETS["llama-3.1-8b"]
+    workload = make_workload("micro:64:16:4", 16, 5, arch.vocab_size, 0)
+    plan = plan_prefix_groups([p.tolist() for p in workload.prompts])
+    groups = [(len(g.prefix_token_ids), [len(d) for d in g.distinct_token_ids], g.request_indices) for g in plan.groups]
+    optimal_s = work_flops(arch, groups, workload.max_tokens) / H200_BF16_PEAK_FLOPS
+    batchllm = rows["batchllm"]
+    assert batchllm["flop_bound_s"] == pytest.approx(optimal_s, abs=1e-3)
+    for row in rows.values():
+        # 16 requests of 80 tokens: every step reads all 16 GB of weights, so reads bound each step
+        assert row["flop_bound_s"] < row["roofline_s"] <= row["serial_roofline_s"] < row["serial_at_gemm_rate_s"] + 1e-9
+        assert row["serial_roofline_over_flop_bound"] == pytest.approx(row["serial_roofline_s"] / optimal_s, abs=2e-3)
+    assert rows["vllm"]["roofline_s"] >= batchllm["roofline_s"]  # it reads every prefix once per request
+
+
+def test_gemm_rate_must_be_positive():
+    with pytest.raises(SystemExit):
+        load_benchmark_script("bounds.py").main(["--gemm-tflops", "0"])

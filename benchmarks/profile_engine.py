@@ -17,9 +17,11 @@ With --windows A:B,... the profile instead records those step windows of a secon
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import time
 
+from batchllm.bench.runner import git_commit
 from batchllm.bench.workload import make_workload
 
 
@@ -50,7 +52,8 @@ CATEGORIES = (  # (category, substrings of kernel names), first match wins
     # the fused work-list launch, its merge, and the dense calls' cuDNN kernels (whose names
     # also hold "sm90", so they must match before the GEMMs)
     ("attention", ("work_list_attention", "merge_partials", "sdpa", "fmha", "cudnn")),
-    ("attention_gather", ("indexselect", "index_select")),  # the dense calls' KV block gathers
+    # the dense calls' KV block gathers (index_select runs as vectorized_gather_kernel)
+    ("attention_gather", ("indexselect", "index_select", "vectorized_gather")),
     ("kv_store", ("store_kv", "kv_store")),
     ("gemm", ("gemm", "cutlass", "xmma", "sm90", "cublas", "matmul", "nvjet")),
     ("norm_rope_silu", ("rms", "rope", "silu", "quantize_rows")),
@@ -169,6 +172,8 @@ def main() -> int:
                         help="profile step windows of a second full run instead of a run of the first "
                              "--profile-requests requests, e.g. '40:44,150:154,260:264' (step indices, end excluded)")
     parser.add_argument("--policies", default="", help="comma list: repeat the windowed profile for each policy")
+    parser.add_argument("--git-commit", default=None,
+                        help="commit recorded in the result (default: this checkout's, -dirty with changes)")
     args = parser.parse_args()
 
     import torch
@@ -187,7 +192,8 @@ def main() -> int:
     started = time.perf_counter()
     llm.generate(prompts, params, use_tqdm=False)
     _sync(torch)
-    result = {"model": args.model, "quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype,
+    result = {"git_commit": args.git_commit or git_commit(), "date": datetime.date.today().isoformat(),
+              "model": args.model, "quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype,
               "workload": args.workload, "requests": len(prompts), "policy": args.policy,
               "seconds": round(time.perf_counter() - started, 3),
               "phases": _phase_summary(llm.last_run_stats.step_records)}

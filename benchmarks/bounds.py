@@ -10,6 +10,7 @@ bench run makes) and every step is charged:
                          after the other
   serial_at_gemm_rate_s  the same with the linear part at --gemm-tflops, the rate bf16 GEMMs
                          sustain on the device (692 TFLOP/s on an H200, benchmarks/gemm_peak.py)
+  attention_roofline_s   the serial roofline's attention part alone
 The FLOP bound here is the policy's own work (its recomputed prefixes included); for batchllm it is
 the bench rows' flop_bound_s. Each *_over_flop_bound divides by the batchllm policy's FLOP bound of
 the workload, the bench rows' denominator.
@@ -36,15 +37,16 @@ from batchllm.sched.config import SchedulerConfig
 WORKLOADS = ("micro:2000:200:16#1024", "industrial#2000", "micro:2000:1000:4#1024", "micro:16000:200:16#512")
 
 
-def serial_at_gemm_rate(arch, steps, traffic: TrafficModel, gemm_flops: float, peak_flops: float,
-                        bandwidth: float) -> float:
-    """The serial roofline with the linear part's FLOPs at gemm_flops (FLOP/s) and attention's at
-    peak_flops."""
-    seconds = 0.0
+def serial_parts(arch, steps, traffic: TrafficModel, gemm_flops: float, peak_flops: float,
+                 bandwidth: float) -> tuple[float, float]:
+    """The serial roofline's (linear part with its FLOPs at gemm_flops (FLOP/s), attention part
+    with its FLOPs at peak_flops), each summed over the steps."""
+    linear_s = attention_s = 0.0
     for work in steps:
         (linear_flops, attention_flops), (weights, kv) = step_flop_parts(arch, work), step_byte_parts(arch, traffic, work)
-        seconds += max(linear_flops / gemm_flops, weights / bandwidth) + max(attention_flops / peak_flops, kv / bandwidth)
-    return seconds
+        linear_s += max(linear_flops / gemm_flops, weights / bandwidth)
+        attention_s += max(attention_flops / peak_flops, kv / bandwidth)
+    return linear_s, attention_s
 
 
 def bound_rows(workload_text: str, policies: list[str], model: str, kv_cache_tokens: int, block_size: int,
@@ -63,17 +65,18 @@ def bound_rows(workload_text: str, policies: list[str], model: str, kv_cache_tok
         steps = replay_schedule(prompts, workload.max_tokens, config).steps
         flops = sum(sum(step_flop_parts(arch, work)) for work in steps)
         bound = roofline(arch, steps, traffic, peak, bandwidth)
+        linear_s, attention_s = serial_parts(arch, steps, traffic, gemm_flops, peak, bandwidth)
         rows.append({"workload": workload_text, "policy": policy, "steps": len(steps),
                      "flop_bound_s": flops / peak, "roofline_s": bound.seconds,
-                     "serial_roofline_s": bound.serial_seconds,
-                     "serial_at_gemm_rate_s": serial_at_gemm_rate(arch, steps, traffic, gemm_flops, peak, bandwidth)})
+                     "serial_roofline_s": bound.serial_seconds, "serial_at_gemm_rate_s": linear_s + attention_s,
+                     "attention_roofline_s": attention_s})
     reference = next((row["flop_bound_s"] for row in rows if row["policy"] == "batchllm"), None)
     for row in rows:
         for key in ("roofline_s", "serial_roofline_s", "serial_at_gemm_rate_s"):
-            row[key] = round(row[key], 3)
             if reference:
                 row[key.removesuffix("_s") + "_over_flop_bound"] = round(row[key] / reference, 3)
-        row["flop_bound_s"] = round(row["flop_bound_s"], 3)
+        for key in ("flop_bound_s", "roofline_s", "serial_roofline_s", "serial_at_gemm_rate_s", "attention_roofline_s"):
+            row[key] = float(f"{row[key]:.5g}")
     return rows
 
 

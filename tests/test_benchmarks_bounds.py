@@ -29,6 +29,7 @@ def test_bounds_of_a_small_workload(tmp_path, capsys):
     for row in rows.values():
         # 16 requests of 80 tokens: every step reads all 16 GB of weights, so reads bound each step
         assert row["flop_bound_s"] < row["roofline_s"] <= row["serial_roofline_s"] < row["serial_at_gemm_rate_s"] + 1e-9
+        assert 0 < row["attention_roofline_s"] < row["serial_roofline_s"]
         assert row["serial_roofline_over_flop_bound"] == pytest.approx(row["serial_roofline_s"] / optimal_s, abs=2e-3)
     assert rows["vllm"]["roofline_s"] >= batchllm["roofline_s"]  # it reads every prefix once per request
 

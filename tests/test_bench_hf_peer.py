@@ -99,6 +99,7 @@ def test_sweep_reports_the_fastest_batch_size(monkeypatch):
     assert row["measured_seconds"] == 0.2 and row["measured_requests"] == 4
     assert row["seconds"] == pytest.approx(0.2 * 6 / 4, abs=1e-3) and row["req_per_s"] == pytest.approx(20.0)
     assert row["roofline_s"] > 0 and row["time_over_roofline"] > 0 and row["time_over_bound"] > 0
+    assert row["serial_roofline_s"] >= row["roofline_s"] and 0 < row["time_over_serial_roofline"] <= row["time_over_roofline"]
 
 
 def test_a_failing_batch_size_stays_in_the_sweep(monkeypatch):

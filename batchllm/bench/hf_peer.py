@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS
 from batchllm.bench.hf_batches import PeerBatch, plan_peer_batches, static_batch_steps
-from batchllm.bench.roofline import TrafficModel, roofline
+from batchllm.bench.roofline import Roofline, TrafficModel, roofline
 
 GIB = 1 << 30
 # Batch sizes that the sweep adds between the largest one that fit and one that ran out of memory
@@ -116,7 +116,7 @@ def _measure(model, job: PeerJob, batch_size: int, num_requests: int) -> _Measur
     return _Measurement(batch_size, batches, seconds)
 
 
-def _roofline_s(job: PeerJob, batches: list[PeerBatch]) -> float:
+def _roofline(job: PeerJob, batches: list[PeerBatch]) -> Roofline:
     """The roofline of the steps HF runs for these batches (its own schedule: no prefix sharing,
     padding computed), weights and KV in the job's dtype."""
     from batchllm.engine.kv_cache import kv_bytes_per_token
@@ -125,7 +125,7 @@ def _roofline_s(job: PeerJob, batches: list[PeerBatch]) -> float:
     traffic = TrafficModel(itemsize, itemsize,
                            kv_bytes_per_token(arch.num_layers, arch.num_kv_heads, arch.head_dim, job.dtype))
     steps = [step for batch in batches for step in static_batch_steps(batch)]
-    return roofline(arch, steps, traffic, H200_BF16_PEAK_FLOPS).seconds
+    return roofline(arch, steps, traffic, H200_BF16_PEAK_FLOPS)
 
 
 def _sweep_entry(measurement: _Measurement, roofline_s: float) -> dict:
@@ -144,7 +144,7 @@ def _try_measure(model, job: PeerJob, batch_size: int, num_requests: int,
         return None, {"batch_size": batch_size, "error": repr(error)}
     log(f"hf-generate batch {batch_size}: {measurement.num_requests} requests in {measurement.seconds:.2f} s, "
         f"{measurement.req_per_s:.2f} req/s")
-    return measurement, _sweep_entry(measurement, _roofline_s(job, measurement.batches))
+    return measurement, _sweep_entry(measurement, _roofline(job, measurement.batches).seconds)
 
 
 def next_refinement(sweep: list[dict], best_batch_size: int | None, multiple: int = REFINE_MULTIPLE) -> int | None:
@@ -201,7 +201,8 @@ def hf_peer_row(job: PeerJob, batch_sizes: tuple[int, ...], num_requests: int,
     num_prompts = len(job.prompts)
     scale = num_prompts / best.num_requests
     seconds = best.seconds * scale
-    roofline_s = _roofline_s(job, best.batches) * scale
+    bound = _roofline(job, best.batches)
+    roofline_s, serial_roofline_s = bound.seconds * scale, bound.serial_seconds * scale
     return {"workload": job.workload_label, "requests": num_prompts, "model": job.model,
             "policy": f"hf-generate (static batch {best.batch_size}, sdpa; scaled)",
             "quantization": None, "kv_cache_dtype": "auto", "tensor_parallel_size": 1,
@@ -212,4 +213,6 @@ def hf_peer_row(job: PeerJob, batch_sizes: tuple[int, ...], num_requests: int,
             "flop_bound_s": round(job.bound_seconds, 3), "time_over_bound": round(seconds / job.bound_seconds, 2),
             "flop_bound_peak_tflop_per_s": round(H200_BF16_PEAK_FLOPS / 1e12, 1),
             "roofline_s": float(f"{roofline_s:.4g}"), "time_over_roofline": round(seconds / roofline_s, 2),
+            "serial_roofline_s": float(f"{serial_roofline_s:.4g}"),
+            "time_over_serial_roofline": round(seconds / serial_roofline_s, 2),
             "device_memory_in_use_gib_at_start": round(in_use_gib, 2), "sweep": sweep}

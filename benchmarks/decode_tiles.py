@@ -16,6 +16,12 @@ kv_heads, head_dim] tensor to them):
   hnd  head-major storage [blocks, kv_heads, page, head_dim] seen through a permuted view: one KV
        head's page is one contiguous piece
 
+Grids (--grids, instead of the search): the engine gives both persistent launches
+graph_programs_per_sm x SMs programs. This times the SMALL launch alone on each grid of
+GRID_SMALL, then both launches (overlapped) on each pair of GRID_BIG x GRID_SMALL grids: whether
+a SMALL launch's rate grows with its programs and whether grids small enough for both launches'
+programs to be resident together let them overlap.
+
 Search: coordinate descent from decode_tile_config with the launches overlapped, per layout
 (--layouts; nhd alone by default). Each field of SWEEP is tried at
 each of its values in turn and the value with the least geometric-mean time over the settings is
@@ -23,6 +29,7 @@ kept; two passes. Each candidate is checked against the float32 reference first.
 config's time is also split into its BIG launch, its SMALL launch and the merge.
 
     PYTHONPATH=. python3 benchmarks/decode_tiles.py --out $OUT/decode_tiles.json
+    PYTHONPATH=. python3 benchmarks/decode_tiles.py --grids --out $OUT/decode_grids.json
     TRITON_INTERPRET=1 PYTHONPATH=. python3 benchmarks/decode_tiles.py --dry-run   # CPU, tiny
 """
 
@@ -86,6 +93,10 @@ class Candidate:
                 f"split>={t.min_kv_split_tokens}@{self.split_programs_per_sm}/sm graph {t.graph_programs_per_sm}/sm")
 
 
+# --grids: programs per SM of each persistent launch (the engine gives both graph_programs_per_sm)
+GRID_BIG = (1, 2, 4)
+GRID_SMALL = (1, 2, 3, 4, 8)
+
 LAYOUTS = ("nhd", "hnd")
 
 
@@ -135,8 +146,11 @@ class Setting:
         err = (fn().float() - self.ref).abs().max().item()
         return bench_us(fn), err
 
-    def breakdown(self, cand: Candidate, layout: str) -> dict:
-        """us of the BIG launch alone, the SMALL launch alone and the merge alone."""
+    def launches(self, cand: Candidate, layout: str, big_programs_per_sm: int | None = None,
+                 small_programs_per_sm: int | None = None) -> dict:
+        """name -> callable of the BIG launch alone, the SMALL launch alone, the merge alone and all
+        three ("total", the BIG launch on the side stream when cand.overlap), each persistent launch
+        on its own grid of programs per SM (None: the tile's graph_programs_per_sm, as the engine)."""
         k, v = self.caches[layout]
         plan = self.device_plan(cand)
         q = self.b.query
@@ -145,19 +159,78 @@ class Setting:
         part_out = torch.empty((slots, NUM_HEADS, HEAD_DIM), dtype=torch.float32, device=q.device)
         part_lse = torch.zeros((slots, NUM_HEADS), dtype=torch.float32, device=q.device)
         scale = HEAD_DIM ** -0.5
+        default = cand.tile.graph_programs_per_sm
+        big_plan, small_plan = (dataclasses.replace(plan, persistent_programs=(per_sm or default) * self.num_sms)
+                                for per_sm in (big_programs_per_sm, small_programs_per_sm))
         launches = {
-            "big": lambda: _launch_items(plan.work_big, q, k, v, plan, out, part_out, part_lse, scale, 2,
+            "big": lambda: _launch_items(plan.work_big, q, k, v, big_plan, out, part_out, part_lse, scale, 2,
                                          plan.num_items[0:1]),
-            "small": lambda: _launch_items(plan.work_small, q, k, v, plan, out, part_out, part_lse, scale, 1,
+            "small": lambda: _launch_items(plan.work_small, q, k, v, small_plan, out, part_out, part_lse, scale, 1,
                                            plan.num_items[1:2]),
             "merge": lambda: _merge(plan, out, part_out, part_lse),
         }
-        return {name: round(bench_us(fn), 2) for name, fn in launches.items()}
+        side = self.side_stream if cand.overlap else None
+
+        def total():
+            if side is None:
+                launches["big"]()
+            else:
+                current = torch.cuda.current_stream()
+                side.wait_stream(current)
+                with torch.cuda.stream(side):
+                    launches["big"]()
+            launches["small"]()
+            if side is not None:
+                current.wait_stream(side)
+            launches["merge"]()
+            return out
+
+        launches["total"] = total
+        return launches
+
+    def breakdown(self, cand: Candidate, layout: str) -> dict:
+        """us of the BIG launch alone, the SMALL launch alone and the merge alone."""
+        launches = self.launches(cand, layout)
+        return {name: round(bench_us(launches[name]), 2) for name in ("big", "small", "merge")}
+
+    def grids(self, cand: Candidate, layout: str) -> list[dict]:
+        """Rows of the persistent grids: the SMALL launch alone on each GRID_SMALL size, then the
+        engine's launches with the BIG and SMALL grids of each pair of GRID_BIG x GRID_SMALL."""
+        rows = []
+        for small in GRID_SMALL:
+            us = bench_us(self.launches(cand, layout, small_programs_per_sm=small)["small"])
+            rows.append({"setting": self.name, "launch": "small", "big_programs_per_sm": None,
+                         "small_programs_per_sm": small, "us": round(us, 2)})
+        for big in GRID_BIG:
+            for small in GRID_SMALL:
+                total = self.launches(cand, layout, big, small)["total"]
+                err = (total().float() - self.ref).abs().max().item()
+                us = bench_us(total)
+                rows.append({"setting": self.name, "launch": "total", "big_programs_per_sm": big,
+                             "small_programs_per_sm": small, "us": round(us, 2),
+                             "kv_tb_per_s": round(self.kv_bytes / us / 1e6, 3), "max_abs_err": err,
+                             "valid": err < 5e-2})
+        return rows
 
 
 def geomean(values) -> float:
     values = list(values)
     return math.exp(sum(map(math.log, values)) / len(values))
+
+
+def write_grids(args, settings, start: Candidate, layout: str, device: str) -> int:
+    t0 = time.time()
+    rows = [row for s in settings for row in s.grids(start, layout)]
+    result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)",
+              "date": datetime.date.today().isoformat(), "git_commit": args.git_commit or git_commit(),
+              "config": start.key(), "layout": layout, "engine_programs_per_sm": start.tile.graph_programs_per_sm,
+              "rows": rows, "wall_s": round(time.time() - t0, 1)}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as handle:
+        json.dump(result, handle, indent=1)
+    for row in rows:
+        print(json.dumps(row))
+    return 0
 
 
 def main(argv=None) -> int:
@@ -170,6 +243,9 @@ def main(argv=None) -> int:
     parser.add_argument("--git-commit", default=None,
                         help="commit id to record (default: the checkout's short hash, with -dirty when "
                              "tracked files were changed)")
+    parser.add_argument("--grids", action="store_true",
+                        help="instead of the search: time the starting config's persistent launches on their own "
+                             "grids (GRID_BIG x GRID_SMALL programs per SM; the first of --layouts)")
     parser.add_argument("--dry-run", action="store_true", help="tiny batches on CPU (run with TRITON_INTERPRET=1)")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -183,6 +259,8 @@ def main(argv=None) -> int:
     settings = [Setting(p, d, g, args.dry_run, device, dtype, num_sms, layouts)
                 for p, d, g in (DRY_SETTINGS if args.dry_run else SETTINGS)]
     start = Candidate(decode_tile_config(HEAD_DIM, NUM_HEADS // NUM_KV_HEADS))
+    if args.grids:
+        return write_grids(args, settings, start, layouts[0], device)
     serial = dataclasses.replace(start, overlap=False)
     sweep = {"overlap": (False, True), "small_n": (16,), "big_n": (16, 32)} \
         if args.dry_run else SWEEP

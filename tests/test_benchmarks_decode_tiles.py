@@ -39,3 +39,21 @@ def test_dry_run_search_is_valid_in_both_layouts(tmp_path):
 def test_rejects_an_unknown_layout():
     with pytest.raises(SystemExit, match="unknown --layouts"):
         decode_tiles.main(["--dry-run", "--layouts", "nhd,xyz"])
+
+
+def test_dry_run_grids_time_each_launch_grid_and_stay_exact(tmp_path, monkeypatch):
+    monkeypatch.setattr(decode_tiles, "GRID_BIG", (1,))
+    monkeypatch.setattr(decode_tiles, "GRID_SMALL", (1, 3))
+    out = tmp_path / "decode_grids.json"
+    assert decode_tiles.main(["--dry-run", "--grids", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    settings = {r["setting"] for r in rows}
+    assert len(settings) == len(decode_tiles.DRY_SETTINGS)
+    for setting in settings:
+        mine = [r for r in rows if r["setting"] == setting]
+        assert [(r["launch"], r["big_programs_per_sm"], r["small_programs_per_sm"]) for r in mine] == [
+            ("small", None, 1), ("small", None, 3), ("total", 1, 1), ("total", 1, 3)]
+    totals = [r for r in rows if r["launch"] == "total"]
+    assert all(r["valid"] and r["max_abs_err"] < 1e-4 for r in totals)
+    assert result["engine_programs_per_sm"] == decode_tiles.decode_tile_config(128, 4).graph_programs_per_sm

@@ -1,0 +1,164 @@
+"""Where the host's launch time goes: the runner's `execute` (build a step's inputs, launch its
+forward or replay its graph, launch the sampler) under cProfile, its host seconds grouped by
+where the code lives, separately for eager steps (those with prefill chunks, or too large for a
+graph) and for steps replayed from a CUDA graph.
+
+One run warms the engine up (CUDA-graph captures, kernel compiles), one plain run gives the launch
+ms per step as `batchllm bench` reports it, and one run under cProfile attributes it. cProfile
+costs time for every Python call it sees, so the profiled launch is longer than the plain one:
+read the categories as shares of the profiled launch.
+
+    PYTHONPATH=. python3 benchmarks/host_profile.py --kv-cache-tokens 500000 --requests 256 \
+        --quantization fp8 --out host_profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import datetime
+import json
+import pstats
+import time
+
+from batchllm.bench.runner import git_commit
+from batchllm.bench.workload import make_workload
+
+# (category, test on (file name, function name)), first match wins. Built-in functions have the
+# file name "~" and a name such as "<method 'copy_' of 'torch._C.TensorBase' objects>".
+CATEGORIES = (
+    ("gpu_wait", lambda path, name: path == "~" and ("synchronize" in name or "'item'" in name)),
+    ("triton_launcher", lambda path, name: "/triton/" in path or "cuda_utils" in path or "__triton_launcher" in path),
+    ("torch_builtin_ops", lambda path, name: path == "~" and "torch" in name),
+    ("torch_python", lambda path, name: "/torch/" in path),
+    ("attention_plan", lambda path, name: any(f"batchllm/ops/{m}.py" in path for m in
+                                              ("work_list", "dense_plan", "plan_layout", "plan_segments"))),
+    ("batchllm_ops", lambda path, name: "batchllm/ops/" in path),
+    ("batchllm_models", lambda path, name: "batchllm/models/" in path),
+    ("batchllm_engine", lambda path, name: "batchllm/engine/" in path),
+    ("numpy", lambda path, name: "numpy" in path or (path == "~" and "numpy" in name)),
+    ("python_builtins", lambda path, name: path == "~"),
+)
+
+
+def category(path: str, name: str) -> str:
+    return next((c for c, test in CATEGORIES if test(path.replace("\\", "/"), name)), "other")
+
+
+def summarize(stats: pstats.Stats, num_steps: int, top: int = 25) -> dict:
+    """Host ms per step by category (each function's own time, callees excluded), and the
+    functions with the most own time."""
+    by_category: dict[str, float] = {}
+    functions = []
+    for (path, line, name), (_, num_calls, own_s, cumulative_s, _) in stats.stats.items():
+        group = category(path, name)
+        by_category[group] = by_category.get(group, 0.0) + own_s
+        functions.append((own_s, num_calls, cumulative_s, f"{path}:{line}({name})", group))
+    functions.sort(reverse=True)
+    steps = max(num_steps, 1)
+    return {
+        "profiled_ms_per_step": round(1000 * sum(by_category.values()) / steps, 2),
+        "category_ms_per_step": {k: round(1000 * v / steps, 2) for k, v in
+                                 sorted(by_category.items(), key=lambda kv: -kv[1])},
+        "top_functions": [{"function": where[-160:], "category": group, "calls_per_step": round(calls / steps, 1),
+                           "own_ms_per_step": round(1000 * own / steps, 3),
+                           "cumulative_ms_per_step": round(1000 * cumulative / steps, 3)}
+                          for own, calls, cumulative, where, group in functions[:top]],
+    }
+
+
+def _launch_summary(records) -> dict:
+    out = {}
+    for name, keep in (("all", lambda r: True),
+                       ("with_prefill", lambda r: r.num_distinct_tokens + r.num_prefix_tokens > 0),
+                       ("decode_only", lambda r: r.num_distinct_tokens + r.num_prefix_tokens == 0)):
+        group = [r for r in records if keep(r)]
+        if group:
+            out[name] = {"steps": len(group),
+                         "launch_ms_per_step": round(1000 * sum(r.launch_time_s for r in group) / len(group), 2),
+                         "wait_ms_per_step": round(1000 * sum(r.wait_time_s for r in group) / len(group), 2),
+                         "step_ms": round(1000 * sum(r.step_time_s for r in group) / len(group), 2)}
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="random:llama-3.1-8b")
+    parser.add_argument("--workload", default="micro:2000:200:16")
+    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--output-tokens", type=int, default=100)
+    parser.add_argument("--policy", default="batchllm")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--kv-cache-tokens", type=int, default=None)
+    parser.add_argument("--quantization", default=None, choices=["fp8"], help="FP8 linear layers")
+    parser.add_argument("--top", type=int, default=25, help="functions listed by own time")
+    parser.add_argument("--out", default="host_profile.json")
+    parser.add_argument("--git-commit", default=None,
+                        help="commit recorded in the result (default: this checkout's, -dirty with changes)")
+    args = parser.parse_args()
+
+    import torch
+
+    from batchllm import LLM, SamplingParams
+
+    llm = LLM(model=args.model, policy=args.policy, max_num_batched_tokens=args.max_num_batched_tokens,
+              kv_cache_tokens=args.kv_cache_tokens, quantization=args.quantization)
+    workload = make_workload(args.workload, args.requests, args.output_tokens, llm.engine.arch.vocab_size, 0)
+    prompts = [p.tolist() for p in workload.prompts]
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in workload.max_tokens]
+
+    def run() -> float:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return time.perf_counter() - started
+
+    run()  # warm: graph captures and compiles
+    plain_s = run()
+    plain = _launch_summary(llm.last_run_stats.step_records)
+
+    runner = llm.engine.runner
+    execute = runner.execute
+    profiles: dict[str, pstats.Stats] = {}
+    calls = {"eager": 0, "graph_replay": 0}
+
+    def profiled_execute(*call_args, **call_kwargs):
+        replays = runner.graphs.num_replays if runner.graphs is not None else 0
+        profiler = cProfile.Profile()
+        profiler.enable()
+        try:
+            return execute(*call_args, **call_kwargs)
+        finally:
+            profiler.disable()
+            replayed = runner.graphs is not None and runner.graphs.num_replays > replays
+            kind = "graph_replay" if replayed else "eager"
+            calls[kind] += 1
+            if kind in profiles:
+                profiles[kind].add(profiler)
+            else:
+                profiles[kind] = pstats.Stats(profiler)
+
+    runner.execute = profiled_execute
+    try:
+        profiled_s = run()
+    finally:
+        runner.execute = execute
+    records = llm.last_run_stats.step_records
+    result = {"git_commit": args.git_commit or git_commit(), "date": datetime.date.today().isoformat(),
+              "model": args.model, "quantization": args.quantization, "workload": args.workload,
+              "requests": len(prompts), "policy": args.policy,
+              "plain_run": {"seconds": round(plain_s, 3), **plain},
+              "profiled_run": {"seconds": round(profiled_s, 3), **_launch_summary(records)},
+              "execute_profile": {kind: {"steps": calls[kind], **summarize(stats, calls[kind], args.top)}
+                                  for kind, stats in profiles.items()}}
+    print(json.dumps(result, indent=1), flush=True)
+    with open(args.out, "w") as handle:
+        json.dump(result, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

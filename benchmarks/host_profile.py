@@ -18,11 +18,16 @@ import argparse
 import cProfile
 import datetime
 import json
+import os
 import pstats
+import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from profile_engine import add_engine_arguments, make_engine_and_requests
+
 from batchllm.bench.runner import git_commit
-from batchllm.bench.workload import make_workload
 
 # (category, test on (file name, function name)), first match wins. Built-in functions have the
 # file name "~" and a name such as "<method 'copy_' of 'torch._C.TensorBase' objects>".
@@ -83,29 +88,14 @@ def _launch_summary(records) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="random:llama-3.1-8b")
-    parser.add_argument("--workload", default="micro:2000:200:16")
-    parser.add_argument("--requests", type=int, default=256)
-    parser.add_argument("--output-tokens", type=int, default=100)
-    parser.add_argument("--policy", default="batchllm")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    parser.add_argument("--kv-cache-tokens", type=int, default=None)
-    parser.add_argument("--quantization", default=None, choices=["fp8"], help="FP8 linear layers")
+    add_engine_arguments(parser)
     parser.add_argument("--top", type=int, default=25, help="functions listed by own time")
     parser.add_argument("--out", default="host_profile.json")
-    parser.add_argument("--git-commit", default=None,
-                        help="commit recorded in the result (default: this checkout's, -dirty with changes)")
     args = parser.parse_args()
 
     import torch
 
-    from batchllm import LLM, SamplingParams
-
-    llm = LLM(model=args.model, policy=args.policy, max_num_batched_tokens=args.max_num_batched_tokens,
-              kv_cache_tokens=args.kv_cache_tokens, quantization=args.quantization)
-    workload = make_workload(args.workload, args.requests, args.output_tokens, llm.engine.arch.vocab_size, 0)
-    prompts = [p.tolist() for p in workload.prompts]
-    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in workload.max_tokens]
+    llm, prompts, params = make_engine_and_requests(args)
 
     def run() -> float:
         if torch.cuda.is_available():
@@ -148,7 +138,8 @@ def main() -> int:
         runner.execute = execute
     records = llm.last_run_stats.step_records
     result = {"git_commit": args.git_commit or git_commit(), "date": datetime.date.today().isoformat(),
-              "model": args.model, "quantization": args.quantization, "workload": args.workload,
+              "model": args.model, "quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype,
+              "workload": args.workload,
               "requests": len(prompts), "policy": args.policy,
               "plain_run": {"seconds": round(plain_s, 3), **plain},
               "profiled_run": {"seconds": round(profiled_s, 3), **_launch_summary(records)},

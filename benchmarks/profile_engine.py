@@ -155,38 +155,49 @@ def _profile_windows(llm, prompts, params, windows) -> list[dict]:
     return out
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine and workload of a profiled run (shared with host_profile.py)."""
     parser.add_argument("--model", default="random:llama-3.1-8b")
     parser.add_argument("--workload", default="micro:2000:200:16")
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--output-tokens", type=int, default=100)
     parser.add_argument("--policy", default="batchllm")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    parser.add_argument("--profile-requests", type=int, default=64, help="requests in the torch.profiler run")
-    parser.add_argument("--out", default="profile.json")
     parser.add_argument("--kv-cache-tokens", type=int, default=None)
     parser.add_argument("--quantization", default=None, choices=["fp8"], help="FP8 linear layers")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
-    parser.add_argument("--windows", default="",
-                        help="profile step windows of a second full run instead of a run of the first "
-                             "--profile-requests requests, e.g. '40:44,150:154,260:264' (step indices, end excluded)")
-    parser.add_argument("--policies", default="", help="comma list: repeat the windowed profile for each policy")
     parser.add_argument("--git-commit", default=None,
                         help="commit recorded in the result (default: this checkout's, -dirty with changes)")
-    args = parser.parse_args()
 
-    import torch
 
+def make_engine_and_requests(args):
+    """(LLM, prompts, sampling params) of the run that add_engine_arguments describes; every request
+    runs to its workload's output length."""
     from batchllm import LLM, SamplingParams
 
     llm = LLM(model=args.model, policy=args.policy, max_num_batched_tokens=args.max_num_batched_tokens,
               kv_cache_tokens=args.kv_cache_tokens, quantization=args.quantization,
               kv_cache_dtype=args.kv_cache_dtype)
-    arch = llm.engine.arch
-    workload = make_workload(args.workload, args.requests, args.output_tokens, arch.vocab_size, 0)
+    workload = make_workload(args.workload, args.requests, args.output_tokens, llm.engine.arch.vocab_size, 0)
     prompts = [p.tolist() for p in workload.prompts]
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in workload.max_tokens]
+    return llm, prompts, params
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_engine_arguments(parser)
+    parser.add_argument("--profile-requests", type=int, default=64, help="requests in the torch.profiler run")
+    parser.add_argument("--out", default="profile.json")
+    parser.add_argument("--windows", default="",
+                        help="profile step windows of a second full run instead of a run of the first "
+                             "--profile-requests requests, e.g. '40:44,150:154,260:264' (step indices, end excluded)")
+    parser.add_argument("--policies", default="", help="comma list: repeat the windowed profile for each policy")
+    args = parser.parse_args()
+
+    import torch
+
+    llm, prompts, params = make_engine_and_requests(args)
     llm.generate(prompts[:8], params[:8], use_tqdm=False)  # compile
     _sync(torch)
     started = time.perf_counter()

@@ -2,6 +2,7 @@
 summary adds up."""
 
 import cProfile
+import json
 import pstats
 
 import torch
@@ -42,3 +43,21 @@ def test_summary_per_step_adds_up():
     assert len(linear) == 1 and linear[0]["calls_per_step"] == 5.0  # 20 calls over 4 steps
     assert linear[0]["category"] == "torch_builtin_ops"
     assert host_profile.summarize(pstats.Stats(profiler), num_steps=4, top=2)["top_functions"][1:2]
+
+
+def test_run_on_a_tiny_model_profiles_every_step(tmp_path, monkeypatch):
+    out = tmp_path / "host_profile.json"
+    monkeypatch.setattr("sys.argv", ["host_profile.py", "--model", "random:tiny?vocab_size=4096",
+                                     "--workload", "micro:64:8:4", "--requests", "8", "--output-tokens", "3",
+                                     "--top", "5", "--out", str(out)])
+    assert host_profile.main() == 0
+    result = json.loads(out.read_text())
+    steps = result["profiled_run"]["all"]["steps"]
+    assert steps == result["plain_run"]["all"]["steps"] > 0
+    kinds = result["execute_profile"]
+    assert sum(kind["steps"] for kind in kinds.values()) == steps  # one execute call a step
+    if not torch.cuda.is_available():  # no CUDA graphs: every step is eager
+        assert list(kinds) == ["eager"]
+    eager = kinds["eager"]  # the first step has prefill chunks
+    assert eager["profiled_ms_per_step"] > 0 and len(eager["top_functions"]) == 5
+    assert result["requests"] == 8 and result["kv_cache_dtype"] == "auto"

@@ -28,8 +28,8 @@ each of its values in turn and the value with the least geometric-mean time over
 kept; two passes. Each candidate is checked against the float32 reference first. The starting
 config's time is also split into its BIG launch, its SMALL launch and the merge.
 
-    PYTHONPATH=. python3 benchmarks/decode_tiles.py --out $OUT/decode_tiles.json
-    PYTHONPATH=. python3 benchmarks/decode_tiles.py --grids --out $OUT/decode_grids.json
+    PYTHONPATH=. python3 benchmarks/decode_tiles.py --out decode_tiles.json
+    PYTHONPATH=. python3 benchmarks/decode_tiles.py --grids --out decode_grids.json
     TRITON_INTERPRET=1 PYTHONPATH=. python3 benchmarks/decode_tiles.py --dry-run   # CPU, tiny
 """
 

@@ -25,7 +25,7 @@ steps are graphs; eager timing of a 100 us step measured Python launch overhead)
 is checked against `exact` (max abs error). Steps: by default three with prefill
 chunks and three decode-only ones per policy (at 20/50/80% of each kind, in run order).
 
-    PYTHONPATH=. python3 benchmarks/engine_steps.py --out $OUT/engine_steps.json
+    PYTHONPATH=. python3 benchmarks/engine_steps.py --out engine_steps.json
     TRITON_INTERPRET=1 PYTHONPATH=. python3 benchmarks/engine_steps.py --dry-run   # CPU, tiny
 """
 

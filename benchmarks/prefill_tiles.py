@@ -7,7 +7,7 @@ CUDA graphs). This sweep times each `tile_candidates` config on such steps, for 
 kernel in the engine's work order ("auto") and for plain paged attention (the baselines' path),
 each validated against the float32 reference first:
 
-    PYTHONPATH=. python3 benchmarks/prefill_tiles.py --out $OUT/prefill_tiles.json
+    PYTHONPATH=. python3 benchmarks/prefill_tiles.py --out prefill_tiles.json
 
 Scenarios: the mixed settings of benchmarks/attention.py (7 prefill chunks + 256 decode rows) and one step shaped like
 the engine's on micro 2000/200 sd16 (a prefix chunk finishing a 2000-token prefix, 4 members' first

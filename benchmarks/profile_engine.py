@@ -5,13 +5,13 @@ time (gpu_idle_fraction: the host work not hidden behind the GPU; the profiler's
 overhead counts as idle, so this is an upper bound).
 
     PYTHONPATH=. python3 benchmarks/profile_engine.py --model random:llama-3.1-8b \
-        --workload micro:2000:200:16 --requests 256 --out $OUT/profile.json
+        --workload micro:2000:200:16 --requests 256 --out profile.json
 
 With --windows A:B,... the profile instead records those step windows of a second full run
 (per policy of --policies), so steps deep inside a large batch can be looked at:
 
     PYTHONPATH=. python3 benchmarks/profile_engine.py --kv-cache-tokens 500000 --requests 1024 \
-        --windows 60:64,280:284 --policies batchllm,vllm --out $OUT/profile_windows.json
+        --windows 60:64,280:284 --policies batchllm,vllm --out profile_windows.json
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from profile_engine import add_engine_arguments, make_engine_and_requests
+from profile_engine import add_engine_arguments, make_engine_and_requests, mean_ms, steps_by_kind
 
 from batchllm.bench.runner import git_commit
 
@@ -73,17 +73,10 @@ def summarize(stats: pstats.Stats, num_steps: int, top: int = 25) -> dict:
 
 
 def _launch_summary(records) -> dict:
-    out = {}
-    for name, keep in (("all", lambda r: True),
-                       ("with_prefill", lambda r: r.num_distinct_tokens + r.num_prefix_tokens > 0),
-                       ("decode_only", lambda r: r.num_distinct_tokens + r.num_prefix_tokens == 0)):
-        group = [r for r in records if keep(r)]
-        if group:
-            out[name] = {"steps": len(group),
-                         "launch_ms_per_step": round(1000 * sum(r.launch_time_s for r in group) / len(group), 2),
-                         "wait_ms_per_step": round(1000 * sum(r.wait_time_s for r in group) / len(group), 2),
-                         "step_ms": round(1000 * sum(r.step_time_s for r in group) / len(group), 2)}
-    return out
+    """Launch, GPU wait and step ms per step, over all steps and by kind of step."""
+    return {name: {"steps": len(group), "launch_ms_per_step": mean_ms(group, "launch_time_s"),
+                   "wait_ms_per_step": mean_ms(group, "wait_time_s"), "step_ms": mean_ms(group, "step_time_s")}
+            for name, group in {"all": records, **steps_by_kind(records)}.items() if group}
 
 
 def main() -> int:

@@ -25,26 +25,36 @@ from batchllm.bench.runner import git_commit
 from batchllm.bench.workload import make_workload
 
 
+def steps_by_kind(steps) -> dict[str, list]:
+    """A run's step records split into decode-only steps and steps with prefill chunks (a kind
+    with no steps is left out)."""
+    kinds = {"decode_only": [s for s in steps if s.num_distinct_tokens + s.num_prefix_tokens == 0],
+             "with_prefill": [s for s in steps if s.num_distinct_tokens + s.num_prefix_tokens > 0]}
+    return {name: group for name, group in kinds.items() if group}
+
+
+def mean_ms(steps, attr: str) -> float:
+    """The mean of a seconds field of step records, in ms."""
+    return round(1000 * sum(getattr(s, attr) for s in steps) / len(steps), 2)
+
+
 def _phase_summary(steps) -> dict:
     def total(attr):
         return round(sum(getattr(s, attr) for s in steps), 3)
 
-    decode_only = [s for s in steps if s.num_distinct_tokens + s.num_prefix_tokens == 0]
-    mixed = [s for s in steps if s.num_distinct_tokens + s.num_prefix_tokens > 0]
     out = {"steps": len(steps), "wall_s": total("step_time_s"), "schedule_s": total("schedule_time_s"),
            "launch_s": total("launch_time_s"), "wait_s": total("wait_time_s")}
-    for name, group in (("decode_only", decode_only), ("with_prefill", mixed)):
-        if group:
-            n = len(group)
-            out[name] = {
-                "steps": n,
-                "mean_tokens": round(sum(s.num_tokens for s in group) / n, 1),
-                "mean_step_ms": round(1000 * sum(s.step_time_s for s in group) / n, 2),
-                "mean_schedule_ms": round(1000 * sum(s.schedule_time_s for s in group) / n, 2),
-                "mean_launch_ms": round(1000 * sum(s.launch_time_s for s in group) / n, 2),
-                "mean_wait_ms": round(1000 * sum(s.wait_time_s for s in group) / n, 2),
-                "mean_running_requests": round(sum(s.num_running_requests for s in group) / n, 1),
-            }
+    for name, group in steps_by_kind(steps).items():
+        n = len(group)
+        out[name] = {
+            "steps": n,
+            "mean_tokens": round(sum(s.num_tokens for s in group) / n, 1),
+            "mean_step_ms": mean_ms(group, "step_time_s"),
+            "mean_schedule_ms": mean_ms(group, "schedule_time_s"),
+            "mean_launch_ms": mean_ms(group, "launch_time_s"),
+            "mean_wait_ms": mean_ms(group, "wait_time_s"),
+            "mean_running_requests": round(sum(s.num_running_requests for s in group) / n, 1),
+        }
     return out
 
 

@@ -9,8 +9,8 @@ from batchllm.engine.factory import create_engine
 from batchllm.engine.llm_engine import FinishedOutput, PreparedRequest, RunStats
 from batchllm.engine.run_options import RunOptions
 from batchllm.outputs import CompletionOutput, RequestOutput
-from batchllm.progress import Progress
-from batchllm.request_limits import NoTokenizerError
+from batchllm.job.progress import Progress
+from batchllm.engine.request_limits import NoTokenizerError
 from batchllm.sampling_params import SamplingParams
 from batchllm.sched.config import SchedulerConfig
 

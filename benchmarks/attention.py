@@ -54,7 +54,7 @@ import torch
 from batchllm.ops.work_list import build_prefix_shared_plan as build_paged_plan
 from batchllm.ops.prefix_attention import prefix_shared_attention
 from batchllm.ops.reference import paged_attention_reference
-from batchllm.bench.runner import git_commit
+from batchllm.perf.runner import git_commit
 from batchllm.ops.tile_config import TileConfig, default_tile_config
 from batchllm.ops.validation import next_power_of_2
 from batchllm.ops.work_list import DEFAULT_WORK_ORDER, build_prefix_shared_plan, device_num_sms

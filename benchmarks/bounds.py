@@ -26,11 +26,11 @@ import json
 import os
 import sys
 
-from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS
-from batchllm.bench.roofline import (H200_COPY_BANDWIDTH_BYTES_PER_S, TrafficModel, roofline, step_byte_parts,
+from batchllm.perf.flop_bound import H200_BF16_PEAK_FLOPS
+from batchllm.perf.roofline import (H200_COPY_BANDWIDTH_BYTES_PER_S, TrafficModel, roofline, step_byte_parts,
                                      step_flop_parts)
-from batchllm.bench.schedule_replay import replay_schedule
-from batchllm.bench.workload import make_workload, split_workload_spec
+from batchllm.perf.schedule_replay import replay_schedule
+from batchllm.perf.workload import make_workload, split_workload_spec
 from batchllm.models.presets import PRESETS
 from batchllm.sched.config import SchedulerConfig
 

@@ -63,8 +63,8 @@ def main() -> int:
     from transformers import AutoModelForCausalLM
 
     from batchllm import LLM, SamplingParams
-    from batchllm.batch_job import tokenize_request
-    from batchllm.default_model import default_model_path
+    from batchllm.job.batch_job import tokenize_request
+    from batchllm.models.default_model import default_model_path
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -51,7 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from attention import BLOCK_SIZE, DRY_SETTINGS, HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, SETTINGS, kv_bytes_unique, scenario_seqs
 from engine_steps import bench_us, graph_plan
 
-from batchllm.bench.runner import git_commit
+from batchllm.perf.runner import git_commit
 from batchllm.ops.prefix_attention import _launch_items, _merge, prefix_shared_attention
 from batchllm.ops.reference import paged_attention_reference
 from batchllm.ops.tile_config import decode_tile_config

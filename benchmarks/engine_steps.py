@@ -46,8 +46,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from attention import bench_us as eager_us
 
-from batchllm.bench.runner import git_commit
-from batchllm.bench.workload import make_workload
+from batchllm.perf.runner import git_commit
+from batchllm.perf.workload import make_workload
 from batchllm.engine.batch_rows import BatchRows
 from batchllm.engine.cuda_graphs import TOKEN_BUCKETS, graph_items_capacity, rows_bucket
 from batchllm.engine.step_inputs import build_step_inputs

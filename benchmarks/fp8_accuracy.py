@@ -58,7 +58,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def token_ids_of(args) -> list[int]:
-    from batchllm.bench.eval_text import cut_tokens, read_tokens_file, text_token_ids
+    from batchllm.perf.eval_text import cut_tokens, read_tokens_file, text_token_ids
 
     if args.tokens_file:
         return cut_tokens(read_tokens_file(args.tokens_file), args.num_tokens)
@@ -67,7 +67,7 @@ def token_ids_of(args) -> list[int]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from batchllm.bench.eval_text import write_tokens_file
+    from batchllm.perf.eval_text import write_tokens_file
 
     try:
         token_ids = token_ids_of(args)
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
         print(f"wrote {len(token_ids)} token ids to {args.write_tokens_file}")
         return 0
 
-    from batchllm.bench.fp8_accuracy import AccuracyOptions, gate_failures, measure_fp8_accuracy
+    from batchllm.perf.fp8_accuracy import AccuracyOptions, gate_failures, measure_fp8_accuracy
     from batchllm.models.fp8_linear import fp8_unsupported_reason
     from batchllm.engine.loading import resolve_device
 

@@ -5,7 +5,7 @@ float32 row-wise scales (scale_a [M, 1], scale_b [1, N]), bf16 output; measured 
 use_fast_accum off and on. Each figure is timed with CUDA events over --iters products after
 --warmup untimed ones, --repeats times; TFLOP/s counts 2*M*N*K per product. Prints the median and
 the spread over the repeats and writes JSON to --out. The bench's FP8 FLOP bound divides by the
-FP8 peak (batchllm/bench/flop_bound.py). Runs on torch 2.11 and later.
+FP8 peak (batchllm/perf/flop_bound.py). Runs on torch 2.11 and later.
 
 On a GPU each figure also records the SM clock and board power that nvidia-smi reads every 50 ms
 from the first warm-up product to the last timed one (`clocks`), and the result the rated

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from profile_engine import add_engine_arguments, make_engine_and_requests, mean_ms, steps_by_kind
 
-from batchllm.bench.runner import git_commit
+from batchllm.perf.runner import git_commit
 
 # (category, test on (file name, function name)), first match wins. Built-in functions have the
 # file name "~" and a name such as "<method 'copy_' of 'torch._C.TensorBase' objects>".

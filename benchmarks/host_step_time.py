@@ -31,7 +31,7 @@ from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.factory import make_scheduler
 from batchllm.sched.interface import SchedRequest
 from batchllm.sched.simulator import fake_token
-from batchllm.workloads import industrial_workload, micro_workload
+from batchllm.perf.workloads import industrial_workload, micro_workload
 
 BLOCK_SIZE = 16
 

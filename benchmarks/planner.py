@@ -22,7 +22,7 @@ import sys
 import time
 
 from batchllm.prefix import plan_prefix_arrays, plan_prefix_groups
-from batchllm.workloads import industrial_workload, micro_workload
+from batchllm.perf.workloads import industrial_workload, micro_workload
 
 MICRO_SETS = [(2000, 200, 4), (2000, 200, 16), (2000, 1000, 4), (2000, 1000, 16),
               (1000, 1000, 4), (1000, 1000, 16), (16000, 200, 16)]

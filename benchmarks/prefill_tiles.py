@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import attention  # noqa: E402
 from attention import BLOCK_SIZE, HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, SETTINGS, bench_us, scenario_seqs  # noqa: E402
 
-from batchllm.bench.runner import git_commit  # noqa: E402
+from batchllm.perf.runner import git_commit  # noqa: E402
 from batchllm.ops.work_list import build_prefix_shared_plan as build_paged_plan  # noqa: E402
 from batchllm.ops.prefix_attention import prefix_shared_attention  # noqa: E402
 from batchllm.ops.reference import paged_attention_reference  # noqa: E402

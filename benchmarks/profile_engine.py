@@ -21,8 +21,8 @@ import datetime
 import json
 import time
 
-from batchllm.bench.runner import git_commit
-from batchllm.bench.workload import make_workload
+from batchllm.perf.runner import git_commit
+from batchllm.perf.workload import make_workload
 
 
 def steps_by_kind(steps) -> dict[str, list]:

@@ -20,7 +20,7 @@ import numpy as np
 
 from batchllm.distributed.dp_plan import plan_replicas
 from batchllm.prefix.planner import plan_prefix_arrays
-from batchllm.workloads import industrial_workload
+from batchllm.perf.workloads import industrial_workload
 
 SCALE_PREFIX_TOKENS = 270.0  # the planner benchmark's 1M shape (~300 tokens a request), to fit in RAM
 

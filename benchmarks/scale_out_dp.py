@@ -114,10 +114,10 @@ class TimedRun:
 def make_case(spec_text: str, settings: Settings, vocab_size: int) -> Case:
     """The workload's requests as `batchllm bench` makes them (bench/runner.py: generated prompts,
     greedy, ignore_eos, max_tokens = the fixed output length)."""
-    from batchllm.bench.workload import make_workload, split_workload_spec
+    from batchllm.perf.workload import make_workload, split_workload_spec
     from batchllm.engine.request_state import PreparedRequest
     from batchllm.sampling_params import SamplingParams
-    from batchllm.workloads import DEFAULT_LOW_TOKEN_ID
+    from batchllm.perf.workloads import DEFAULT_LOW_TOKEN_ID
 
     spec, num_requests = split_workload_spec(spec_text, settings.num_requests)
     if vocab_size <= DEFAULT_LOW_TOKEN_ID + 256:
@@ -150,7 +150,7 @@ def plan_summaries(case: Case, num_replicas: int) -> dict[int, PlanSummary]:
 
 def check_fits(case: Case, limits) -> None:
     """Every request runs whole on an engine with these RequestLimits (no max_tokens clamped)."""
-    from batchllm.request_limits import InvalidRequestError
+    from batchllm.engine.request_limits import InvalidRequestError
 
     for request in case.requests:
         try:
@@ -318,7 +318,7 @@ def run_shards_alone(engine, requests: list, settings: Settings) -> dict[int, li
 
 def measure_one_device(settings: Settings, cases: list[Case], plans: list[dict], log: Log) -> list[TimedRun]:
     """Every case on one engine on one device; the engine and its GPU memory are freed on return."""
-    from batchllm.bench.runner import free_device_memory
+    from batchllm.perf.runner import free_device_memory
     from batchllm.engine.llm_engine import LLMEngine
 
     log(f"one device: loading {settings.model} ...")
@@ -504,7 +504,7 @@ def resolve_model(args: argparse.Namespace) -> str:
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    from batchllm.bench.workload import DEFAULT_WORKLOAD
+    from batchllm.perf.workload import DEFAULT_WORKLOAD
 
     return Settings(model=resolve_model(args), workloads=tuple(args.workload or [DEFAULT_WORKLOAD]),
                     num_requests=args.requests, output_num_tokens=args.output_tokens, num_replicas=args.replicas,

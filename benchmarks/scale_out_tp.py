@@ -28,7 +28,7 @@ import time
 def make_requests(spec: str, num_requests: int, output_tokens: int, temperature: float = 0.0,
                   vocab_size: int = 32000, seed: int = 0):
     """The requests `batchllm bench` makes for spec (micro:P:D:SD or industrial), as PreparedRequests."""
-    from batchllm.bench.workload import make_workload
+    from batchllm.perf.workload import make_workload
     from batchllm.engine.llm_engine import PreparedRequest
     from batchllm.sampling_params import SamplingParams
 
@@ -39,7 +39,7 @@ def make_requests(spec: str, num_requests: int, output_tokens: int, temperature:
 
 
 def workload_requests(args, temperature: float):
-    from batchllm.bench.workload import split_workload_spec
+    from batchllm.perf.workload import split_workload_spec
 
     spec, num_requests = split_workload_spec(args.workload, args.requests)
     return make_requests(spec, num_requests, args.output_tokens, temperature, args.vocab_size)
@@ -47,8 +47,8 @@ def workload_requests(args, temperature: float):
 
 def flop_bound(arch, requests, tp: int) -> float:
     """The FLOP bound of the batch on tp GPUs, each at the measured bf16 peak."""
-    from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS, flop_bound_seconds
-    from batchllm.bench.runner import _prefix_groups
+    from batchllm.perf.flop_bound import H200_BF16_PEAK_FLOPS, flop_bound_seconds
+    from batchllm.perf.runner import _prefix_groups
     from batchllm.prefix.planner import plan_prefix_groups
 
     plan = plan_prefix_groups([r.prompt_token_ids for r in requests])
@@ -151,7 +151,7 @@ def check(args) -> None:
     """TP=1 and TP=N tokens, in one process (the TP=1 engine is freed before TP=N starts)."""
     import torch
 
-    from batchllm.bench.runner import free_device_memory
+    from batchllm.perf.runner import free_device_memory
     from batchllm.engine.factory import create_engine
 
     greedy, sampled = (workload_requests(args, temperature) for temperature in (0.0, 1.0))
@@ -180,7 +180,7 @@ def check(args) -> None:
 def throughput(args) -> None:
     import torch
 
-    from batchllm.bench.runner import graph_replay_counts, graph_replays_since
+    from batchllm.perf.runner import graph_replay_counts, graph_replays_since
     from batchllm.engine.factory import create_engine
     from batchllm.engine.llm_engine import RunStats
 

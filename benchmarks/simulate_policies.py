@@ -18,7 +18,7 @@ import time
 
 from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.simulator import SimRequest, simulate
-from batchllm.workloads import industrial_workload, micro_workload
+from batchllm.perf.workloads import industrial_workload, micro_workload
 
 POLICIES = ("batchllm", "vllm", "sglang")
 MICRO = ((2000, 200, 4), (2000, 200, 16), (2000, 1000, 4), (2000, 1000, 16), (1000, 1000, 4), (1000, 1000, 16))
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(lines[-1], f"({time.perf_counter() - started:.0f} s wall)", file=sys.stderr, flush=True)
         if traces and args.plots:
-            from batchllm.bench.plot import plot_timelines
+            from batchllm.perf.plot import plot_timelines
             from batchllm.sched.trace import write_trace
 
             os.makedirs(args.plots, exist_ok=True)

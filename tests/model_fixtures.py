@@ -42,7 +42,7 @@ DEFAULT_KV_CACHE_TOKENS = 4096  # the shared default engine's KV cache (token li
 def default_model():
     """Our LoadedModel of the default GGUF (SmolLM2-135M-Instruct Q4_1), float32 on CPU; the
     seconds its load took are in default_model_load_seconds."""
-    from batchllm.models import load_model
+    from batchllm.models.loader import load_model
 
     start = time.perf_counter()
     model = load_model(str(default_gguf_path()), dtype=torch.float32, device="cpu")
@@ -183,10 +183,10 @@ def cli_default_tokenizer(session_default_llm, monkeypatch):
     that only tokenize (`analyze`, `simulate`) get it too when they ask for the default model's
     tokenizer, instead of loading it again (seconds each time). Returns (tokenizer, sources): the
     tokenizer sources those commands asked for, to check."""
-    import batchllm.tokenizer
-    from batchllm.default_model import default_model_path
+    import batchllm.models.tokenizer
+    from batchllm.models.default_model import default_model_path
 
-    load_tokenizer, sources = batchllm.tokenizer.load_tokenizer, []
+    load_tokenizer, sources = batchllm.models.tokenizer.load_tokenizer, []
     tokenizer = session_default_llm.engine.tokenizer
     default_source = {"kind": "gguf", "path": str(default_model_path())}
 
@@ -194,5 +194,5 @@ def cli_default_tokenizer(session_default_llm, monkeypatch):
         sources.append(source)
         return tokenizer if source == default_source else load_tokenizer(source)
 
-    monkeypatch.setattr(batchllm.tokenizer, "load_tokenizer", load_or_share)
+    monkeypatch.setattr(batchllm.models.tokenizer, "load_tokenizer", load_or_share)
     return tokenizer, sources

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from batchllm.batch_job import BatchJobOptions, run_batch_file
+from batchllm.job.batch_job import BatchJobOptions, run_batch_file
 from batchllm.cli.main import main
 from batchllm.config import EngineConfig
 from batchllm.engine.llm_engine import LLMEngine
@@ -280,7 +280,7 @@ class _CountingTokenizer:
 
 
 def test_tokenizing_stops_soon_after_the_context_length():
-    from batchllm.tokenizer import CAP_MARGIN_TOKENS, Tokenizer
+    from batchllm.models.tokenizer import CAP_MARGIN_TOKENS, Tokenizer
 
     hf = _CountingTokenizer()
     tokenizer = Tokenizer(hf)
@@ -453,8 +453,8 @@ def test_an_input_with_nothing_to_run_never_loads_the_model(tmp_path, capsys, co
 
 _SIGNAL_SCRIPT = textwrap.dedent("""
     import sys, time
-    from batchllm.batch_job import StopRequest
-    from batchllm.stop_signals import StopSignals
+    from batchllm.job.batch_job import StopRequest
+    from batchllm.job.stop_signals import StopSignals
     stop = StopRequest()
     stop.on_exit_now = lambda: print("flushed", flush=True)
     with StopSignals(stop):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from batchllm.bench.flop_bound import (H200_BF16_PEAK_FLOPS, H200_FP8_PEAK_FLOPS, flop_bound_seconds, peak_flops_for,
+from batchllm.perf.flop_bound import (H200_BF16_PEAK_FLOPS, H200_FP8_PEAK_FLOPS, flop_bound_seconds, peak_flops_for,
                                        work_flop_parts, work_flops)
 
 

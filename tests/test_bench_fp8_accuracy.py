@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from batchllm.bench import logit_metrics
-from batchllm.bench.eval_text import build_text, cut_tokens, read_tokens_file, text_files, write_tokens_file
-from batchllm.bench.fp8_accuracy import (AccuracyOptions, Variant, gate_failures, measure_fp8_accuracy,
+from batchllm.perf import logit_metrics
+from batchllm.perf.eval_text import build_text, cut_tokens, read_tokens_file, text_files, write_tokens_file
+from batchllm.perf.fp8_accuracy import (AccuracyOptions, Variant, gate_failures, measure_fp8_accuracy,
                                          prefill_steps, sequence_logits)
 from batchllm.models.fp8_linear import fp8_unsupported_reason
-from batchllm.bench.logit_metrics import compare_next_token, perplexity
+from batchllm.perf.logit_metrics import compare_next_token, perplexity
 from script_loader import load_benchmark_script
 
 LN3 = math.log(3.0)
@@ -123,7 +123,7 @@ TINY = AccuracyOptions(model="random:tiny", dtype="float32", device="cpu", chunk
 def test_runner_logits_do_not_depend_on_the_chunk():
     """Chunks of 48 and of 1 token read the earlier tokens back from the paged KV cache; one chunk
     of all 150 reads nothing back: the logits agree."""
-    from batchllm.bench.fp8_accuracy import REFERENCE_VARIANT, engine_config
+    from batchllm.perf.fp8_accuracy import REFERENCE_VARIANT, engine_config
     from batchllm.engine.loading import load_parts
 
     token_ids = torch.randint(3, 500, (150,), generator=torch.Generator().manual_seed(0)).tolist()

@@ -8,11 +8,11 @@ import weakref
 import pytest
 import torch
 
-from batchllm.bench import hf_peer
-from batchllm.bench.hf_batches import PeerBatch, parse_batch_sizes, plan_peer_batches, static_batch_steps
-from batchllm.bench.hf_peer import PeerJob, hf_peer_row
-from batchllm.bench.roofline import StepWork
-from batchllm.bench.runner import BenchOptions, load_llm, run_variants
+from batchllm.perf import hf_peer
+from batchllm.perf.hf_batches import PeerBatch, parse_batch_sizes, plan_peer_batches, static_batch_steps
+from batchllm.perf.hf_peer import PeerJob, hf_peer_row
+from batchllm.perf.roofline import StepWork
+from batchllm.perf.runner import BenchOptions, load_llm, run_variants
 from batchllm.models.presets import parse_random_spec
 
 MODEL = "random:tiny?vocab_size=32000"
@@ -138,7 +138,7 @@ def test_sweep_bisects_up_to_the_memory_limit_while_throughput_rises(monkeypatch
     assert tried == [64, 128, 256, 192, 224, 208]
     assert row["batch_size"] == 208
     assert [e.get("refined", False) for e in row["sweep"]] == [False, False, False, True, True, True]
-    from batchllm.bench.markdown import _sweep_note
+    from batchllm.perf.markdown import _sweep_note
 
     note = _sweep_note(row)
     assert "batch 128: " in note and "batch 224 (bisected): failed" in note
@@ -146,7 +146,7 @@ def test_sweep_bisects_up_to_the_memory_limit_while_throughput_rises(monkeypatch
 
 
 def test_next_refinement_only_while_the_largest_fitting_size_is_the_fastest():
-    from batchllm.bench.hf_peer import next_refinement
+    from batchllm.perf.hf_peer import next_refinement
 
     oom = {"batch_size": 256, "error": "OutOfMemoryError('CUDA out of memory.')"}
     fits = [{"batch_size": 64, "req_per_s": 9.4}, {"batch_size": 128, "req_per_s": 10.7}]

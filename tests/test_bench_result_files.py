@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from batchllm.bench import runner
-from batchllm.bench.engine_variants import EngineVariant
-from batchllm.bench.result_files import ResultFiles
-from batchllm.bench.runner import BenchOptions, load_llm, run_variants
+from batchllm.perf import runner
+from batchllm.perf.engine_variants import EngineVariant
+from batchllm.perf.result_files import ResultFiles
+from batchllm.perf.runner import BenchOptions, load_llm, run_variants
 from batchllm.cli.main import main
 
 MODEL = "random:tiny?vocab_size=32000"

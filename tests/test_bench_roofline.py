@@ -3,13 +3,13 @@ step reads (weights, LM head, KV with a group's prefix once) and the schedule re
 
 import pytest
 
-from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS, work_flops
-from batchllm.bench.roofline import (H200_COPY_BANDWIDTH_BYTES_PER_S, StepWork, TrafficModel, roofline,
+from batchllm.perf.flop_bound import H200_BF16_PEAK_FLOPS, work_flops
+from batchllm.perf.roofline import (H200_COPY_BANDWIDTH_BYTES_PER_S, StepWork, TrafficModel, roofline,
                                      step_byte_parts, step_bytes_read, step_flop_parts, step_flops, step_work)
-from batchllm.bench.schedule_replay import replay_schedule
+from batchllm.perf.schedule_replay import replay_schedule
 from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.interface import ScheduledChunk
-from batchllm.workloads import micro_workload
+from batchllm.perf.workloads import micro_workload
 
 NUM_PARAMS = 7_000_000_000  # non-embedding parameters of an 8B-like model
 

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from batchllm.bench.engine_variants import EngineVariant, parse_variants
-from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS, H200_FP8_PEAK_FLOPS
-from batchllm.bench.markdown import render_markdown
-from batchllm.bench.runner import BenchOptions, load_llm, run_variants
+from batchllm.perf.engine_variants import EngineVariant, parse_variants
+from batchllm.perf.flop_bound import H200_BF16_PEAK_FLOPS, H200_FP8_PEAK_FLOPS
+from batchllm.perf.markdown import render_markdown
+from batchllm.perf.runner import BenchOptions, load_llm, run_variants
 
 MODEL = "random:tiny?vocab_size=32000"
 BF16, FP8, FP8_KV = EngineVariant(), EngineVariant("fp8"), EngineVariant("fp8", "fp8")

@@ -6,8 +6,8 @@ import json
 import pytest
 from script_loader import load_benchmark_script
 
-from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS, work_flops
-from batchllm.bench.workload import make_workload
+from batchllm.perf.flop_bound import H200_BF16_PEAK_FLOPS, work_flops
+from batchllm.perf.workload import make_workload
 from batchllm.models.presets import PRESETS
 from batchllm.prefix.planner import plan_prefix_groups
 

@@ -94,7 +94,7 @@ def test_text_prompts_of_a_random_model_fail_clearly(tmp_path, capsys):
 @pytest.mark.default_model
 def test_chat_lines_use_the_default_model_of_run(capsys, cli_default_tokenizer):
     """No --model: the example's chat and text lines are tokenized with the model `batchllm run` loads."""
-    from batchllm.default_model import default_model_path
+    from batchllm.models.default_model import default_model_path
     from model_helpers import EXAMPLE_INPUT, example_prompt_lengths
 
     tokenizer, sources = cli_default_tokenizer

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from batchllm.bench.markdown import render_markdown
-from batchllm.bench.policies import parse_policy
+from batchllm.perf.markdown import render_markdown
+from batchllm.perf.policies import parse_policy
 from batchllm.cli.main import main
 
 MODEL = "random:tiny?vocab_size=32000"  # plain random:tiny (512 tokens) is too small for the generator
@@ -26,7 +26,7 @@ def _table_rows(markdown: str) -> list[str]:
 
 
 def test_micro_workload_two_policies(tmp_path, capsys):
-    from batchllm.bench.runner import compiled_kernel_variants
+    from batchllm.perf.runner import compiled_kernel_variants
 
     out, md = tmp_path / "e2e.json", tmp_path / "e2e.md"
     compiled_before = compiled_kernel_variants()  # this process's earlier tests may have compiled some
@@ -175,7 +175,7 @@ def test_writes_nothing_unless_told(tmp_path, capsys, monkeypatch):
 def test_compiled_kernel_variants_counts_triton_caches(monkeypatch):
     """The bench records how many variants of each kernel were compiled (more than one per dtype /
     tile config means mid-run recompiles); counted from Triton's per-device kernel caches."""
-    from batchllm.bench.runner import compiled_kernel_variants
+    from batchllm.perf.runner import compiled_kernel_variants
     from batchllm.ops import attention_kernels, kv_store
 
     class FakeJit:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from batchllm.distributed.dp_plan import assign_lpt, plan_replicas
-from batchllm.workloads import industrial_workload, micro_workload
+from batchllm.perf.workloads import industrial_workload, micro_workload
 
 
 def test_lpt_is_greedy_longest_first():

@@ -13,7 +13,7 @@ import pytest
 
 from model_helpers import normalized_records
 
-from batchllm.batch_job import BatchJobOptions, StopRequest, run_batch_file
+from batchllm.job.batch_job import BatchJobOptions, StopRequest, run_batch_file
 from batchllm.config import EngineConfig
 from batchllm.distributed.ray_dp import (RayDPConfig, generate_on_ray, kill_replicas, plan_shards,
                                          start_replicas, stream_shards)

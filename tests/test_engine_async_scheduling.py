@@ -208,7 +208,7 @@ def test_run_options_reach_the_runner(tiny_engine, monkeypatch):
 
 
 def test_unchecked_requests_are_refused(tiny_engine):
-    from batchllm.request_limits import InvalidRequestError
+    from batchllm.engine.request_limits import InvalidRequestError
 
     with pytest.raises(InvalidRequestError, match="limits.check"):
         list(tiny_engine.run([PreparedRequest(0, [5, 6], SamplingParams(max_tokens=None))]))

@@ -3,7 +3,7 @@
 import pytest
 
 from batchllm import LLM, SamplingParams
-from batchllm.workloads import micro_workload
+from batchllm.perf.workloads import micro_workload
 
 MODEL = "random:tiny?vocab_size=4096"
 

@@ -11,7 +11,7 @@ from batchllm.sched.block_table import BlockTableTracker
 from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.factory import make_scheduler
 from batchllm.sched.interface import ScheduledChunk, SchedRequest, SchedulerOutput
-from batchllm.workloads import micro_workload
+from batchllm.perf.workloads import micro_workload
 
 
 def test_slots_positions_and_sample_rows():

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from batchllm.bench.fp8_accuracy import GATES, AccuracyOptions, measure_fp8_accuracy
+from batchllm.perf.fp8_accuracy import GATES, AccuracyOptions, measure_fp8_accuracy
 from batchllm.models.fp8_linear import fp8_unsupported_reason
 
 pytestmark = [pytest.mark.gpu, pytest.mark.default_model]
@@ -23,7 +23,7 @@ def fp8_device():
     reason = fp8_unsupported_reason("cuda")
     if reason:
         pytest.skip(reason)
-    from batchllm.default_model import default_model_path
+    from batchllm.models.default_model import default_model_path
 
     try:
         default_model_path()
@@ -33,7 +33,7 @@ def fp8_device():
 
 
 def _token_ids() -> list[int]:
-    from batchllm.bench.eval_text import cut_tokens, read_tokens_file, text_token_ids
+    from batchllm.perf.eval_text import cut_tokens, read_tokens_file, text_token_ids
 
     try:
         return text_token_ids(None, NUM_TOKENS)

@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from batchllm.config import EngineConfig
-from batchllm.models import load_model
+from batchllm.models.loader import load_model
 from batchllm.models.fp8_checkpoint import fp8_checkpoint_format
 from batchllm.models.fp8_linear import FP8_LINEAR_NAMES, Fp8Linear
 from batchllm.models.hf_loader import hf_arch_config, iter_safetensors, safetensors_files

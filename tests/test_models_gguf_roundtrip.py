@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-from batchllm.models import load_model
+from batchllm.models.loader import load_model
 from batchllm.models.config import ModelArchConfig
 from batchllm.models.gguf_file import read_gguf
 from batchllm.models.rope import rope_inverse_frequencies

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
 
-from batchllm.models import load_model
+from batchllm.models.loader import load_model
 from model_helpers import run_flat
 
 COMMON = dict(

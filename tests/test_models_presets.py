@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from batchllm.models import load_model
+from batchllm.models.loader import load_model
 from batchllm.models.presets import PRESETS, parse_random_spec
 from model_helpers import DenseCausalAttention, run_flat
 

@@ -77,7 +77,7 @@ def test_fp8_linear_on_gpu_equals_dequantized_matmul(num_rows):
 def test_fused_fp8_model_equals_its_unfused_path():
     """The fused kernels (quantization inside RMSNorm and SwiGLU) give the logits of the unfused
     path (bf16 activations quantized by the reference rule)."""
-    from batchllm.models import load_model
+    from batchllm.models.loader import load_model
     from model_helpers import run_flat
 
     loaded = load_model("random:llama-3.1-8b?num_layers=2&vocab_size=4096", device="cuda", quantization="fp8")

@@ -7,7 +7,7 @@ CODE = """
 import sys
 sys.modules['torch'] = None  # any 'import torch' now raises ImportError
 import batchllm.prefix
-import batchllm.workloads
+import batchllm.perf.workloads
 import batchllm.cli.analyze
 plan = batchllm.prefix.plan_prefix_groups([[1, 2, 3], [1, 2, 4]])
 assert plan.saved_num_tokens == 2

@@ -13,7 +13,7 @@ import pytest
 from batchllm.prefix.planner import plan_prefix_groups
 from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.simulator import SimRequest, simulate
-from batchllm.workloads import micro_workload
+from batchllm.perf.workloads import micro_workload
 
 pytest_plugins = ["model_fixtures"]
 
@@ -127,7 +127,7 @@ def test_simulate_reports_bad_input(tmp_path, capsys):
 @pytest.mark.default_model
 def test_simulate_tokenizes_text_and_chat_lines_with_the_default_model(capsys, cli_default_tokenizer):
     from batchllm.cli.main import main
-    from batchllm.default_model import default_model_path
+    from batchllm.models.default_model import default_model_path
     from model_helpers import EXAMPLE_INPUT, example_prompt_lengths
 
     tokenizer, sources = cli_default_tokenizer

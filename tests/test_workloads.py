@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from batchllm.prefix import plan_prefix_arrays
-from batchllm.workloads import industrial_workload, micro_workload, token_ids_to_text, write_jsonl
+from batchllm.perf.workloads import industrial_workload, micro_workload, token_ids_to_text, write_jsonl
 
 
 def test_micro_shapes_and_shuffle():
@@ -91,7 +91,7 @@ def test_bad_parameters():
 def test_module_cli_writes_a_file(tmp_path):
     path = tmp_path / "micro.jsonl"
     result = subprocess.run(
-        [sys.executable, "-m", "batchllm.workloads", "micro", "--prefix", "8", "--distinct", "2",
+        [sys.executable, "-m", "batchllm.perf.workloads", "micro", "--prefix", "8", "--distinct", "2",
          "--sd", "2", "-n", "6", "-o", str(path)],
         capture_output=True, text=True, timeout=300,
     )

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import sys
 
-from batchllm.bench.engine_variants import KV_CACHE_DTYPE_CHOICES, NO_QUANTIZATION, QUANTIZATION_CHOICES
-from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS, H200_FP8_PEAK_FLOPS
-from batchllm.bench.roofline import H200_COPY_BANDWIDTH_BYTES_PER_S
+from batchllm.perf.engine_variants import KV_CACHE_DTYPE_CHOICES, NO_QUANTIZATION, QUANTIZATION_CHOICES
+from batchllm.perf.flop_bound import H200_BF16_PEAK_FLOPS, H200_FP8_PEAK_FLOPS
+from batchllm.perf.roofline import H200_COPY_BANDWIDTH_BYTES_PER_S
 
 DEFAULT_GPU_MODEL = "random:llama-3.1-8b"
 CPU_SMOKE_MODEL = "random:tiny?vocab_size=32000"
@@ -153,7 +153,7 @@ def resolve_model(args) -> str | None:
 
 
 def _default_gguf_hint() -> str:
-    from batchllm.default_model import default_model_path
+    from batchllm.models.default_model import default_model_path
 
     try:
         return f" such as --model {default_model_path()}"
@@ -170,9 +170,9 @@ def _cuda(device: str) -> bool:
 
 
 def options_from_args(args, model: str):
-    from batchllm.bench.engine_variants import parse_variants
-    from batchllm.bench.hf_batches import parse_batch_sizes
-    from batchllm.bench.runner import BenchOptions
+    from batchllm.perf.engine_variants import parse_variants
+    from batchllm.perf.hf_batches import parse_batch_sizes
+    from batchllm.perf.runner import BenchOptions
 
     return BenchOptions(model=model, variants=parse_variants(args.quantization, args.kv_cache_dtype),
                         workloads=list(args.workload or []), inputs=list(args.input),
@@ -186,7 +186,7 @@ def options_from_args(args, model: str):
 
 def output_files(args):
     """The files to write (result_files.ResultFiles): none unless --out or --markdown."""
-    from batchllm.bench.result_files import ResultFiles
+    from batchllm.perf.result_files import ResultFiles
 
     markdown = args.markdown or (os.path.splitext(args.out)[0] + ".md" if args.out else None)
     return ResultFiles(json_path=args.out, markdown_path=markdown)
@@ -206,7 +206,7 @@ def fp8_problem(options) -> str | None:
 
 
 def _load(options, variant):
-    from batchllm.bench.runner import load_llm
+    from batchllm.perf.runner import load_llm
 
     print(f"loading model {options.model} ({variant.label}) ...", file=sys.stderr)
     return load_llm(options, variant)
@@ -215,9 +215,9 @@ def _load(options, variant):
 def bench_command(args) -> int:
     """Exit codes: 0 every row measured, 1 some policy or engine variant failed (its row has "error",
     or the result lists it under "load_errors"), 2 nothing ran."""
-    from batchllm.bench.engine_variants import parse_variants
-    from batchllm.bench.hf_batches import parse_batch_sizes
-    from batchllm.bench.policies import parse_policies
+    from batchllm.perf.engine_variants import parse_variants
+    from batchllm.perf.hf_batches import parse_batch_sizes
+    from batchllm.perf.policies import parse_policies
     from batchllm.cli.run import _input_problem
 
     try:
@@ -245,8 +245,8 @@ def bench_command(args) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    from batchllm.bench.markdown import render_markdown
-    from batchllm.bench.runner import run_variants
+    from batchllm.perf.markdown import render_markdown
+    from batchllm.perf.runner import run_variants
 
     files = output_files(args)
     try:

@@ -23,7 +23,7 @@ def add_parser(subparsers) -> None:
 
 
 def plot_command(args: argparse.Namespace) -> int:
-    from batchllm.bench.plot import plot_timelines
+    from batchllm.perf.plot import plot_timelines
     from batchllm.sched.trace import read_trace
 
     try:

@@ -19,9 +19,9 @@ def add_model_argument(parser: argparse.ArgumentParser) -> None:
 def read_prompts(path: str, model: str | None, where: str = ""):
     """(item, prompt token ids) for each line: a BatchRequest, or a BatchError with no ids. A text
     that cannot be tokenized raises ValueError("{where}line N: why")."""
-    from batchllm.default_model import tokenizer_source
+    from batchllm.models.default_model import tokenizer_source
     from batchllm.io.batch_input import BatchError, read_batch_file
-    from batchllm.tokenizer import load_tokenizer
+    from batchllm.models.tokenizer import load_tokenizer
 
     tokenizer = None
     for item in read_batch_file(path):

@@ -117,10 +117,10 @@ def engine_config_from_args(args):
 
 def run_command(args) -> int:
     """Exit codes: see the command's description."""
-    from batchllm.batch_job import BatchJobOptions, LazyEngine, StopRequest, run_batch_file
+    from batchllm.job.batch_job import BatchJobOptions, LazyEngine, StopRequest, run_batch_file
     from batchllm.io.job_files import JobFilesError, JobLockedError
     from batchllm.io.journal import JournalMismatchError
-    from batchllm.stop_signals import StopSignals
+    from batchllm.job.stop_signals import StopSignals
 
     problem = _ray_problem(args) or _input_problem(args.input)
     if problem:

@@ -62,7 +62,7 @@ class EngineReplica:
         """The engine runs in a thread: an update is complete in its on_step callback (after each
         step's finished requests), and a callback cannot yield."""
         from batchllm.engine.request_state import FinishedOutput
-        from batchllm.request_limits import InvalidRequestError
+        from batchllm.engine.request_limits import InvalidRequestError
 
         runnable, finished = [], []
         for request in requests:  # this replica's KV cache may be smaller than the driver assumed

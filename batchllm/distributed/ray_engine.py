@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from batchllm.config import EngineConfig
 from batchllm.distributed.ray_dp import RayDPConfig, kill_replicas, plan_shards, start_replicas, stream_shards
 from batchllm.engine.request_state import FinishedOutput, PreparedRequest, RunStats
-from batchllm.request_limits import RequestLimits
+from batchllm.engine.request_limits import RequestLimits
 
 
 class RayEngine:
@@ -26,7 +26,7 @@ class RayEngine:
         import ray
 
         from batchllm.models.loader import describe_model
-        from batchllm.tokenizer import load_tokenizer
+        from batchllm.models.tokenizer import load_tokenizer
 
         description = describe_model(config.model)
         self.config, self.dp = config, dp

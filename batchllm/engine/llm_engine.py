@@ -13,7 +13,7 @@ from batchllm.engine.run_options import RunOptions
 from batchllm.engine.sampler import mix_seed
 from batchllm.engine.step_loop import StepLoop
 from batchllm.engine.stop_checker import StopChecker
-from batchllm.request_limits import InvalidRequestError, RequestLimits
+from batchllm.engine.request_limits import InvalidRequestError, RequestLimits
 from batchllm.sched.factory import make_scheduler
 from batchllm.sched.interface import SchedRequest
 
@@ -23,7 +23,7 @@ __all__ = ["FinishedOutput", "LLMEngine", "PreparedRequest", "RunStats"]
 class LLMEngine:
     def __init__(self, config: EngineConfig, parts: EngineParts | None = None) -> None:
         """parts: what the engine runs on; None loads the model on one device (load_parts)."""
-        from batchllm.tokenizer import load_tokenizer
+        from batchllm.models.tokenizer import load_tokenizer
 
         parts = parts if parts is not None else load_parts(config)
         self.config = config

@@ -1,5 +1,3 @@
-"""Model code (Llama-family decoder on a flat token batch) and weight loaders."""
+"""Model code (Llama-family decoder on a flat token batch), weight loaders and tokenizers.
 
-from batchllm.models.loader import load_model
-
-__all__ = ["load_model"]
+Nothing is imported here, so the torch-free modules (tokenizer, default_model) load without torch."""

@@ -130,7 +130,7 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """Parameters are not meaningfully initialised here: build it through
-    batchllm.models.load_model (checkpoints or seeded random presets)."""
+    batchllm.models.loader.load_model (checkpoints or seeded random presets)."""
 
     def __init__(self, config: ModelArchConfig):
         super().__init__()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from batchllm.default_model import default_model_path
+from batchllm.models.default_model import default_model_path
 from batchllm.models.config import ModelArchConfig
 from batchllm.models.fp8_checkpoint import fp8_checkpoint_format
 from batchllm.models.fp8_linear import require_fp8_device

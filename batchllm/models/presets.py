@@ -14,7 +14,7 @@ import typing
 
 import torch
 
-from batchllm.default_model import RANDOM_PREFIX
+from batchllm.models.default_model import RANDOM_PREFIX
 from batchllm.models.config import ModelArchConfig
 from batchllm.models.llama import LlamaForCausalLM
 from batchllm.ops.fp8 import FP8_DTYPE

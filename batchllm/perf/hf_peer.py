@@ -10,9 +10,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS
-from batchllm.bench.hf_batches import PeerBatch, plan_peer_batches, static_batch_steps
-from batchllm.bench.roofline import Roofline, TrafficModel, roofline
+from batchllm.perf.flop_bound import H200_BF16_PEAK_FLOPS
+from batchllm.perf.hf_batches import PeerBatch, plan_peer_batches, static_batch_steps
+from batchllm.perf.roofline import Roofline, TrafficModel, roofline
 
 GIB = 1 << 30
 # Batch sizes that the sweep adds between the largest one that fit and one that ran out of memory
@@ -174,7 +174,7 @@ def hf_peer_row(job: PeerJob, batch_sizes: tuple[int, ...], num_requests: int,
     bisected (next_refinement; their entries are marked "refined")."""
     import torch
 
-    from batchllm.bench.runner import free_device_memory
+    from batchllm.perf.runner import free_device_memory
 
     cuda = job.device.type == "cuda"
     in_use_gib = torch.cuda.memory_allocated(job.device) / GIB if cuda else 0.0

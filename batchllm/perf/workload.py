@@ -1,5 +1,5 @@
 """What a benchmark runs (outputs forced to max_tokens, docs/design.md): a generated workload
-(micro:P:D:SD, industrial; batchllm.workloads) or the requests of a JSONL file (`--input FILE`)."""
+(micro:P:D:SD, industrial; batchllm.perf.workloads) or the requests of a JSONL file (`--input FILE`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import numpy as np
 
 from batchllm.io.batch_input import BatchError, read_batch_file
-from batchllm.workloads import Workload, industrial_workload, micro_workload
+from batchllm.perf.workloads import Workload, industrial_workload, micro_workload
 
 DEFAULT_WORKLOAD = "micro:2000:200:16"
 
@@ -47,7 +47,7 @@ def read_input_workload(path: str, engine, default_max_tokens: int) -> tuple[Wor
     the context like `batchllm run`; absent: 16 on a completion line as in `batchllm run`,
     default_max_tokens on a chat line rather than the whole context); outputs are forced to that
     length by the caller (ignore_eos). The workload is named after the file."""
-    from batchllm.batch_job import prepare_request
+    from batchllm.job.batch_job import prepare_request
 
     prompts: list[np.ndarray] = []
     max_tokens: list[int] = []

@@ -5,7 +5,7 @@ Each variant is built as the engine builds itself (`load_parts(EngineConfig(...)
 text runs as ONE sequence through its ModelRunner, prefilled in chunks: every chunk after the first
 reads the earlier tokens' keys and values back from the paged KV cache, so an FP8 KV cache is
 exercised as in serving. The hidden states of every position go through the model's LM head; the
-logits are compared with the reference's (batchllm/bench/logit_metrics.py)."""
+logits are compared with the reference's (batchllm/perf/logit_metrics.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from batchllm.bench.logit_metrics import compare_next_token, perplexity
+from batchllm.perf.logit_metrics import compare_next_token, perplexity
 from batchllm.sched.interface import ScheduledChunk, SchedulerOutput
 
 SEQ_ID = 0
@@ -101,7 +101,7 @@ def engine_config(options: AccuracyOptions, variant: Variant, num_tokens: int):
 def variant_logits(options: AccuracyOptions, variant: Variant, token_ids: Sequence[int]) -> tuple[str, torch.Tensor]:
     """(the model's name, logits of every position) of one variant; its model and KV cache are
     freed before returning (one variant on the device at a time)."""
-    from batchllm.bench.runner import free_device_memory
+    from batchllm.perf.runner import free_device_memory
     from batchllm.engine.loading import load_parts
 
     parts = load_parts(engine_config(options, variant, len(token_ids)))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from batchllm.bench.roofline import StepWork, chunk_attended_keys
+from batchllm.perf.roofline import StepWork, chunk_attended_keys
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@
   with one of a few instruction templates, so the prefix tree has more than one level and
   the naive first-level grouping is visibly worse than the optimum (Fig. 4).
 
-Torch-free. `python -m batchllm.workloads --help` writes files.
+Torch-free. `python -m batchllm.perf.workloads --help` writes files.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def write_jsonl(workload: Workload, stream: TextIO, text: bool = False) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m batchllm.workloads", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m batchllm.perf.workloads", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="kind", required=True)
     micro = sub.add_parser("micro", help="micro set P/D/sd (BatchLLM 6.1)")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS, H200_FP8_PEAK_FLOPS
-from batchllm.bench.roofline import H200_COPY_BANDWIDTH_BYTES_PER_S
+from batchllm.perf.flop_bound import H200_BF16_PEAK_FLOPS, H200_FP8_PEAK_FLOPS
+from batchllm.perf.roofline import H200_COPY_BANDWIDTH_BYTES_PER_S
 
 # (header, row key, format)
 COLUMNS = (

@@ -7,7 +7,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from batchllm.bench.markdown import render_markdown
+from batchllm.perf.markdown import render_markdown
 
 
 @dataclass(frozen=True)

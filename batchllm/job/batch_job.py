@@ -19,8 +19,8 @@ from batchllm.io.batch_input import DEFAULT_MAX_LINE_BYTES, BatchError, BatchReq
 from batchllm.io.batch_output import dumps, error_line, openai_logprobs, success_line
 from batchllm.io.job_files import JobLock, check_existing_output, check_job_paths, journal_path_for
 from batchllm.io.journal import Journal, JournalHeader, ResumeReport
-from batchllm.progress import Progress
-from batchllm.request_limits import EmptyPromptError, InvalidRequestError, NoTokenizerError, PromptTooLongError
+from batchllm.job.progress import Progress
+from batchllm.engine.request_limits import EmptyPromptError, InvalidRequestError, NoTokenizerError, PromptTooLongError
 from batchllm.sampling_params import SamplingParams
 
 ORDERS = ("input", "finish")
@@ -52,7 +52,7 @@ class BatchJobOptions:
 
 @dataclass
 class StopRequest:
-    """Set on SIGINT/SIGTERM (batchllm.stop_signals); the job stops after the current step.
+    """Set on SIGINT/SIGTERM (batchllm.job.stop_signals); the job stops after the current step.
     on_exit_now: what must be saved before the process exits at once (a second signal)."""
 
     signal_name: str | None = None

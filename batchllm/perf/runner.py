@@ -15,16 +15,16 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from batchllm.bench.engine_variants import EngineVariant
-from batchllm.bench.flop_bound import (H200_BF16_PEAK_FLOPS, WorkFlops, flop_bound_seconds, peak_flops_for,
+from batchllm.perf.engine_variants import EngineVariant
+from batchllm.perf.flop_bound import (H200_BF16_PEAK_FLOPS, WorkFlops, flop_bound_seconds, peak_flops_for,
                                        work_flop_parts)
-from batchllm.bench.policies import PolicySpec, parse_policies
-from batchllm.bench.roofline import H200_COPY_BANDWIDTH_BYTES_PER_S, TrafficModel, roofline
-from batchllm.bench.schedule_replay import replay_schedule
-from batchllm.bench.workload import DEFAULT_WORKLOAD, make_workload, read_input_workload, split_workload_spec
+from batchllm.perf.policies import PolicySpec, parse_policies
+from batchllm.perf.roofline import H200_COPY_BANDWIDTH_BYTES_PER_S, TrafficModel, roofline
+from batchllm.perf.schedule_replay import replay_schedule
+from batchllm.perf.workload import DEFAULT_WORKLOAD, make_workload, read_input_workload, split_workload_spec
 from batchllm.engine.run_options import RunOptions
 from batchllm.sched.trace import Trace, write_trace
-from batchllm.workloads import DEFAULT_LOW_TOKEN_ID
+from batchllm.perf.workloads import DEFAULT_LOW_TOKEN_ID
 
 GIB = 1 << 30
 
@@ -355,7 +355,7 @@ def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print,
             add_row(row)
         engine.configure_scheduler(**base_settings)
         if traces:
-            from batchllm.bench.plot import plot_timelines
+            from batchllm.perf.plot import plot_timelines
 
             plot_timelines(traces, os.path.join(options.trace_dir, f"timeline-{slug(case.label)}.png"),
                            title=f"{options.model}, {case.label}, {len(case.prompts)} requests")
@@ -366,7 +366,7 @@ def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print,
 def peer_job(options: BenchOptions, llm):
     """The HF peer's job (hf_peer.PeerJob) on the first workload, taken from a loaded engine before
     it is freed; None when that workload has no request."""
-    from batchllm.bench.hf_peer import PeerJob
+    from batchllm.perf.hf_peer import PeerJob
     from batchllm.prefix.planner import plan_prefix_groups
 
     engine = llm.engine
@@ -382,7 +382,7 @@ def peer_job(options: BenchOptions, llm):
 
 def run_peer(job, options: BenchOptions, log: Callable[[str], None]) -> dict:
     """The HF peer's row, or a row with its error."""
-    from batchllm.bench.hf_peer import hf_peer_row
+    from batchllm.perf.hf_peer import hf_peer_row
 
     num_requests = options.hf_peer_requests or max(options.hf_peer)
     try:

@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from batchllm.bench.flop_bound import H200_BF16_PEAK_FLOPS
+from batchllm.perf.flop_bound import H200_BF16_PEAK_FLOPS
 from batchllm.sched.interface import NO_GROUP, ScheduledChunk
 
 # bytes read + bytes written per second of a large device-to-device copy on an H200 (the copy

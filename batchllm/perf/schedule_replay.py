@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from batchllm.bench.roofline import StepWork, step_work
+from batchllm.perf.roofline import StepWork, step_work
 from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.interface import SchedulerOutput
 from batchllm.sched.simulator import SimRequest, simulate

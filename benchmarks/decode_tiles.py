@@ -54,8 +54,9 @@ from engine_steps import bench_us, graph_plan
 from batchllm.perf.runner import git_commit
 from batchllm.ops.prefix_attention import _launch_items, _merge, prefix_shared_attention
 from batchllm.ops.reference import paged_attention_reference
-from batchllm.ops.tile_config import decode_tile_config
-from batchllm.ops.work_list import build_prefix_shared_plan, device_num_sms
+from batchllm.attention_plan.tile_config import decode_tile_config
+from batchllm.attention_plan.work_list import build_prefix_shared_plan
+from batchllm.ops.plan_device import device_num_sms
 from tests.synthetic_batch import make_batch
 
 # field -> values tried; split_programs_per_sm is the plan's split-KV target (programs per SM),

@@ -52,8 +52,9 @@ from batchllm.engine.batch_rows import BatchRows
 from batchllm.engine.cuda_graphs import TOKEN_BUCKETS, graph_items_capacity, rows_bucket
 from batchllm.engine.step_inputs import build_step_inputs
 from batchllm.ops.prefix_attention import prefix_shared_attention
-from batchllm.ops.tile_config import decode_tile_config, default_tile_config
-from batchllm.ops.work_list import F_PARTIAL_BASE, WORK_FIELDS, build_prefix_shared_plan, device_num_sms
+from batchllm.attention_plan.tile_config import decode_tile_config, default_tile_config
+from batchllm.attention_plan.work_list import F_PARTIAL_BASE, WORK_FIELDS, build_prefix_shared_plan
+from batchllm.ops.plan_device import device_num_sms, plan_to_device
 from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.simulator import SimRequest, simulate
 
@@ -122,14 +123,14 @@ def graph_plan(plan, device, num_sms: int, split: bool):
     lists = plan.class_lists()
     work = [torch.from_numpy(padded_work(items, plan.num_tokens)).to(device) for items in lists]
     counts = torch.tensor([items.shape[0] for items in lists], dtype=torch.int32, device=device)
-    return dataclasses.replace(plan.to(device), work=work[0], work_big=work[0] if split else None,
+    return dataclasses.replace(plan_to_device(plan, device), work=work[0], work_big=work[0] if split else None,
                                work_small=work[1] if split else None, num_items=counts,
                                persistent_programs=tile.graph_programs_per_sm * num_sms)
 
 
 def variants_for(step_inputs, plan, decode_plan, device, num_sms: int) -> dict:
     """name -> device plan of each variant (see the module docstring)."""
-    exact = plan.to(device)
+    exact = plan_to_device(plan, device)
     out = {"exact": exact}
     decode_only = step_inputs.num_tokens == step_inputs.query_start_loc.shape[0] - 1
     if decode_only:
@@ -137,12 +138,12 @@ def variants_for(step_inputs, plan, decode_plan, device, num_sms: int) -> dict:
         out["graph_padded"] = dataclasses.replace(exact, work=work)
         out["graph_persistent"] = graph_plan(plan, device, num_sms, split=False)
         out["graph_split_persistent"] = graph_plan(decode_plan, device, num_sms, split=True)
-        out["split"] = decode_plan.to(device)
+        out["split"] = plan_to_device(decode_plan, device)
         return out
     for name, small_n, warps, stages in SPLIT_VARIANTS:
         split_tile = dataclasses.replace(plan.tile, split_classes=True, small_n=small_n, small_num_warps=warps,
                                          small_num_stages=stages)
-        out[name] = dataclasses.replace(plan, tile=split_tile).to(device)
+        out[name] = plan_to_device(dataclasses.replace(plan, tile=split_tile), device)
     return out
 
 

@@ -33,12 +33,13 @@ import attention  # noqa: E402
 from attention import BLOCK_SIZE, HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, SETTINGS, bench_us, scenario_seqs  # noqa: E402
 
 from batchllm.perf.runner import git_commit  # noqa: E402
-from batchllm.ops.work_list import build_prefix_shared_plan as build_paged_plan  # noqa: E402
+from batchllm.attention_plan.work_list import build_prefix_shared_plan as build_paged_plan  # noqa: E402
 from batchllm.ops.prefix_attention import prefix_shared_attention  # noqa: E402
 from batchllm.ops.reference import paged_attention_reference  # noqa: E402
-from batchllm.ops.tile_config import TileConfig, decode_tile_config, default_tile_config  # noqa: E402
-from batchllm.ops.validation import next_power_of_2  # noqa: E402
-from batchllm.ops.work_list import build_prefix_shared_plan, device_num_sms  # noqa: E402
+from batchllm.attention_plan.tile_config import TileConfig, decode_tile_config, default_tile_config  # noqa: E402
+from batchllm.attention_plan.checks import next_power_of_2  # noqa: E402
+from batchllm.attention_plan.work_list import build_prefix_shared_plan  # noqa: E402
+from batchllm.ops.plan_device import device_num_sms, plan_to_device  # noqa: E402
 from tests.synthetic_batch import SeqSpec, make_batch  # noqa: E402
 
 
@@ -119,9 +120,9 @@ def main() -> int:
         for name, tile in configs.items():
             kw = {"block_size": BLOCK_SIZE, "num_kv_heads": NUM_KV_HEADS, "num_heads": NUM_HEADS,
                   "head_dim": HEAD_DIM, "tile": tile, "num_sms": device_num_sms(dev)}
-            plans = {"fused_auto": build_prefix_shared_plan(**meta, order="auto", **kw).to(dev),
-                     "plain": build_paged_plan(meta["query_start_loc"], meta["seq_lens"], meta["shared_kv_lens"],
-                                               meta["block_tables"], **kw).to(dev)}
+            plans = {"fused_auto": plan_to_device(build_prefix_shared_plan(**meta, order="auto", **kw), dev),
+                     "plain": plan_to_device(build_paged_plan(meta["query_start_loc"], meta["seq_lens"],
+                                                              meta["shared_kv_lens"], meta["block_tables"], **kw), dev)}
             for impl, plan in plans.items():
                 fn = lambda plan=plan: prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan, scale)  # noqa: E731
                 try:

@@ -8,7 +8,7 @@ import torch
 
 from batchllm.engine.attention import FusedPrefixBackend, TritonPagedBackend
 from batchllm.engine.step_inputs import build_step_inputs
-from batchllm.ops.tile_config import TileConfig, decode_tile_config, default_tile_config
+from batchllm.attention_plan.tile_config import TileConfig, decode_tile_config, default_tile_config
 from batchllm.sched.interface import ScheduledChunk, SchedulerOutput
 
 

@@ -59,8 +59,8 @@ class TritonPagedBackend(ReferenceBackend):
                  device: torch.device) -> None:
         from batchllm.ops.kv_store import store_kv
         from batchllm.ops.prefix_attention import prefix_shared_attention
-        from batchllm.ops.tile_config import decode_tile_config
-        from batchllm.ops.work_list import device_num_sms
+        from batchllm.attention_plan.tile_config import decode_tile_config
+        from batchllm.ops.plan_device import device_num_sms
 
         self._store_kv = store_kv
         self._attention = prefix_shared_attention
@@ -73,8 +73,8 @@ class TritonPagedBackend(ReferenceBackend):
 
     def build_host_plan(self, inputs: StepInputs):
         """The step's work list on the host (numpy); one per step, shared by every layer."""
-        from batchllm.ops.tile_config import default_tile_config
-        from batchllm.ops.work_list import build_prefix_shared_plan
+        from batchllm.attention_plan.tile_config import default_tile_config
+        from batchllm.attention_plan.work_list import build_prefix_shared_plan
 
         # Decode-only steps (one row per seq: the CUDA-graph steps) run class-split launches
         # (decode_tile_config); steps with prefill chunks the default table (None).
@@ -91,7 +91,9 @@ class TritonPagedBackend(ReferenceBackend):
         )
 
     def prepare(self, inputs: StepInputs, metadata: AttentionMetadata) -> None:
-        metadata.plan = self.build_host_plan(inputs).to(self.device)
+        from batchllm.ops.plan_device import plan_to_device
+
+        metadata.plan = plan_to_device(self.build_host_plan(inputs), self.device)
 
     def store(self, key, value, k_cache, v_cache, metadata: AttentionMetadata, k_scale: float = 1.0,
               v_scale: float = 1.0) -> None:

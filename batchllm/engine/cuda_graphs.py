@@ -8,11 +8,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from batchllm.attention_plan.layout import graph_layout
+from batchllm.attention_plan.work_list import WORK_FIELDS
 from batchllm.engine.attention import AttentionMetadata, PagedAttention
 from batchllm.engine.placeholders import resolve_placeholders_
 from batchllm.engine.step_inputs import StepInputs
-from batchllm.ops.plan_layout import graph_layout
-from batchllm.ops.work_list import WORK_FIELDS, PrefixSharedPlanOnDevice
+from batchllm.ops.plan_device import PrefixSharedPlanOnDevice
 
 TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
 
@@ -29,7 +30,7 @@ def rows_bucket(num_tokens: int) -> int | None:
 
 
 def graph_items_capacity(num_rows: int) -> int:
-    """Work items a graph of num_rows rows holds per list: tiles x KV pieces, see work_list.py."""
+    """Work items a graph of num_rows rows holds per list: tiles x KV pieces, see attention_plan/work_list.py."""
     return 4 * num_rows + 1024
 
 
@@ -41,7 +42,7 @@ class _Graph:
         self.slots_cap = 8 * rows + 1024  # partial results to merge
         # int64 part: input_ids, positions, slot_mapping
         self.dev64 = torch.zeros(3 * rows, dtype=torch.int64, device=device)
-        # int32 part: the plan's arrays (plan_layout.graph_layout). The attention launches are
+        # int32 part: the plan's arrays (attention_plan.layout.graph_layout). The attention launches are
         # persistent: each runs the first num_items[i] items of its padded list.
         self.layout = graph_layout(rows, key.num_blocks, self.items_cap, self.slots_cap, WORK_FIELDS)
         self.dev32 = torch.zeros(self.layout.num_int32, dtype=torch.int32, device=device)

@@ -13,6 +13,7 @@ from batchllm.engine.kv_cache import KVCache
 from batchllm.engine.placeholders import placeholder_source, resolve_placeholders_
 from batchllm.engine.sampler import SamplerOutput, SamplingBatch, sample
 from batchllm.engine.step_inputs import StepInputs, build_step_inputs
+from batchllm.ops.plan_device import plan_to_device
 from batchllm.ops.transfer import to_device, upload_arrays
 from batchllm.sched.interface import SchedulerOutput
 
@@ -97,7 +98,7 @@ class ModelRunner:
         input_ids = device.pop("input_ids")
         metadata = AttentionMetadata(**device)
         if host_plan is not None:
-            metadata.plan = host_plan.to(self.device)
+            metadata.plan = plan_to_device(host_plan, self.device)
         else:
             self.backend.prepare(inputs, metadata)
         attention = PagedAttention(self.kv_cache, metadata, self.backend, self.scale)

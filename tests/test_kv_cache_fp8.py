@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from batchllm.attention_plan.work_list import build_prefix_shared_plan
-from batchllm.engine.attention import AttentionMetadata, PagedAttention, make_backend
+from batchllm.engine.attention.paged import PagedAttention
+from batchllm.engine.attention.protocol import AttentionMetadata
+from batchllm.engine.attention.select import make_backend
 from batchllm.engine.kv_cache import KVCache, kv_bytes_per_token
 from batchllm.ops.fp8 import FP8_MAX
 from batchllm.ops.kv_quant import dequantize_e4m3, quantize_e4m3
@@ -212,8 +214,8 @@ def test_cpu_backends_on_an_fp8_cache(backend_name):
     cache = KVCache(torch.stack([k8, k8]), torch.stack([v8, v8]), K_SCALE, V_SCALE)
     backend = make_backend(backend_name, torch.device("cpu"), 16, 6, 2, 32)
     inputs = SimpleNamespace(**b.metadata_numpy(), num_tokens=b.query.shape[0])
-    metadata = AttentionMetadata(slot_mapping=b.slot_mapping, positions=torch.zeros_like(b.slot_mapping))
-    backend.prepare(inputs, metadata)
+    plan = backend.plan_to_device(backend.build_plan(inputs), torch.device("cpu"))
+    metadata = AttentionMetadata(slot_mapping=b.slot_mapping, positions=torch.zeros_like(b.slot_mapping), plan=plan)
     out = PagedAttention(cache, metadata, backend, 0.2)(1, b.query, b.key, b.value)
     store_kv_reference(b.key, b.value, k8, v8, b.slot_mapping, K_SCALE, V_SCALE)
     assert _bytes(cache.k[1]) == _bytes(k8) and _bytes(cache.v[1]) == _bytes(v8)

@@ -89,16 +89,16 @@ def test_torch_backend_equals_the_reference_with_a_window():
 
     import numpy as np
 
-    from batchllm.engine.cpu_attention import BatchedTorchBackend
+    from batchllm.engine.attention.batched_torch import BatchedTorchBackend
 
     generator = torch.Generator().manual_seed(3)
     case = _paged_case(generator, [45, 30, 60, 9, 17], [1, 30, 5, 9, 1], [24, 24, 24, 0, 0])
     query, k_cache, v_cache, starts, lens, shared, tables = case
     inputs = SimpleNamespace(query_start_loc=starts.numpy(), seq_lens=lens.numpy(), shared_kv_lens=shared.numpy(),
                              block_tables=tables.numpy())
-    metadata = SimpleNamespace(slot_mapping=torch.zeros(1, dtype=torch.int64))
     backend = BatchedTorchBackend(block_size=4)
-    backend.prepare(inputs, metadata)
+    plan = backend.plan_to_device(backend.build_plan(inputs), torch.device("cpu"))
+    metadata = SimpleNamespace(slot_mapping=torch.zeros(1, dtype=torch.int64), plan=plan)
     assert len(metadata.plan) > 1  # decode rows and prefill chunks in separate padded batches
     for window in (None, WINDOW, 1):
         ours = backend.attend(query, k_cache, v_cache, metadata, 0.3, window)

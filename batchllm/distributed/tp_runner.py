@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from batchllm.distributed.step_gate import StepGate, step_fingerprint
 from batchllm.engine.errors import EngineBrokenError
-from batchllm.engine.model_runner import ModelRunner, StepResult
+from batchllm.engine.model_runner import ModelRunner
+from batchllm.engine.step_result import StepResult
 from batchllm.sched.interface import SchedulerOutput
 
 

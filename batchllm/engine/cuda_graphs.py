@@ -9,8 +9,10 @@ import numpy as np
 import torch
 
 from batchllm.attention_plan.layout import graph_layout
-from batchllm.attention_plan.work_list import WORK_FIELDS
-from batchllm.engine.attention import AttentionMetadata, PagedAttention
+from batchllm.attention_plan.work_list import WORK_FIELDS, PrefixSharedPlan
+from batchllm.engine.attention.paged import PagedAttention
+from batchllm.engine.attention.protocol import AttentionMetadata, GraphAttentionBackend
+from batchllm.engine.kv_cache import KVCache
 from batchllm.engine.placeholders import resolve_placeholders_
 from batchllm.engine.step_inputs import StepInputs
 from batchllm.ops.plan_device import PrefixSharedPlanOnDevice
@@ -59,13 +61,13 @@ class _Graph:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.hidden: torch.Tensor | None = None
 
-    def fits(self, plan, lists: tuple[np.ndarray, np.ndarray]) -> bool:
+    def fits(self, plan: PrefixSharedPlan, lists: tuple[np.ndarray, np.ndarray]) -> bool:
         """lists: plan.class_lists()."""
         return (max(items.shape[0] for items in lists) <= self.items_cap
                 and plan.num_partial_slots <= self.slots_cap and plan.merge_tokens.shape[0] < self.key.num_rows
                 and plan.dense.shape[0] == 0)  # dense calls are host-launched per step (none in decode plans)
 
-    def fill(self, plan, lists: tuple[np.ndarray, np.ndarray], inputs: StepInputs) -> None:
+    def fill(self, plan: PrefixSharedPlan, lists: tuple[np.ndarray, np.ndarray], inputs: StepInputs) -> None:
         """lists: plan.class_lists(), the work list(s) as the graph's launches take them."""
         turn = self._turn
         self._turn = 1 - turn
@@ -101,7 +103,7 @@ class _Graph:
         event.record()
         self._copied[turn] = event
 
-    def device_plan(self, template, num_sms: int) -> PrefixSharedPlanOnDevice:
+    def device_plan(self, template: PrefixSharedPlan, num_sms: int) -> PrefixSharedPlanOnDevice:
         """A PrefixSharedPlanOnDevice over the static buffers, shaped like the graph; its attention
         launch is persistent (the grid is frozen at capture, the step's item count is not)."""
         views = self.layout.views(self.dev32)
@@ -117,7 +119,8 @@ class _Graph:
 
 
 class DecodeGraphRunner:
-    def __init__(self, model, kv_cache, backend, scale: float, device: torch.device) -> None:
+    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, backend: GraphAttentionBackend, scale: float,
+                 device: torch.device) -> None:
         self.model, self.kv_cache, self.backend, self.scale, self.device = model, kv_cache, backend, scale, device
         self.graphs: dict[GraphKey, _Graph] = {}
         self.num_replays = 0
@@ -143,7 +146,8 @@ class DecodeGraphRunner:
         width = 1 << max(int(inputs.block_tables.shape[1]) - 1, 0).bit_length()
         return GraphKey(rows, max(width, 16))
 
-    def run(self, inputs: StepInputs, plan, placeholders: torch.Tensor | None = None) -> torch.Tensor | None:
+    def run(self, inputs: StepInputs, plan: PrefixSharedPlan,
+            placeholders: torch.Tensor | None = None) -> torch.Tensor | None:
         """Hidden states [num_tokens, hidden] of a decode step via a graph, or None (run eagerly).
         placeholders: the previous step's sampled ids on the device, for placeholder input ids."""
         key = self.key_for(inputs)
@@ -164,7 +168,7 @@ class DecodeGraphRunner:
         self.num_replays += 1
         return graph.hidden[:inputs.num_tokens]
 
-    def _capture(self, graph: _Graph, template_plan) -> None:
+    def _capture(self, graph: _Graph, template_plan: PrefixSharedPlan) -> None:
         rows = graph.key.num_rows
         input_ids, positions, slot_mapping = graph.dev64[:rows], graph.dev64[rows:2 * rows], graph.dev64[2 * rows:]
         metadata = AttentionMetadata(slot_mapping=slot_mapping, positions=positions,

@@ -10,6 +10,7 @@ import torch
 from batchllm.config import EngineConfig
 from batchllm.engine.kv_cache import KVCache, choose_num_kv_tokens, kv_bytes_per_token, num_kv_blocks
 from batchllm.engine.model_runner import ModelRunner
+from batchllm.models.config import ModelArchConfig
 from batchllm.models.fp8_linear import require_fp8_device
 from batchllm.ops.fp8 import FP8_DTYPE
 
@@ -20,7 +21,7 @@ class EngineParts:
 
     device: torch.device
     dtype: torch.dtype
-    arch: object  # the full model's architecture (ModelConfig)
+    arch: ModelArchConfig  # the full model's architecture
     model_name: str
     tokenizer_source: dict | None
     max_model_len: int

@@ -2,43 +2,30 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
 
-from batchllm.engine.attention import AttentionMetadata, PagedAttention, make_backend
+from batchllm.engine.attention.paged import PagedAttention
+from batchllm.engine.attention.protocol import AttentionMetadata, GraphAttentionBackend
+from batchllm.engine.attention.select import make_backend
 from batchllm.engine.batch_rows import BatchRows
+from batchllm.engine.cuda_graphs import DecodeGraphRunner
 from batchllm.engine.kv_cache import KVCache
 from batchllm.engine.placeholders import placeholder_source, resolve_placeholders_
 from batchllm.engine.sampler import SamplerOutput, SamplingBatch, sample
 from batchllm.engine.step_inputs import StepInputs, build_step_inputs
-from batchllm.ops.plan_device import plan_to_device
+from batchllm.engine.step_result import StepResult
+from batchllm.models.config import ModelArchConfig
 from batchllm.ops.transfer import to_device, upload_arrays
 from batchllm.sched.interface import SchedulerOutput
 
 
-@dataclass(frozen=True)
-class StepResult:
-    seq_ids: tuple[int, ...]  # one per sampled row
-    sampled: SamplerOutput | None  # None when nothing was sampled this step (device tensors)
-    # CUDA: pinned host copies of `sampled`, filled by a non-blocking copy queued right after
-    # the sampler, and the event that marks them ready. Waiting on the event waits for this
-    # step only; `.tolist()` on the device tensors would also wait for every step queued after
-    # it (asynchronous scheduling queues the next step before reading this one).
-    host_sampled: SamplerOutput | None = None
-    host_ready: torch.cuda.Event | None = None
-
-    def host_output(self) -> SamplerOutput | None:
-        """The sampled output on the host (waits for this step's copy)."""
-        if self.host_ready is None:
-            return self.sampled
-        self.host_ready.synchronize()
-        return self.host_sampled
-
-
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, arch, kv_cache: KVCache, block_size: int,
+    """The StepRunner of one device (engine/step_runner.py)."""
+
+    def __init__(self, model: torch.nn.Module, arch: ModelArchConfig, kv_cache: KVCache, block_size: int,
                  device: torch.device, attention_backend: str, cuda_graphs: bool = True) -> None:
         self.model = model
         self.kv_cache = kv_cache
@@ -48,11 +35,10 @@ class ModelRunner:
                                     arch.head_dim, arch.layer_windows)
         self.scale = arch.head_dim ** -0.5
         self.rows = BatchRows()  # the persistent batch: host rows kept from step to step
-        self.graphs = None
-        if cuda_graphs and device.type == "cuda" and getattr(self.backend, "supports_cuda_graphs", False):
-            from batchllm.engine.cuda_graphs import DecodeGraphRunner
-
-            self.graphs = DecodeGraphRunner(model, kv_cache, self.backend, self.scale, device)
+        self.graphs: DecodeGraphRunner | None = None
+        if cuda_graphs and device.type == "cuda" and self.backend.supports_cuda_graphs:
+            graph_backend = cast(GraphAttentionBackend, self.backend)  # what supports_cuda_graphs declares
+            self.graphs = DecodeGraphRunner(model, kv_cache, graph_backend, self.scale, device)
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         return to_device(array, self.device)
@@ -88,19 +74,17 @@ class ModelRunner:
                 previous_token_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] of a step: a CUDA graph for decode steps, else eager."""
         placeholders = placeholder_source(inputs.input_ids, previous_token_ids)
-        host_plan = self.backend.build_host_plan(inputs) if self.graphs is not None else None
+        host_plan = self.backend.build_plan(inputs)
         hidden = (self.graphs.run(inputs, host_plan, placeholders)
-                  if host_plan is not None and allow_graph else None)
+                  if self.graphs is not None and allow_graph else None)
         return hidden if hidden is not None else self._forward_eager(inputs, host_plan, placeholders)
 
     def _forward_eager(self, inputs: StepInputs, host_plan, placeholders: torch.Tensor | None = None) -> torch.Tensor:
+        """host_plan: the backend's build_plan(inputs)."""
         device = upload_arrays({name: getattr(inputs, name) for name in _UPLOADED}, self.device)
         input_ids = device.pop("input_ids")
-        metadata = AttentionMetadata(**device)
-        if host_plan is not None:
-            metadata.plan = plan_to_device(host_plan, self.device)
-        else:
-            self.backend.prepare(inputs, metadata)
+        metadata = AttentionMetadata(device["slot_mapping"], device["positions"],
+                                     self.backend.plan_to_device(host_plan, self.device))
         attention = PagedAttention(self.kv_cache, metadata, self.backend, self.scale)
         if placeholders is not None:
             resolve_placeholders_(input_ids, placeholders)

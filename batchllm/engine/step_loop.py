@@ -10,9 +10,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
-from batchllm.engine.model_runner import StepResult
 from batchllm.engine.placeholders import placeholder_for_row
 from batchllm.engine.request_state import FinishedOutput, RequestState, RunStats
+from batchllm.engine.step_result import StepResult
+from batchllm.engine.step_runner import StepRunner
 from batchllm.sched.interface import FinishedRequest, Scheduler, SchedulerOutput
 from batchllm.sched.trace import StepRecord
 
@@ -35,7 +36,7 @@ class _Step:
 @dataclass
 class StepLoop:
     scheduler: Scheduler
-    runner: object  # ModelRunner or a subclass: execute(output, rows, previous_token_ids, allow_graph)
+    runner: StepRunner
     states: dict[int, RequestState]
     depth: int  # 0: synchronous, 1: asynchronous
     allow_graph: bool

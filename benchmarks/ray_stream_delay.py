@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 
-from batchllm.config import EngineConfig
-from batchllm.distributed.ray_dp import RayDPConfig, kill_replicas, plan_shards, start_replicas, stream_shards
+from batchllm.config import EngineConfig, RayDPConfig, engine_config
+from batchllm.distributed.ray_dp import kill_replicas, plan_shards, start_replicas, stream_shards
 from batchllm.engine.request_state import PreparedRequest
 from batchllm.sampling_params import SamplingParams
 
@@ -51,7 +51,7 @@ def main() -> None:
     import ray
 
     ray.init(num_cpus=args.num_replicas, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    config = EngineConfig(model=args.model, dtype="float32", device="cpu", kv_cache_tokens=16384)
+    config = engine_config(args.model, dtype="float32", device="cpu", kv_cache_tokens=16384)
     dp = RayDPConfig(num_replicas=args.num_replicas)
     for _ in range(args.repeats):
         delays, num_updates = measure(config, dp, args.num_requests)

@@ -134,7 +134,7 @@ def plan_summaries(case: Case, num_replicas: int) -> dict[int, PlanSummary]:
     """The data-parallel plan (dp_plan.plan_replicas, as the Ray engine plans) for 1 and
     num_replicas replicas, over one global prefix plan."""
     from batchllm.distributed.dp_plan import plan_replicas
-    from batchllm.distributed.ray_dp import RayDPConfig
+    from batchllm.config import RayDPConfig
     from batchllm.prefix.planner import plan_prefix_arrays
 
     prompts = [request.prompt_token_ids for request in case.requests]
@@ -296,19 +296,18 @@ def emit(row: dict, out: str | None) -> None:
 
 def engine_config(settings: Settings):
     """The engine `batchllm bench` loads (bench/runner.load_llm) for these settings."""
-    from batchllm.config import EngineConfig
-    from batchllm.sched.config import SchedulerConfig
+    from batchllm.config import engine_config as build_config
 
-    return EngineConfig(model=settings.model, dtype=settings.dtype, kv_cache_tokens=settings.kv_cache_tokens,
-                        seed=settings.seed,
-                        scheduler=SchedulerConfig(max_num_batched_tokens=settings.max_num_batched_tokens))
+    return build_config(settings.model, dtype=settings.dtype, kv_cache_tokens=settings.kv_cache_tokens,
+                        seed=settings.seed, max_num_batched_tokens=settings.max_num_batched_tokens)
 
 
 def run_shards_alone(engine, requests: list, settings: Settings) -> dict[int, list[int]]:
     """Each shard the replicas will run, alone on this engine (untimed): what a replica computes,
     if the engine is deterministic. Against the whole batch's tokens this measures how much a
     different batch composition alone changes (bf16 rounding flipping near-ties)."""
-    from batchllm.distributed.ray_dp import RayDPConfig, plan_shards
+    from batchllm.config import RayDPConfig
+    from batchllm.distributed.ray_dp import plan_shards
 
     tokens: dict[int, list[int]] = {}
     for shard in plan_shards(requests, RayDPConfig(num_replicas=settings.num_replicas)):
@@ -385,7 +384,8 @@ def measure_on_ray(settings: Settings, cases: list[Case], plans: list[dict], ref
     compared with the one-device run (references, in case order)."""
     import ray
 
-    from batchllm.distributed.ray_dp import RayDPConfig, plan_shards
+    from batchllm.config import ParallelConfig, RayDPConfig
+    from batchllm.distributed.ray_dp import plan_shards
     from batchllm.distributed.ray_engine import RayEngine
 
     num_gpus = visible_gpu_count()
@@ -396,7 +396,7 @@ def measure_on_ray(settings: Settings, cases: list[Case], plans: list[dict], ref
             raise BenchError(problem)
         log(f"Ray: starting {dp.num_replicas} replicas of {settings.model} ...")
         try:
-            engine = RayEngine(engine_config(settings), dp)
+            engine = RayEngine(dataclasses.replace(engine_config(settings), parallel=ParallelConfig(ray=dp)))
         except ray.exceptions.RayError as error:
             raise BenchError(f"a Ray replica could not load the model: {error}") from None
         try:

@@ -127,12 +127,11 @@ def phase_ms_per_step(steps) -> dict:
         "prompt_step_ms": mean_ms(with_prompt)}
 
 
-def engine_config(args, dtype: str):
-    from batchllm.config import EngineConfig
-    from batchllm.sched.config import SchedulerConfig
+def engine_config(args, dtype: str, tp: int):
+    from batchllm.config import engine_config as build_config
 
-    return EngineConfig(model=args.model, dtype=dtype, kv_cache_tokens=args.kv_cache_tokens, seed=0,
-                        scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens))
+    return build_config(args.model, dtype=dtype, kv_cache_tokens=args.kv_cache_tokens, seed=0,
+                        max_num_batched_tokens=args.max_num_batched_tokens, tensor_parallel_size=tp)
 
 
 def run_tokens(engine, requests, stats=None) -> dict[int, list[int]]:
@@ -152,14 +151,14 @@ def check(args) -> None:
     import torch
 
     from batchllm.perf.runner import free_device_memory
-    from batchllm.engine.factory import create_engine
+    from batchllm.engines import build_engine
 
     greedy, sampled = (workload_requests(args, temperature) for temperature in (0.0, 1.0))
     for dtype in args.dtypes.split(","):
         torch.backends.cuda.matmul.allow_tf32 = False
         results = {}
         for tp in (1, args.tp):
-            engine = create_engine(engine_config(args, dtype), tensor_parallel_size=tp)
+            engine = build_engine(engine_config(args, dtype, tp))
             results[tp] = (run_tokens(engine, greedy), run_tokens(engine, sampled))
             if tp > 1:
                 engine.shutdown()
@@ -181,12 +180,12 @@ def throughput(args) -> None:
     import torch
 
     from batchllm.perf.runner import graph_replay_counts, graph_replays_since
-    from batchllm.engine.factory import create_engine
+    from batchllm.engines import build_engine
     from batchllm.engine.llm_engine import RunStats
 
     requests = workload_requests(args, 0.0)
     started = time.perf_counter()
-    engine = create_engine(engine_config(args, "bfloat16"), tensor_parallel_size=args.tp)
+    engine = build_engine(engine_config(args, "bfloat16", args.tp))
     load_s = time.perf_counter() - started
     cuda = torch.cuda.is_available()
     run_tokens(engine, requests)  # warm-up: the same batch, so every kernel and graph exists

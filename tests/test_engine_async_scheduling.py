@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from batchllm.config import EngineConfig
+from batchllm.config import EngineConfig, engine_config
 from batchllm.engine.llm_engine import LLMEngine, PreparedRequest, RunStats
 from batchllm.engine.placeholders import (
     placeholder_for_row,
@@ -26,7 +26,7 @@ POLICIES = ["batchllm", "vllm", "sglang", "simple"]
 
 @pytest.fixture(scope="module")
 def tiny_engine():
-    config = EngineConfig(model="random:tiny", dtype="float32", device="cpu", kv_cache_tokens=4096)
+    config = engine_config("random:tiny", dtype="float32", device="cpu", kv_cache_tokens=4096)
     return LLMEngine(config)
 
 
@@ -87,14 +87,15 @@ def test_async_equals_sync_under_preemption(tiny_engine):
     # vllm policy with a KV cache too small for everyone: recompute preemption of requests whose
     # newest token may still be a placeholder.
     requests = _requests(24, {})
-    small = dict(policy="vllm", max_num_batched_tokens=64, num_kv_blocks=24)
-    num_kv_blocks = tiny_engine.scheduler_config.num_kv_blocks
+    small = dict(policy="vllm", max_num_batched_tokens=64)
+    num_kv_blocks = tiny_engine.num_kv_blocks
+    tiny_engine.num_kv_blocks = 24  # the scheduler fills 24 of the cache's blocks
     stats = {False: RunStats(), True: RunStats()}
     try:
         sync = _run(tiny_engine, requests, False, stats[False], **small)
         asynchronous = _run(tiny_engine, requests, True, stats[True], **small)
     finally:
-        tiny_engine.configure_scheduler(num_kv_blocks=num_kv_blocks)
+        tiny_engine.num_kv_blocks = num_kv_blocks
     for mode in (False, True):
         assert sum(r.num_preempted_requests for r in stats[mode].step_records) > 0, mode
     _same(sync, asynchronous)

@@ -133,3 +133,16 @@ def test_an_engine_of_one_device_refuses_a_parallel_configuration():
 
     with pytest.raises(ValueError, match="build its engine with batchllm.engines.build_engine"):
         LLMEngine(engine_config(MISSING_MODEL, tensor_parallel_size=2))
+
+
+@pytest.mark.parametrize("options,message", [
+    (["--device", "banana"], "error: device must be auto, cpu, cuda or cuda:N, got 'banana'"),
+    (["--device", "banana", "--quantization", "fp8"], "error: device must be auto, cpu, cuda or cuda:N, got 'banana'"),
+    (["--kv-cache-tokens", "8"], "error: --kv-cache-tokens 8 is less than one KV block (--block-size 16): give at "
+                                 "least 16"),
+])
+def test_bench_refuses_an_engine_it_cannot_build_before_loading(capsys, tmp_path, options, message):
+    code = main(["bench", "--model", MISSING_MODEL, "--workload", "micro:8:4:2", "--requests", "4",
+                 "--output-tokens", "2", "--out", str(tmp_path / "r.json"), *options])
+    assert (code, capsys.readouterr().err.splitlines()) == (2, [message])
+    assert not list(tmp_path.iterdir())

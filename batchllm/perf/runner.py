@@ -150,15 +150,30 @@ def compiled_kernel_variants() -> dict[str, int]:
     return counts
 
 
+def engine_options(options: BenchOptions, variant: EngineVariant = EngineVariant()) -> dict:
+    """The LLM(...) (and engine_config) options of one engine variant; every setting the bench does
+    not name keeps LLM's default."""
+    return dict(model=options.model, dtype=options.dtype, device=options.device, quantization=variant.quantization,
+                kv_cache_dtype=variant.kv_cache_dtype, kv_cache_tokens=options.kv_cache_tokens,
+                attention_backend=options.attention_backend, seed=options.seed,
+                max_num_batched_tokens=options.max_num_batched_tokens)
+
+
+def check_engines(options: BenchOptions) -> None:
+    """Every variant's engine configuration, checked against this machine before any model loads
+    (ValueError naming the fix)."""
+    from batchllm.config import engine_config
+    from batchllm.engine.host_check import check_host
+
+    for variant in options.variants:
+        check_host(engine_config(**engine_options(options, variant)))
+
+
 def load_llm(options: BenchOptions, variant: EngineVariant = EngineVariant()):
-    """A batchllm.LLM for one engine variant; every setting the bench does not name keeps LLM's
-    default."""
+    """A batchllm.LLM for one engine variant."""
     from batchllm import LLM
 
-    return LLM(model=options.model, dtype=options.dtype, device=options.device, quantization=variant.quantization,
-               kv_cache_dtype=variant.kv_cache_dtype, kv_cache_tokens=options.kv_cache_tokens,
-               attention_backend=options.attention_backend, seed=options.seed,
-               max_num_batched_tokens=options.max_num_batched_tokens)
+    return LLM(**engine_options(options, variant))
 
 
 def _generated_case(spec_text: str, options: BenchOptions, vocab_size: int) -> _Case:

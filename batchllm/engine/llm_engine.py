@@ -44,7 +44,7 @@ class LLMEngine:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
         # The KV blocks the scheduler may fill: the cache's, found when it was sized (state, not
-        # configuration; a test may give the scheduler fewer to force preemption).
+        # configuration; set lower, the scheduler fills only part of the cache).
         self.num_kv_blocks = parts.kv_cache.num_blocks
 
     @property

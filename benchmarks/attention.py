@@ -45,6 +45,7 @@ from dataclasses import replace
 
 import numpy as np
 import torch
+import triton
 
 from batchllm.ops.prefix_attention import prefix_shared_attention
 from batchllm.ops.reference import paged_attention_reference
@@ -77,25 +78,14 @@ def scenario_seqs(prefix: int, distinct: int, group: str | int, mixed: bool, jit
     return seqs
 
 
-def _version(module: str) -> str:
-    try:
-        return __import__(module).__version__
-    except Exception:  # noqa: BLE001
-        return "unknown"
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def bench_us(fn, rep_ms=60) -> float:
     if not torch.cuda.is_available():  # --dry-run on CPU: one timed call
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e6
-    import triton.testing
-    return float(triton.testing.do_bench(fn, warmup=15, rep=rep_ms)) * 1e3
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=15, rep=rep_ms)) * 1e3
 
 
 class Sdpa:
@@ -427,7 +417,7 @@ def run(args):
               "git_commit": git_commit() or "unknown", "dtype": "bfloat16",
               "heads": f"{NUM_HEADS}q/{NUM_KV_HEADS}kv d{HEAD_DIM} page {BLOCK_SIZE}", "rows": rows, "notes": notes,
               "engine_work_order": DEFAULT_WORK_ORDER,
-              "versions": {"torch": torch.__version__, "triton": _version("triton")}}
+              "versions": {"torch": torch.__version__, "triton": triton.__version__}}
     try:
         import flashinfer  # noqa: F401
         have_flashinfer = True

@@ -63,10 +63,10 @@ def default_tile_config(head_dim: int, group_size: int, interpret: bool | None =
                           num_warps=4, num_stages=3, min_kv_split_tokens=256)
     # H200, Llama-3.1-8B heads, bf16, tuned on the settings of benchmarks/attention.py: no other
     # tile size, warp or stage count tried was faster on all of them; bigger BIG tiles run dense
-    # causal attention faster but made the engine's mixed steps slower. Dense calls (cuDNN through PyTorch) from 512 rows x 1024 fully
-    # visible KV positions, causal calls from 4096 rows: below that a call's host cost (about six
-    # launches, 100-120 us for a cuDNN call) exceeds the GPU time it saves (docs/design.md,
-    # "Dense calls").
+    # causal attention faster but made the engine's mixed steps slower. Dense calls (cuDNN through
+    # PyTorch) from 512 rows x 1024 fully visible KV positions, causal calls from 4096 rows: below
+    # that a call's host cost (about six launches, 100-120 us for a cuDNN call) exceeds the GPU
+    # time it saves (docs/design.md, "Dense calls").
     return TileConfig(small_m=packed_min, small_n=128, big_m=max(64, packed_min), big_n=64,
                       num_warps=4, num_stages=2, min_kv_split_tokens=512, dense_min_rows=512,
                       dense_min_tokens=1024, dense_causal_min_rows=4096)

@@ -68,14 +68,14 @@ def time_steps(requests: list[SchedRequest], config: SchedulerConfig,
         if output.chunks:
             schedule_ms.append((scheduled - started) * 1e3)
             inputs_ms.append((built - scheduled) * 1e3)
-        sampled, finish = {}, {}
+        finish = {}
         for chunk in output.chunks:
             if chunk.sample:
                 request = requests[chunk.seq_id]
-                sampled[chunk.seq_id] = fake_token(chunk.seq_id, len(request.output_token_ids))
-                if len(request.output_token_ids) + 1 >= max_tokens[chunk.seq_id]:
+                request.output_token_ids.append(fake_token(chunk.seq_id, len(request.output_token_ids)))
+                if len(request.output_token_ids) >= max_tokens[chunk.seq_id]:
                     finish[chunk.seq_id] = "length"
-        scheduler.update(output, sampled, finish)
+        scheduler.update(output, finish)
     return schedule_ms, inputs_ms
 
 

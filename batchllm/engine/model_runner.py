@@ -13,6 +13,7 @@ from batchllm.engine.kv_cache import KVCache
 from batchllm.engine.last_tokens import FedRows, LastTokenColumn
 from batchllm.engine.sampler import SamplerOutput, SamplingBatch, sample
 from batchllm.engine.step_inputs import StepInputs, build_step_inputs
+from batchllm.engine.step_observer import StepObserver
 from batchllm.ops.transfer import upload_arrays
 from batchllm.sched.interface import SchedulerOutput
 
@@ -53,11 +54,24 @@ class ModelRunner:
             from batchllm.engine.cuda_graphs import DecodeGraphRunner
 
             self.graphs = DecodeGraphRunner(model, kv_cache, self.backend, self.scale, device)
+        # A profiler's hook around every execute (StepObserver); None: no cost but this check.
+        self.observer: StepObserver | None = None
 
-    @torch.inference_mode()
     def execute(self, output: SchedulerOutput, sampling_rows: list[tuple], allow_graph: bool = True) -> StepResult:
         """sampling_rows: one SamplingBatch.build row per sampled chunk, in chunk order.
         allow_graph: False runs a decode step eagerly even when a CUDA graph could replay it."""
+        observer = self.observer
+        if observer is None:
+            return self._execute(output, sampling_rows, allow_graph)
+        replays = self.graphs.num_replays if self.graphs is not None else 0
+        observer.step_started(output)
+        try:
+            return self._execute(output, sampling_rows, allow_graph)
+        finally:
+            observer.step_launched(output, self.graphs is not None and self.graphs.num_replays > replays)
+
+    @torch.inference_mode()
+    def _execute(self, output: SchedulerOutput, sampling_rows: list[tuple], allow_graph: bool) -> StepResult:
         inputs = self.step_inputs(output)
         if not sampling_rows:  # (then no row is fed either: a decode row samples)
             self.forward(inputs, allow_graph)

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import torch
-
 from batchllm.engine.step_result import StepResult
 from batchllm.sched.interface import SchedulerOutput
 
 
 class StepRunner(Protocol):
-    def execute(self, output: SchedulerOutput, sampling_rows: list[tuple],
-                previous_token_ids: torch.Tensor | None = None, allow_graph: bool = True) -> StepResult:
+    def execute(self, output: SchedulerOutput, sampling_rows: list[tuple], allow_graph: bool = True) -> StepResult:
         """Run one scheduled step: its tensors, the model, the sampler.
         sampling_rows: one SamplingBatch.build row per sampled chunk, in chunk order.
-        previous_token_ids: the previous step's sampled ids on the device, for placeholder input ids.
         allow_graph: False runs a decode step eagerly even when a CUDA graph could replay it."""
         ...

@@ -22,7 +22,7 @@ LOG2_E = 1.4426950408889634
 
 def _validate(query, k_cache, v_cache, plan: PrefixSharedPlanOnDevice, k_scale: float = 1.0,
               v_scale: float = 1.0) -> None:
-    check(isinstance(plan, PrefixSharedPlanOnDevice), "plan must be a PrefixSharedPlan moved with .to(device)")
+    check(isinstance(plan, PrefixSharedPlanOnDevice), "plan must be a PrefixSharedPlan on the device (ops.plan_device.plan_to_device)")
     check(query.dim() == 3, f"query must be [num_tokens, num_heads, head_dim], got {tuple(query.shape)}")
     check(k_cache.dim() == 4 and v_cache.shape == k_cache.shape,
           f"caches must be [num_blocks, block_size, num_kv_heads, head_dim], got {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")

@@ -45,8 +45,7 @@ class TritonBackend:
 
     def build_plan(self, inputs: StepInputs) -> PrefixSharedPlan:
         """The step's work list on the host (numpy); one per step, shared by every layer."""
-        decode_only = inputs.num_tokens == inputs.query_start_loc.shape[0] - 1
-        tile = self.decode_tile if decode_only else self.prefill_tile  # decode tiles make no dense calls
+        tile = self.decode_tile if inputs.decode_only else self.prefill_tile  # decode tiles make no dense calls
         groups = (inputs.group_ids, inputs.is_prefix) if self.uses_groups else (None, None)
         return build_prefix_shared_plan(
             inputs.query_start_loc, inputs.seq_lens, inputs.shared_kv_lens, inputs.block_tables, *groups,

@@ -10,7 +10,7 @@ import pytest
 from batchllm.perf.schedule_digest import workload_requests
 from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.factory import make_scheduler
-from batchllm.sched.interface import SchedRequest, SchedulerOutput
+from batchllm.sched.interface import ChunksBuilder, ScheduledChunk, SchedRequest, SchedulerOutput
 from batchllm.sched.seq_state import SeqState
 from batchllm.sched.simulator import fake_token
 
@@ -93,21 +93,27 @@ def test_early_stops_read_a_step_late_never_ask_for_unread_ids(policy):
     assert any(len(ids) < r.max_tokens for r, ids in zip(_requests(), sync.values()))
 
 
+def _chunk(seq: SeqState, num_tokens: int) -> ScheduledChunk:
+    builder = ChunksBuilder()
+    seq.chunk(builder, num_tokens)
+    return builder.build()[0]
+
+
 def test_an_id_not_read_is_never_an_input():
     seq = SeqState(SchedRequest(0, [1, 2, 3], 4))
-    seq.chunk(3)  # the prompt, sampling output 0 (in flight)
+    _chunk(seq, 3)  # the prompt, sampling output 0 (in flight)
     assert (seq.num_outputs, seq.num_pending_tokens) == (1, 1)
-    assert seq.chunk(1).token_ids == ()  # a decode row: fed on the device
+    assert _chunk(seq, 1).token_ids == ()  # a decode row: fed on the device
     seq.drop_blocks()  # preempted: a recompute needs output 0's id, not read yet
     with pytest.raises(AssertionError, match="before its id was read"):
-        seq.chunk(5)
+        _chunk(seq, 5)
     seq.request.output_token_ids.extend([40, 41])
-    assert seq.chunk(5).token_ids == (1, 2, 3, 40, 41)
+    assert _chunk(seq, 5).token_ids == (1, 2, 3, 40, 41)
     # Resumed on cached KV up to its newest token (a prefix-cache hit): that one token is a decode
     # row, but no chunk of this row sampled it, so it carries its id.
     seq.request.output_token_ids.append(42)
     seq.drop_blocks()
     seq.num_computed_tokens = 5
-    chunk = seq.chunk(1)
+    chunk = _chunk(seq, 1)
     assert (chunk.is_decode, chunk.token_ids, chunk.sample) == (True, (42,), True)
-    assert seq.chunk(1).token_ids == ()  # the next one is fed on the device
+    assert _chunk(seq, 1).token_ids == ()  # the next one is fed on the device

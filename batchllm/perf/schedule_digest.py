@@ -40,9 +40,13 @@ class ScheduleDigest:
 
 def step_schedule_fields(output: SchedulerOutput) -> tuple:
     """What the schedule digest covers of one step."""
-    chunks = tuple((c.seq_id, c.start_position, c.num_tokens, c.block_ids_start, c.new_block_ids, c.shared_kv_len,
-                    c.group_id, c.is_prefix, c.sample) for c in output.chunks)
-    return output.step_index, chunks, output.preempted_request_ids, output.finished_seq_ids
+    chunks = output.chunks
+    block_ids, offsets = chunks.new_block_ids.tolist(), chunks.new_block_offsets.tolist()
+    new_block_ids = [tuple(block_ids[offsets[i]:offsets[i + 1]]) for i in range(len(chunks))]
+    columns = (chunks.seq_ids, chunks.start_positions, chunks.num_tokens, chunks.block_ids_start, new_block_ids,
+               chunks.shared_kv_lens, chunks.group_ids, chunks.is_prefix, chunks.sample)
+    rows = tuple(zip(*(c if isinstance(c, list) else c.tolist() for c in columns)))
+    return output.step_index, rows, tuple(map(int, output.preempted_request_ids)), tuple(map(int, output.finished_seq_ids))
 
 
 def step_count_fields(output: SchedulerOutput) -> tuple:

@@ -3,41 +3,20 @@ step, their KV addressing and block-table changes are specified in docs/design.m
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-NO_GROUP = -1
+from batchllm.sched.chunks import NO_GROUP, ChunksBuilder, ScheduledChunk, ScheduledChunks
 
-
-@dataclass(frozen=True)
-class ScheduledChunk:
-    """One contiguous run of query rows in a step. shared_kv_len, is_prefix and group_id stay the
-    same for a seq id from its first chunk until the step that drops its row."""
-
-    seq_id: int  # request id, or a group prefix id when is_prefix
-    # Input ids of the rows, num_tokens of them; () for a decode row fed on the device: its input
-    # is the token its seq's previous chunk sampled, which the runner keeps (docs/design.md).
-    token_ids: tuple[int, ...]
-    start_position: int  # position of the first row
-    num_tokens: int  # rows
-    new_block_ids: tuple[int, ...]  # block-table change: row[block_ids_start:] = new_block_ids
-    block_ids_start: int = 0
-    shared_kv_len: int = 0  # leading KV positions held in shared (read-only) prefix blocks
-    is_prefix: bool = False  # rows are a group's common-prefix tokens: nothing is sampled
-    sample: bool = False  # sample the next token from the last row
-    group_id: int = NO_GROUP  # prefix-sharing group, NO_GROUP when the chunk shares nothing
-    is_decode: bool = False  # one generated token fed back (its id carried only when recomputed)
-
-    @property
-    def kv_len(self) -> int:
-        """KV positions visible to the last row after this step's KV is stored."""
-        return self.start_position + self.num_tokens
-
+__all__ = ["NO_GROUP", "ChunksBuilder", "FinishedRequest", "SchedRequest", "ScheduledChunk", "ScheduledChunks",
+           "Scheduler", "SchedulerOutput"]
 
 @dataclass(frozen=True)
 class SchedulerOutput:
     step_index: int
-    chunks: tuple[ScheduledChunk, ...]
+    # The step's chunks as columns (chunks.py); any sequence of ScheduledChunk is converted.
+    chunks: ScheduledChunks
     num_decode_tokens: int = 0
     num_distinct_tokens: int = 0  # request-owned prompt tokens (incl. recomputed ones)
     num_prefix_tokens: int = 0  # group common-prefix tokens
@@ -48,6 +27,10 @@ class SchedulerOutput:
     # were freed (group finished or preempted): the runner drops their rows.
     finished_seq_ids: tuple[int, ...] = ()
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.chunks, ScheduledChunks):
+            object.__setattr__(self, "chunks", ScheduledChunks.from_chunks(self.chunks))
+
     @property
     def dropped_seq_ids(self) -> tuple[int, ...]:
         """Rows the runner drops before applying this step's changes."""
@@ -55,26 +38,24 @@ class SchedulerOutput:
 
     @property
     def num_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks)
+        return int(self.chunks.num_tokens.sum())
 
     @classmethod
-    def from_chunks(cls, step_index: int, chunks: list[ScheduledChunk], num_running_requests: int,
+    def from_chunks(cls, step_index: int, chunks: ScheduledChunks | Sequence[ScheduledChunk], num_running_requests: int,
                     num_used_blocks: int, preempted_request_ids=(), finished_seq_ids=()) -> "SchedulerOutput":
         """The step with its token counts derived from the chunks' kinds (decode / prefix / distinct)."""
-        num_decode = num_distinct = num_prefix = 0
-        for chunk in chunks:
-            if chunk.is_decode:
-                num_decode += chunk.num_tokens
-            elif chunk.is_prefix:
-                num_prefix += chunk.num_tokens
-            else:
-                num_distinct += chunk.num_tokens
-        return cls(step_index, tuple(chunks), num_decode, num_distinct, num_prefix, num_running_requests,
+        if not isinstance(chunks, ScheduledChunks):
+            chunks = ScheduledChunks.from_chunks(chunks)
+        num_tokens, is_decode, is_prefix = chunks.num_tokens, chunks.is_decode, chunks.is_prefix
+        num_decode = int(num_tokens[is_decode].sum())
+        num_prefix = int(num_tokens[is_prefix & ~is_decode].sum())
+        num_distinct = int(num_tokens.sum()) - num_decode - num_prefix
+        return cls(step_index, chunks, num_decode, num_distinct, num_prefix, num_running_requests,
                    num_used_blocks, tuple(preempted_request_ids), tuple(finished_seq_ids))
 
     @property
     def is_empty(self) -> bool:
-        return not self.chunks
+        return not len(self.chunks)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from batchllm.sched.block_pool import BlockPool
 from batchllm.sched.config import SchedulerConfig
-from batchllm.sched.interface import NO_GROUP, FinishedRequest, ScheduledChunk, SchedRequest, SchedulerOutput
+from batchllm.sched.interface import NO_GROUP, ChunksBuilder, FinishedRequest, SchedRequest, SchedulerOutput
 
 
 @dataclass(eq=False)
@@ -79,37 +79,28 @@ class SeqState:
         self.block_ids[index] = block_id
         self.num_table_blocks_sent = min(self.num_table_blocks_sent, index)
 
-    def chunk(self, num_tokens: int, prefix_block_ids: Sequence[int] = (), group_id: int = NO_GROUP
-              ) -> ScheduledChunk:
-        """The next num_tokens own tokens as a chunk, with the change that brings the runner's row
-        (prefix_block_ids, then the own blocks) up to date (docs/design.md); counts it as run."""
+    def chunk(self, builder: ChunksBuilder, num_tokens: int, prefix_block_ids: Sequence[int] = (),
+              group_id: int = NO_GROUP) -> None:
+        """Add the next num_tokens own tokens as a chunk to builder, with the change that brings the
+        runner's row (prefix_block_ids, then the own blocks) up to date (docs/design.md); counts it
+        as run."""
         start = self.num_computed_tokens
         first = self.prompt_offset + start
         block_ids_start = self.num_table_blocks_sent
         num_prefix_blocks = len(prefix_block_ids)
         if block_ids_start >= num_prefix_blocks:
-            new_block_ids = tuple(self.block_ids[block_ids_start - num_prefix_blocks:])
+            new_block_ids = self.block_ids[block_ids_start - num_prefix_blocks:]
         else:
-            new_block_ids = tuple(prefix_block_ids[block_ids_start:]) + tuple(self.block_ids)
+            new_block_ids = list(prefix_block_ids[block_ids_start:]) + self.block_ids
         self.num_table_blocks_sent = num_prefix_blocks + len(self.block_ids)
         sample = start + num_tokens == self.num_own_tokens
-        chunk = ScheduledChunk(
-            seq_id=self.request.request_id,
-            token_ids=() if self.pending_is_last_sampled else self.token_ids(first, first + num_tokens),
-            start_position=first,
-            num_tokens=num_tokens,
-            new_block_ids=new_block_ids,
-            block_ids_start=block_ids_start,
-            shared_kv_len=self.prompt_offset,
-            sample=sample,
-            group_id=group_id,
-            is_decode=self.is_decoding,
-        )
+        builder.add(self.request.request_id, () if self.pending_is_last_sampled else self.token_ids(first, first + num_tokens),
+                    first, num_tokens, new_block_ids, block_ids_start, self.prompt_offset, False, sample, group_id,
+                    self.is_decoding)
         self.num_computed_tokens += num_tokens
         if sample:
             self.num_outputs += 1
         self.pending_is_last_sampled = sample
-        return chunk
 
 
 class PolicyBase:

@@ -10,7 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from batchllm.sched.config import SchedulerConfig
-from batchllm.sched.interface import NO_GROUP, ScheduledChunk, SchedRequest, SchedulerOutput
+from batchllm.sched.interface import NO_GROUP, ChunksBuilder, SchedRequest, SchedulerOutput
 from batchllm.sched.seq_state import PolicyBase, SeqState
 
 
@@ -304,31 +304,21 @@ class BatchLLMScheduler(PolicyBase):
 
     def _build_output(self, step: "_Step") -> SchedulerOutput:
         # Rows group by group (BatchLLM 5): a group's prefix chunk, then its members' chunks.
-        chunks: list[ScheduledChunk] = []
+        builder = ChunksBuilder()
         for group in step.group_order:
             prefix_tokens = step.prefix_tokens.get(group.group_id, 0)
             if prefix_tokens:
                 start = group.prefix_num_computed
                 blocks_sent = group.num_prefix_blocks_sent
                 group.num_prefix_blocks_sent = len(group.prefix_block_ids)
-                chunks.append(
-                    ScheduledChunk(
-                        seq_id=group.prefix_id,
-                        token_ids=group.prefix_token_ids[start:start + prefix_tokens],
-                        start_position=start,
-                        num_tokens=prefix_tokens,
-                        new_block_ids=tuple(group.prefix_block_ids[blocks_sent:]),
-                        block_ids_start=blocks_sent,
-                        is_prefix=True,
-                        group_id=group.group_id,
-                    )
-                )
+                builder.add(group.prefix_id, group.prefix_token_ids[start:start + prefix_tokens], start, prefix_tokens,
+                            group.prefix_block_ids[blocks_sent:], blocks_sent, 0, True, False, group.group_id)
                 group.prefix_num_computed += prefix_tokens  # counted as stored from this step on
             group_id = group.group_id if group.prefix_token_ids else NO_GROUP
             for member, num_tokens in step.member_tokens.get(group.group_id, ()):
-                chunks.append(member.chunk(num_tokens, group.prefix_block_ids, group_id))
+                member.chunk(builder, num_tokens, group.prefix_block_ids, group_id)
         finished, self.finished_seq_ids = self.finished_seq_ids, []
-        return SchedulerOutput.from_chunks(self.step_index, chunks, sum(1 for _ in self._running_members()),
+        return SchedulerOutput.from_chunks(self.step_index, builder.build(), sum(1 for _ in self._running_members()),
                                            self.pool.num_used_blocks, step.preempted, finished)
 
 

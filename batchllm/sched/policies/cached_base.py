@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from batchllm.sched.config import SchedulerConfig
-from batchllm.sched.interface import SchedRequest, SchedulerOutput
+from batchllm.sched.interface import ChunksBuilder, SchedRequest, SchedulerOutput
 from batchllm.sched.prefix_cache import BlockPrefixCache, CacheNode
 from batchllm.sched.seq_state import PolicyBase, SeqState
 
@@ -126,11 +126,13 @@ class CachedPolicyBase(PolicyBase):
         return scheduled, preempted, budget
 
     def build_output(self, scheduled: list[tuple[CachedSeq, int]], preempted: list[int]) -> SchedulerOutput:
-        chunks = [seq.chunk(num_tokens) for seq, num_tokens in scheduled]
+        builder = ChunksBuilder()
+        for seq, num_tokens in scheduled:
+            seq.chunk(builder, num_tokens)
         finished, self.finished_seq_ids = self.finished_seq_ids, []
         # Blocks some request holds: cached blocks nobody holds are free memory.
         num_active_blocks = self.pool.num_blocks - self.num_available_blocks()
-        return SchedulerOutput.from_chunks(self.step_index, chunks, len(self.running), num_active_blocks,
+        return SchedulerOutput.from_chunks(self.step_index, builder.build(), len(self.running), num_active_blocks,
                                            preempted, finished)
 
     def _release(self, seq: CachedSeq) -> None:

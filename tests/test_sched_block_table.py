@@ -86,16 +86,8 @@ def test_vllm_changes_with_a_cached_block_swap_and_a_preemption():
 
 def _internal_tables(scheduler, output) -> list[tuple[int, ...]]:
     """Each chunk's whole block table as the scheduler holds it."""
-    if hasattr(scheduler, "active_groups"):  # batchllm: prefix blocks, then the member's own
-        tables = []
-        groups = {group.prefix_id: group for group in scheduler.active_groups}
-        for chunk in output.chunks:
-            if chunk.is_prefix:
-                tables.append(tuple(groups[chunk.seq_id].prefix_block_ids))
-            else:
-                member = scheduler._seqs[chunk.seq_id]
-                tables.append(tuple(member.group.prefix_block_ids) + tuple(member.block_ids))
-        return tables
+    if hasattr(scheduler, "block_table"):  # batchllm: prefix blocks, then the member's own
+        return [scheduler.block_table(chunk.seq_id) for chunk in output.chunks]
     running = {seq.request.request_id: seq for seq in scheduler.running}
     return [tuple(running[chunk.seq_id].block_ids) for chunk in output.chunks]
 

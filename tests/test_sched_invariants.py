@@ -65,7 +65,7 @@ def run(spec, config: SchedulerConfig, stop_mod: int | None = None, max_steps: i
             assert list(outputs[item.request_id]) == checker.outputs[item.request_id]
         # BatchLLM 4.3.1: a group's prefix blocks are freed when its last member ends.
         for group, block_ids in groups_before.values():
-            if all(m.finished for m in group.members):
+            if all(sched.members.finished[m] for m in group.members):
                 assert group not in sched.active_groups
                 assert all(sched.pool.ref_count(b) == 0 for b in block_ids)
                 prefix_freed_checks += 1

@@ -2,50 +2,23 @@
 batching (BatchLLM section 4.3); its admission reservation and preemption order are explained in
 docs/design.md ("Scheduling"). A group's common prefix is stored once in read-only prefix blocks;
 each member's own tokens (distinct prompt, then generated) continue at position len(prefix) in
-its own blocks."""
+its own blocks.
+
+A step costs what changes in it, not what runs: the running decodes advance as arrays
+(batchllm_state.Members), the groups with prompt work are kept apart, and the blocks promised to
+running requests are a running total."""
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from batchllm.sched.config import SchedulerConfig
-from batchllm.sched.interface import NO_GROUP, ChunksBuilder, SchedRequest, SchedulerOutput
-from batchllm.sched.seq_state import PolicyBase, SeqState
-
-
-@dataclass(eq=False)
-class _Member(SeqState):
-    """Own tokens: the distinct prompt (>= 1 token; prompt_offset = the group prefix length), then the
-    generated tokens, stored from position len(prefix) in the own blocks."""
-
-    group: "_Group" = field(kw_only=True)
-    waiting: bool = False  # preempted or deferred at admission: recompute when resumed
-    finished: bool = False
-
-    @property
-    def is_running(self) -> bool:
-        return self.group.active and not (self.finished or self.waiting)
-
-
-@dataclass(eq=False)
-class _Group:
-    group_id: int
-    prefix_token_ids: tuple[int, ...]  # empty: singleton, shares nothing
-    members: list[_Member] = field(default_factory=list)
-    prefix_block_ids: list[int] = field(default_factory=list)
-    prefix_num_computed: int = 0
-    num_prefix_blocks_sent: int = 0  # leading entries of the runner's prefix row that are up to date
-    r_group: float = 0.0  # BatchLLM Eq. 3-4
-    active: bool = False  # admitted (its prefix blocks are, or are being, stored)
-
-    @property
-    def prefix_id(self) -> int:
-        return -(self.group_id + 1)  # never collides with request ids (>= 0)
-
-    @property
-    def prefix_done(self) -> bool:
-        return self.prefix_num_computed == len(self.prefix_token_ids)
+from batchllm.sched.interface import ChunksBuilder, FinishedRequest, SchedRequest, SchedulerOutput, ScheduledChunks
+from batchllm.sched.policies.batchllm_state import RANK_SHIFT, Group, Members
+from batchllm.sched.seq_state import PolicyBase
 
 
 class BatchLLMScheduler(PolicyBase):
@@ -56,33 +29,77 @@ class BatchLLMScheduler(PolicyBase):
         super().__init__(config)
         threshold = config.kv_memory_threshold if config.kv_memory_threshold is not None else 1.0
         self.threshold_blocks = max(1, int(threshold * config.num_kv_blocks))  # M_threshold (BatchLLM 4.3.3)
-        self.pending_groups: deque[_Group] = deque()  # not admitted, best R_group first
-        self.active_groups: list[_Group] = []  # admitted, in admission order
-        self._next_group_id = 0
+        self.block_size = config.block_size
+        self.members = Members()
+        self.groups: list[Group] = []  # by group id
+        self.pending_groups: deque[Group] = deque()  # not admitted, best R_group first
+        self._slot_of: dict[int, int] = {}  # unfinished request id -> member slot
+        # Admitted groups by rank (dicts keep admission order): all of them, those whose prefix is
+        # not stored yet, those with a prefix, and those with members with prompt work.
+        self._active: dict[int, Group] = {}
+        self._prefix_pending: dict[int, Group] = {}
+        self._with_prefix: dict[int, Group] = {}
+        self._with_work: dict[int, Group] = {}
+        self._next_rank = 0
+        self._num_running = 0
+        self._num_waiting = 0
+        # Blocks promised beyond those in use (docs/design.md, "Scheduling"): each active group's
+        # prefix blocks still to store, each running member's reservation beyond its blocks.
+        self._promised_prefix_blocks = 0
+        self._promised_member_blocks = 0
+        # Running members by key, as of the start of the step, and those that started running since.
+        self._running_order = np.zeros(0, dtype=np.int64)
+        self._started_running: list[int] = []
+        self._stopped_running = False
+        self._stamp = 0  # counts schedule() calls: members.scheduled_stamp marks this step's
+
+    @property
+    def active_groups(self) -> list[Group]:
+        """Admitted groups, in admission order."""
+        return list(self._active.values())
+
+    def has_unfinished(self) -> bool:
+        return bool(self._slot_of)
+
+    def block_table(self, seq_id: int) -> tuple[int, ...]:
+        """The whole row the runner holds for seq_id after the last step: a prefix's blocks, or a
+        member's group prefix blocks then its own."""
+        if seq_id < 0:
+            return tuple(self.groups[-seq_id - 1].prefix_block_ids)
+        slot = self._slot_of[seq_id]
+        group = self.groups[int(self.members.group[slot])]
+        return tuple(group.prefix_block_ids) + tuple(self.members.block_ids[slot])
 
     def add_requests(self, requests: list[SchedRequest]) -> None:
         """Plan prefix-sharing groups over this batch (BatchLLM 4.2) and queue them."""
         if not requests:
             return
-        from batchllm.prefix.planner import plan_prefix_groups
+        from batchllm.prefix.planner import plan_prefix_arrays
 
         for request in requests:
-            if request.request_id < 0 or request.request_id in self._seqs:
+            if request.request_id < 0 or request.request_id in self._slot_of:
                 raise ValueError(f"request ids must be unique and >= 0, got {request.request_id}")
-        plan = plan_prefix_groups([r.prompt_token_ids for r in requests])
+        plan = plan_prefix_arrays([r.prompt_token_ids for r in requests])
+        starts = plan.group_start.tolist()
+        request_indices = plan.member_request_index.tolist()
+        ratio = self.config.decode_reserve_ratio
         groups = []
-        for planned in plan.groups:
-            group = _Group(self._next_group_id, tuple(planned.prefix_token_ids))
-            self._next_group_id += 1
-            num_prefix = len(group.prefix_token_ids)
-            for index in planned.request_indices:
-                request = requests[index]
-                member = _Member(request, num_prefix, group=group)
-                self._check_fits(group, member)
-                group.members.append(member)
-                self._seqs[request.request_id] = member
-            prefill = len(group.prefix_token_ids) + sum(m.num_own_prompt_tokens for m in group.members)
-            group.r_group = sum(m.request.max_tokens for m in group.members) / prefill  # Eq. 3 per group
+        for index, prefix_len in enumerate(plan.group_prefix_num_tokens.tolist()):
+            indices = request_indices[starts[index]:starts[index + 1]]
+            group = Group(len(self.groups), tuple(requests[indices[0]].prompt_token_ids[:prefix_len]))
+            self.groups.append(group)
+            max_tokens = prefill = 0
+            for request_index in indices:
+                request = requests[request_index]
+                reserved = int(ratio * request.max_tokens + 0.999999)
+                slot = self.members.add(request, group, prefix_len, reserved)
+                self._check_fits(group, slot)
+                group.members.append(slot)
+                self._slot_of[request.request_id] = slot
+                max_tokens += request.max_tokens
+                prefill += len(request.prompt_token_ids) - prefix_len
+            group.num_unfinished = len(group.members)
+            group.r_group = max_tokens / (prefix_len + prefill)  # Eq. 3 per group
             groups.append(group)
         # BatchLLM 4.3.2: larger R_group first (decode-heavy groups early, so that later long
         # prefills mix with their decodes). Stable: input order among equals.
@@ -90,18 +107,13 @@ class BatchLLMScheduler(PolicyBase):
         self.pending_groups.extend(groups)
 
     def schedule(self) -> SchedulerOutput:
-        step = _Step(budget=self.config.max_num_batched_tokens)
+        self._stamp += 1
+        step = _Step(budget=self.config.max_num_batched_tokens, stamp=self._stamp)
         # Queue 1: decode tokens (BatchLLM 4.3.1: decodes first so they mix with prefills).
-        for member in list(self._running_members()):
-            if step.budget <= 0:
-                break
-            if not member.is_decoding or not member.is_running:
-                continue
-            if self._grow_or_preempt(member, step):
-                step.add_member(member, 1)
+        self._schedule_decodes(step)
         # Queue 2: distinct-prompt chunks of active requests (including recomputation), so
         # active requests finish before new ones start.
-        for group in list(self.active_groups):
+        for group in sorted(self._with_work.values(), key=lambda g: g.rank):
             if step.budget <= 0:
                 break
             if group.prefix_done:
@@ -109,109 +121,225 @@ class BatchLLMScheduler(PolicyBase):
         # Queue 3: common-prefix chunks: unfinished prefixes of admitted groups, then new
         # groups in R_group order. A prefix completed in this step lets its members' distinct
         # chunks follow right away (prefix no later than its first distinct chunk).
-        for group in list(self.active_groups):
+        for group in list(self._prefix_pending.values()):
             if step.budget <= 0:
                 break
-            if not group.prefix_done and group.group_id not in step.prefix_tokens:
+            if group.group_id not in step.prefix_tokens:
                 self._schedule_prefix(group, step)
-        while step.budget > 0 and self.pending_groups and not self._any_waiting_member():
-            if not self._admit(self.pending_groups[0], force=not self._anything_running()):
+        while step.budget > 0 and self.pending_groups and not self._num_waiting:
+            if not self._admit(self.pending_groups[0], force=not self._num_running):
                 break
             group = self.pending_groups.popleft()
             self._schedule_prefix(group, step)
         return self._build_output(step)
 
-    # -- admission and reservation ----------------------------------------------------
+    # -- the running members and the blocks promised to them ---------------------------------
 
-    def _member_need_blocks(self, member: _Member) -> int:
-        reserved_decode = int(self.config.decode_reserve_ratio * member.request.max_tokens + 0.999999)
-        num_tokens = max(member.num_own_tokens, member.num_own_prompt_tokens + reserved_decode)
-        return self.pool.blocks_for_tokens(num_tokens)
+    def _need_blocks(self, slot: int) -> int:
+        """Own blocks a member holds at its reservation: its own prompt and the reserved share
+        of max_tokens, or all of its own tokens if more."""
+        members = self.members
+        num_own_prompt = int(members.num_own_prompt_tokens[slot])
+        num_tokens = max(num_own_prompt + int(members.num_outputs[slot]),
+                         num_own_prompt + int(members.reserved_decode_tokens[slot]))
+        return -(-num_tokens // self.block_size)
+
+    def _promised(self, slot: int) -> int:
+        """A running member's share of the promised blocks."""
+        return max(0, self._need_blocks(slot) - int(self.members.num_blocks[slot]))
+
+    def _promised_array(self, slots: np.ndarray) -> np.ndarray:
+        members = self.members
+        num_own_prompt = members.num_own_prompt_tokens[slots]
+        num_tokens = num_own_prompt + np.maximum(members.num_outputs[slots], members.reserved_decode_tokens[slots])
+        return np.maximum(0, -(-num_tokens // self.block_size) - members.num_blocks[slots])
 
     def _committed_blocks(self) -> int:
         """Used blocks + the growth already promised to running requests and prefixes."""
-        committed = self.pool.num_used_blocks
-        for group in self.active_groups:
-            committed += self.pool.blocks_for_tokens(len(group.prefix_token_ids)) - len(group.prefix_block_ids)
-            for member in group.members:
-                if member.is_running:
-                    committed += max(0, self._member_need_blocks(member) - len(member.block_ids))
-        return committed
+        return self.pool.num_used_blocks + self._promised_prefix_blocks + self._promised_member_blocks
 
-    def _check_fits(self, group: _Group, member: _Member) -> None:
-        own_num_tokens = member.num_own_prompt_tokens + member.request.max_tokens
+    def _start_running(self, slot: int) -> None:
+        members = self.members
+        if members.waiting[slot]:
+            members.waiting[slot] = False
+            self._num_waiting -= 1
+        members.running[slot] = True
+        self._num_running += 1
+        self._promised_member_blocks += self._promised(slot)
+        self._started_running.append(slot)
+
+    def _stop_running(self, slot: int) -> None:
+        self._promised_member_blocks -= self._promised(slot)
+        self.members.running[slot] = False
+        self._num_running -= 1
+        self._stopped_running = True
+
+    def _set_waiting(self, slot: int, group: Group) -> None:
+        if not self.members.waiting[slot]:
+            self.members.waiting[slot] = True
+            self._num_waiting += 1
+        self._add_work(group, slot)
+
+    def _add_work(self, group: Group, slot: int) -> None:
+        group.work.add(slot)
+        self._with_work[group.rank] = group
+
+    def _discard_work(self, group: Group, slot: int) -> None:
+        group.work.discard(slot)
+        if not group.work:
+            self._with_work.pop(group.rank, None)
+
+    def _running_slots(self) -> np.ndarray:
+        """The running members by key (group rank, place in group)."""
+        members = self.members
+        order = self._running_order
+        if self._stopped_running or self._started_running:
+            keep = members.running[order]
+            started = np.zeros(0, dtype=np.int64)
+            if self._started_running:
+                # A member that stopped and started again since holds a stale place (and key).
+                started = np.unique(np.array(self._started_running, dtype=np.int64))
+                members.mark[started] = True
+                keep &= ~members.mark[order]
+                members.mark[started] = False
+                started = started[members.running[started]]
+                started = started[np.argsort(members.key[started], kind="stable")]
+            order = order[keep]
+            if started.size:
+                order = np.insert(order, np.searchsorted(members.key[order], members.key[started]), started)
+            self._started_running, self._stopped_running = [], False
+            self._running_order = order
+        return order
+
+    # -- admission and reservation ----------------------------------------------------
+
+    def _check_fits(self, group: Group, slot: int) -> None:
+        members = self.members
+        own_num_tokens = int(members.num_own_prompt_tokens[slot] + members.max_tokens[slot])
         num_tokens = len(group.prefix_token_ids) + own_num_tokens
         num_prefix_blocks = self.pool.blocks_for_tokens(len(group.prefix_token_ids))
         needed = num_prefix_blocks + self.pool.blocks_for_tokens(own_num_tokens)
         if needed > self.threshold_blocks:
             raise ValueError(
-                f"request {member.request.request_id} needs {needed} KV blocks at full length "
+                f"request {int(members.request_id[slot])} needs {needed} KV blocks at full length "
                 f"({num_tokens} tokens incl. max_tokens), M_threshold allows {self.threshold_blocks}"
             )
 
-    def _admit(self, group: _Group, force: bool) -> bool:
+    def _admit(self, group: Group, force: bool) -> bool:
         """Start a group if its prefix + at least its first member fit the reservation;
         members beyond what fits are deferred (they start as memory frees, before any new
         group). force: nothing is running, start it regardless (progress guarantee)."""
-        room = self.threshold_blocks - self._committed_blocks()
-        room -= self.pool.blocks_for_tokens(len(group.prefix_token_ids))
-        first_need = self._member_need_blocks(group.members[0])
-        if room < first_need and not force:
+        num_prefix_blocks = self.pool.blocks_for_tokens(len(group.prefix_token_ids))
+        room = self.threshold_blocks - self._committed_blocks() - num_prefix_blocks
+        first = group.members[0]
+        if room < self._need_blocks(first) and not force:
             return False
-        for member in group.members:
-            need = self._member_need_blocks(member)
-            if need <= room or member is group.members[0]:
-                room -= need
-            else:
-                member.waiting = True
         group.active = True
-        self.active_groups.append(group)
+        group.rank = rank = self._next_rank
+        self._next_rank += 1
+        self._active[rank] = group
+        if group.prefix_token_ids:
+            self._with_prefix[rank] = group
+        if not group.prefix_done:
+            self._prefix_pending[rank] = group
+        self._promised_prefix_blocks += num_prefix_blocks - len(group.prefix_block_ids)
+        members = self.members
+        slots = np.array(group.members, dtype=np.int64)
+        members.key[slots] = (rank << RANK_SHIFT) + members.index[slots]
+        for slot in group.members:
+            need = self._need_blocks(slot)
+            if need <= room or slot == first:
+                room -= need
+                self._start_running(slot)
+                self._add_work(group, slot)
+            else:
+                self._set_waiting(slot, group)
         return True
-
-    def _any_waiting_member(self) -> bool:
-        return any(m.waiting for g in self.active_groups for m in g.members)
-
-    def _anything_running(self) -> bool:
-        return any(m.is_running for g in self.active_groups for m in g.members)
-
-    def _running_members(self):
-        for group in self.active_groups:
-            for member in group.members:
-                if member.is_running:
-                    yield member
 
     # -- building a step ----------------------------------------------------------------
 
-    def _schedule_distinct(self, group: _Group, step: "_Step") -> None:
-        for member in group.members:
+    def _schedule_decodes(self, step: "_Step") -> None:
+        """Queue 1: one row for each decoding member, in running order, while the budget lasts;
+        their blocks in bulk while they fit under M_threshold, then one at a time, preempting."""
+        running = self._running_slots()
+        if step.budget <= 0 or not running.size:
+            return
+        members, size = self.members, self.block_size
+        decoders = running[members.decoding_mask(running)]
+        chosen = decoders[:step.budget]
+        num_computed = members.num_computed_tokens[chosen]
+        need = np.maximum(0, -(-(num_computed + 1) // size) - members.num_blocks[chosen])
+        fits = self.pool.num_used_blocks + np.cumsum(need) <= self.threshold_blocks
+        num_fast = int(np.argmin(fits)) if not fits.all() else chosen.size
+        fast, need = chosen[:num_fast], need[:num_fast]
+        if num_fast:
+            promised_before = self._promised_array(fast)
+            growing = fast[need > 0]
+            block_ids = self.pool.allocate(int(need.sum()))
+            if int(need.max()) == 1:
+                for slot, block_id in zip(growing.tolist(), block_ids):
+                    members.block_ids[slot].append(block_id)
+            else:
+                offset = 0
+                for slot, count in zip(growing.tolist(), need[need > 0].tolist()):
+                    members.block_ids[slot].extend(block_ids[offset:offset + count])
+                    offset += count
+            members.num_blocks[fast] += need
+            self._promised_member_blocks += int((self._promised_array(fast) - promised_before).sum())
+            members.scheduled_stamp[fast] = step.stamp
+            step.decode_slots.append(fast)
+            step.decode_new_counts.append(need)
+            step.decode_new_block_ids.extend(block_ids)
+            step.budget -= num_fast
+        # Past the first decode that does not fit: the exact order, one at a time.
+        for slot in decoders[num_fast:].tolist():
+            if step.budget <= 0:
+                break
+            if not members.running[slot]:
+                continue  # preempted by an earlier decode of this step
+            before = len(members.block_ids[slot])
+            if self._grow_or_preempt(slot, step):
+                members.scheduled_stamp[slot] = step.stamp
+                step.decode_slots.append(np.array([slot], dtype=np.int64))
+                step.decode_new_counts.append(np.array([len(members.block_ids[slot]) - before], dtype=np.int64))
+                step.decode_new_block_ids.extend(members.block_ids[slot][before:])
+                step.budget -= 1
+
+    def _schedule_distinct(self, group: Group, step: "_Step") -> None:
+        members = self.members
+        for slot in sorted(group.work, key=members.index.__getitem__):
             if step.budget <= 0:
                 return
-            if member.finished or id(member) in step.scheduled:
-                continue
-            if member.waiting:
-                if member.request.request_id in step.preempted:
+            if members.waiting[slot]:
+                if int(members.request_id[slot]) in step.preempted:
                     continue  # never resume in the step that preempted it (no ping-pong)
-                fits = self._committed_blocks() + self._member_need_blocks(member) <= self.threshold_blocks
-                if not fits and self._anything_running():
+                fits = self._committed_blocks() + self._need_blocks(slot) <= self.threshold_blocks
+                if not fits and self._num_running:
                     continue
-                member.waiting = False  # resume: recompute distinct + generated tokens
-            if member.num_pending_tokens <= 0 or member.is_decoding:
+                self._start_running(slot)  # resume: recompute distinct + generated tokens
+            pending = members.num_pending_tokens(slot)
+            if pending <= 0 or members.is_decoding(slot):
                 continue
-            room = self._room_tokens(member.block_ids, member.num_computed_tokens)
-            num_tokens = min(member.num_pending_tokens, step.budget, room)
+            num_computed = int(members.num_computed_tokens[slot])
+            room = self._room_tokens(len(members.block_ids[slot]), num_computed)
+            num_tokens = min(pending, step.budget, room)
             if num_tokens <= 0:
                 return  # memory full for prefill this step (BatchLLM 4.3.3)
-            self._grow(member.block_ids, member.num_computed_tokens + num_tokens)
-            step.add_member(member, num_tokens)
+            self._grow_member(slot, num_computed + num_tokens)
+            step.add_member(group, slot, num_tokens)
+            members.scheduled_stamp[slot] = step.stamp
 
-    def _schedule_prefix(self, group: _Group, step: "_Step") -> None:
+    def _schedule_prefix(self, group: Group, step: "_Step") -> None:
         remaining = len(group.prefix_token_ids) - group.prefix_num_computed
         if remaining > 0:
-            room = self._room_tokens(group.prefix_block_ids, group.prefix_num_computed)
+            room = self._room_tokens(len(group.prefix_block_ids), group.prefix_num_computed)
             num_tokens = min(remaining, step.budget, room)
             if num_tokens <= 0:
                 return
-            self._grow(group.prefix_block_ids, group.prefix_num_computed + num_tokens)
+            needed = self.pool.blocks_for_tokens(group.prefix_num_computed + num_tokens) - len(group.prefix_block_ids)
+            if needed > 0:
+                group.prefix_block_ids.extend(self.pool.allocate(needed))
+                self._promised_prefix_blocks -= needed
             step.add_prefix(group, num_tokens)
             if num_tokens < remaining:
                 return
@@ -219,107 +347,264 @@ class BatchLLMScheduler(PolicyBase):
         if step.budget > 0:
             self._schedule_distinct(group, step)
 
-    def _room_tokens(self, block_ids: list[int], num_computed_tokens: int) -> int:
-        """Tokens that fit in block_ids and the blocks left under M_threshold."""
+    def _room_tokens(self, num_blocks: int, num_computed_tokens: int) -> int:
+        """Tokens that fit in num_blocks blocks and the blocks left under M_threshold."""
         free_blocks = max(0, self.threshold_blocks - self.pool.num_used_blocks)
-        return (len(block_ids) + free_blocks) * self.pool.block_size - num_computed_tokens
+        return (num_blocks + free_blocks) * self.block_size - num_computed_tokens
 
-    def _grow(self, block_ids: list[int], num_tokens: int) -> None:
+    def _grow_member(self, slot: int, num_tokens: int) -> None:
+        """Own blocks for num_tokens own tokens (a running member)."""
+        block_ids = self.members.block_ids[slot]
         needed = self.pool.blocks_for_tokens(num_tokens) - len(block_ids)
         if needed > 0:
+            before = self._promised(slot)
             block_ids.extend(self.pool.allocate(needed))
+            self.members.num_blocks[slot] = len(block_ids)
+            self._promised_member_blocks += self._promised(slot) - before
 
-    def _grow_or_preempt(self, member: _Member, step: "_Step") -> bool:
-        """Room for one more decode token of `member` under M_threshold, preempting if need be."""
+    def _grow_or_preempt(self, slot: int, step: "_Step") -> bool:
+        """Room for one more decode token of member `slot` under M_threshold, preempting if need be."""
+        members = self.members
         while True:
-            needed = self.pool.blocks_for_tokens(member.num_computed_tokens + 1) - len(member.block_ids)
+            num_computed = int(members.num_computed_tokens[slot])
+            needed = self.pool.blocks_for_tokens(num_computed + 1) - len(members.block_ids[slot])
             if needed <= 0 or self.pool.num_used_blocks + needed <= self.threshold_blocks:
-                self._grow(member.block_ids, member.num_computed_tokens + 1)
+                self._grow_member(slot, num_computed + 1)
                 return True
-            victim = self._pick_victim_member(member, step)
+            victim = self._pick_victim_member(slot, step)
             if victim is not None:
                 self._preempt_member(victim, step)
                 continue
-            victim_group = self._pick_victim_group(member, step)
+            victim_group = self._pick_victim_group(slot, step)
             if victim_group is not None:
                 self._preempt_group(victim_group, step)
                 continue
-            self._preempt_member(member, step)
+            self._preempt_member(slot, step)
             return False
 
-    def _pick_victim_member(self, requester: _Member, step: "_Step") -> _Member | None:
-        for group in reversed(self.active_groups):
-            for member in reversed(group.members):
-                if (member is not requester and member.is_running and member.block_ids
-                        and id(member) not in step.scheduled):
-                    return member
-        return None
+    def _pick_victim_member(self, requester: int, step: "_Step") -> int | None:
+        """The last running member (by key) holding blocks and not scheduled in this step."""
+        members = self.members
+        candidates = self._running_order[::-1]
+        usable = (members.running[candidates] & (members.num_blocks[candidates] > 0)
+                  & (members.scheduled_stamp[candidates] != step.stamp) & (candidates != requester))
+        index = int(np.argmax(usable))
+        return int(candidates[index]) if usable.size and usable[index] else None
 
-    def _pick_victim_group(self, requester: _Member, step: "_Step") -> _Group | None:
-        for group in reversed(self.active_groups):
-            if (group is not requester.group and group.prefix_block_ids
-                    and not any(id(m) in step.scheduled for m in group.members)):
+    def _pick_victim_group(self, requester: int, step: "_Step") -> Group | None:
+        members = self.members
+        requester_group = int(members.group[requester])
+        for group in reversed(list(self._with_prefix.values())):
+            if group.group_id == requester_group or not group.prefix_block_ids:
+                continue
+            if not np.any(members.scheduled_stamp[np.array(group.members, dtype=np.int64)] == step.stamp):
                 return group
         return None
 
-    def _preempt_member(self, member: _Member, step: "_Step") -> None:
-        step.preempted.append(member.request.request_id)
-        self.pool.free(member.drop_blocks())
-        member.waiting = True
+    def _drop_blocks(self, slot: int) -> None:
+        """The member's KV is gone (preempted or finished): its own blocks are freed, nothing is
+        stored any more and the runner drops the row."""
+        members = self.members
+        self.pool.free(members.block_ids[slot])
+        members.block_ids[slot] = []
+        members.num_blocks[slot] = 0
+        members.num_computed_tokens[slot] = 0
+        members.num_table_blocks_sent[slot] = 0
+        members.last_sampled[slot] = False
 
-    def _preempt_group(self, group: _Group, step: "_Step") -> None:
+    def _preempt_member(self, slot: int, step: "_Step") -> None:
+        members = self.members
+        step.preempted.append(int(members.request_id[slot]))
+        if members.running[slot]:
+            self._stop_running(slot)
+        self._drop_blocks(slot)
+        self._set_waiting(slot, self.groups[int(members.group[slot])])
+
+    def _preempt_group(self, group: Group, step: "_Step") -> None:
         """Whole group back to the head of the queue; its prefix is recomputed later."""
-        for member in group.members:
-            if member.finished:
+        members = self.members
+        for slot in group.members:
+            if members.finished[slot]:
                 continue
-            if member.block_ids or member.is_running:
-                step.preempted.append(member.request.request_id)
-            self.pool.free(member.drop_blocks())
-            member.waiting = False
+            if members.block_ids[slot] or members.running[slot]:
+                step.preempted.append(int(members.request_id[slot]))
+            if members.running[slot]:
+                self._stop_running(slot)
+            self._drop_blocks(slot)
+            if members.waiting[slot]:
+                members.waiting[slot] = False
+                self._num_waiting -= 1
         self._free_prefix(group)
         group.prefix_num_computed = 0
-        group.members = [m for m in group.members if not m.finished] or group.members
+        group.members = [slot for slot in group.members if not members.finished[slot]] or group.members
+        group.num_unfinished = sum(1 for slot in group.members if not members.finished[slot])
         self.pending_groups.appendleft(group)
 
-    def _finish(self, member: _Member) -> int:
-        group = member.group
-        self.pool.free(member.drop_blocks())
-        member.finished = True
+    def update(self, output: SchedulerOutput, finish_reasons: dict[int, str]) -> list[FinishedRequest]:
+        """Scheduler.update (interface.py): the named requests finish, in chunk order."""
+        finished: list[FinishedRequest] = []
+        if finish_reasons:
+            chunks = output.chunks
+            named = ~chunks.is_prefix & np.isin(chunks.seq_ids, np.fromiter(finish_reasons, dtype=np.int64))
+            for seq_id in chunks.seq_ids[named].tolist():
+                slot = self._slot_of.pop(seq_id)
+                self.finished_seq_ids.append(seq_id)
+                finished.append(FinishedRequest(seq_id, finish_reasons[seq_id], self._finish(slot)))
+        self.step_index += 1
+        return finished
+
+    def _finish(self, slot: int) -> int:
+        members = self.members
+        group = self.groups[int(members.group[slot])]
+        if members.running[slot]:
+            self._stop_running(slot)
+        self._drop_blocks(slot)
+        if members.waiting[slot]:
+            members.waiting[slot] = False
+            self._num_waiting -= 1
+        members.finished[slot] = True
+        self._discard_work(group, slot)
+        group.num_unfinished -= 1
         # Every member but the first reused the prefix KV instead of computing it.
-        num_cached = len(group.prefix_token_ids) if member is not group.members[0] else 0
-        if all(m.finished for m in group.members):
+        num_cached = len(group.prefix_token_ids) if slot != group.members[0] else 0
+        if not group.num_unfinished:
             # BatchLLM 4.3.1: the prefix's memory is released as soon as its group is done.
             self._free_prefix(group)
         return num_cached
 
-    def _free_prefix(self, group: _Group) -> None:
+    def _free_prefix(self, group: Group) -> None:
         """The group leaves the active list and its prefix blocks are freed (the runner drops the row)."""
+        self._promised_prefix_blocks -= (self.pool.blocks_for_tokens(len(group.prefix_token_ids))
+                                         - len(group.prefix_block_ids))
         self.pool.free(group.prefix_block_ids)
         group.prefix_block_ids = []
         if group.num_prefix_blocks_sent:
             self.finished_seq_ids.append(group.prefix_id)
             group.num_prefix_blocks_sent = 0
         group.active = False
-        self.active_groups.remove(group)
+        for groups in (self._active, self._prefix_pending, self._with_prefix, self._with_work):
+            groups.pop(group.rank, None)
+        group.work = set()
+
+    # -- the step's chunks ----------------------------------------------------------------
 
     def _build_output(self, step: "_Step") -> SchedulerOutput:
-        # Rows group by group (BatchLLM 5): a group's prefix chunk, then its members' chunks.
-        builder = ChunksBuilder()
+        # Rows group by group (BatchLLM 5): a group's prefix chunk, then its members' chunks. The
+        # decode rows come first, in running order (group rank, place in group); a group's other
+        # chunks follow its decode rows; the groups without decode rows come last, in the order
+        # the step reached them.
+        decodes, decode_ranks = self._decode_chunks(step)
+        with_decodes: list[tuple[int, Group]] = []
+        others: list[Group] = []
         for group in step.group_order:
-            prefix_tokens = step.prefix_tokens.get(group.group_id, 0)
-            if prefix_tokens:
-                start = group.prefix_num_computed
-                blocks_sent = group.num_prefix_blocks_sent
-                group.num_prefix_blocks_sent = len(group.prefix_block_ids)
-                builder.add(group.prefix_id, group.prefix_token_ids[start:start + prefix_tokens], start, prefix_tokens,
-                            group.prefix_block_ids[blocks_sent:], blocks_sent, 0, True, False, group.group_id)
-                group.prefix_num_computed += prefix_tokens  # counted as stored from this step on
-            group_id = group.group_id if group.prefix_token_ids else NO_GROUP
-            for member, num_tokens in step.member_tokens.get(group.group_id, ()):
-                member.chunk(builder, num_tokens, group.prefix_block_ids, group_id)
+            if decode_ranks.size:
+                end = int(np.searchsorted(decode_ranks, group.rank, side="right"))
+                if end and decode_ranks[end - 1] == group.rank:
+                    with_decodes.append((end, group))
+                    continue
+            others.append(group)
+        with_decodes.sort(key=lambda item: item[0])
+        builder = ChunksBuilder()
+        positions: list[int] = []
+        for end, group in with_decodes:
+            positions.extend([end] * self._group_chunks(builder, group, step))
+        for group in others:
+            positions.extend([len(decodes)] * self._group_chunks(builder, group, step))
+        chunks = decodes.insert(np.array(positions, dtype=np.int64), builder.build()) if positions else decodes
         finished, self.finished_seq_ids = self.finished_seq_ids, []
-        return SchedulerOutput.from_chunks(self.step_index, builder.build(), sum(1 for _ in self._running_members()),
-                                           self.pool.num_used_blocks, step.preempted, finished)
+        return SchedulerOutput.from_chunks(self.step_index, chunks, self._num_running, self.pool.num_used_blocks,
+                                           step.preempted, finished)
+
+    def _decode_chunks(self, step: "_Step") -> tuple[ScheduledChunks, np.ndarray]:
+        """The step's decode rows (one token each, sampled) as columns, counted as run; and the
+        rank of each one's group."""
+        if not step.decode_slots:
+            return ScheduledChunks.empty(), np.zeros(0, dtype=np.int64)
+        members = self.members
+        slots = np.concatenate(step.decode_slots)
+        new_counts = np.concatenate(step.decode_new_counts)
+        sent = members.num_table_blocks_sent[slots]
+        # A decode row's runner row is up to date but for the blocks grown in this step.
+        if not np.array_equal(members.num_row_prefix_blocks[slots] + members.num_blocks[slots] - sent, new_counts):
+            raise AssertionError("a decode row's block-table change is not the blocks it grew")
+        prompt_offset = members.prompt_offset[slots]
+        starts = prompt_offset + members.num_computed_tokens[slots]
+        fed = members.last_sampled[slots]
+        token_ids: list[int] = []
+        if not fed.all():  # a recomputed token right before the newest output: its id is read
+            for slot, start in zip(slots[~fed].tolist(), starts[~fed].tolist()):
+                token_ids.extend(members.token_ids(slot, start, start + 1))
+        num_rows = slots.shape[0]
+        ones = np.ones(num_rows, dtype=np.int64)
+        true, false = np.ones(num_rows, dtype=bool), np.zeros(num_rows, dtype=bool)
+        chunks = ScheduledChunks(members.request_id[slots], starts, ones, sent, prompt_offset,
+                                 members.chunk_group_id[slots], false, true, true,
+                                 np.array(token_ids, dtype=np.int64), _offsets((~fed).astype(np.int64)),
+                                 np.array(step.decode_new_block_ids, dtype=np.int64), _offsets(new_counts))
+        promised_before = self._promised_array(slots)
+        members.num_computed_tokens[slots] += 1
+        members.num_outputs[slots] += 1
+        members.last_sampled[slots] = True
+        members.num_table_blocks_sent[slots] = members.num_row_prefix_blocks[slots] + members.num_blocks[slots]
+        self._promised_member_blocks += int((self._promised_array(slots) - promised_before).sum())
+        return chunks, members.key[slots] >> RANK_SHIFT
+
+    def _group_chunks(self, builder: ChunksBuilder, group: Group, step: "_Step") -> int:
+        """Add a group's prefix chunk, then its members' chunks (not decode rows); returns how many."""
+        num_chunks = 0
+        prefix_tokens = step.prefix_tokens.get(group.group_id, 0)
+        if prefix_tokens:
+            start = group.prefix_num_computed
+            blocks_sent = group.num_prefix_blocks_sent
+            group.num_prefix_blocks_sent = len(group.prefix_block_ids)
+            builder.add(group.prefix_id, group.prefix_token_ids[start:start + prefix_tokens], start, prefix_tokens,
+                        group.prefix_block_ids[blocks_sent:], blocks_sent, 0, True, False, group.group_id)
+            group.prefix_num_computed += prefix_tokens  # counted as stored from this step on
+            if group.prefix_done:
+                self._prefix_pending.pop(group.rank, None)
+            num_chunks += 1
+        for slot, num_tokens in step.member_tokens.get(group.group_id, ()):
+            self._member_chunk(builder, group, slot, num_tokens)
+            num_chunks += 1
+        return num_chunks
+
+    def _member_chunk(self, builder: ChunksBuilder, group: Group, slot: int, num_tokens: int) -> None:
+        """The member's next num_tokens own tokens as a chunk, with the change that brings the
+        runner's row (prefix blocks, then own blocks) up to date (docs/design.md); counted as run."""
+        members = self.members
+        num_computed = int(members.num_computed_tokens[slot])
+        prompt_offset = int(members.prompt_offset[slot])
+        first = prompt_offset + num_computed
+        blocks_sent = int(members.num_table_blocks_sent[slot])
+        prefix_block_ids, own_block_ids = group.prefix_block_ids, members.block_ids[slot]
+        num_prefix_blocks = len(prefix_block_ids)
+        if blocks_sent >= num_prefix_blocks:
+            new_block_ids = own_block_ids[blocks_sent - num_prefix_blocks:]
+        else:
+            new_block_ids = prefix_block_ids[blocks_sent:] + own_block_ids
+        members.num_table_blocks_sent[slot] = num_prefix_blocks + len(own_block_ids)
+        members.num_row_prefix_blocks[slot] = num_prefix_blocks
+        num_outputs = int(members.num_outputs[slot])
+        num_own = int(members.num_own_prompt_tokens[slot]) + num_outputs
+        sample = num_computed + num_tokens == num_own
+        is_decode = num_outputs > 0 and num_own - num_computed == 1
+        token_ids = () if members.last_sampled[slot] else members.token_ids(slot, first, first + num_tokens)
+        builder.add(int(members.request_id[slot]), token_ids, first, num_tokens, new_block_ids, blocks_sent,
+                    prompt_offset, False, sample, group.chunk_group_id, is_decode)
+        members.num_computed_tokens[slot] = num_computed + num_tokens
+        if sample:
+            before = self._promised(slot)
+            members.num_outputs[slot] = num_outputs + 1
+            self._promised_member_blocks += self._promised(slot) - before
+        members.last_sampled[slot] = sample
+        if members.is_decoding(slot):
+            self._discard_work(group, slot)  # its prompt is done: a decode row from the next step
+
+
+def _offsets(counts: np.ndarray) -> np.ndarray:
+    offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return offsets
 
 
 @dataclass
@@ -327,24 +612,28 @@ class _Step:
     """What one step has taken so far."""
 
     budget: int  # tokens left (N_chunk)
-    group_order: list[_Group] = field(default_factory=list)
-    member_tokens: dict[int, list[tuple[_Member, int]]] = field(default_factory=dict)
+    stamp: int  # marks the members scheduled in this step (Members.scheduled_stamp)
+    # Decode rows, in running order: member slots, blocks each grew, the grown block ids (flat).
+    decode_slots: list[np.ndarray] = field(default_factory=list)
+    decode_new_counts: list[np.ndarray] = field(default_factory=list)
+    decode_new_block_ids: list[int] = field(default_factory=list)
+    # Every other chunk: the groups in the order the step reached them, their prefix and members' tokens.
+    group_order: list[Group] = field(default_factory=list)
+    member_tokens: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     prefix_tokens: dict[int, int] = field(default_factory=dict)
-    scheduled: set[int] = field(default_factory=set)  # id(member)
     preempted: list[int] = field(default_factory=list)
 
-    def _touch(self, group: _Group) -> None:
+    def _touch(self, group: Group) -> None:
         if group.group_id not in self.member_tokens:
             self.member_tokens[group.group_id] = []
             self.group_order.append(group)
 
-    def add_member(self, member: _Member, num_tokens: int) -> None:
-        self._touch(member.group)
-        self.member_tokens[member.group.group_id].append((member, num_tokens))
-        self.scheduled.add(id(member))
+    def add_member(self, group: Group, slot: int, num_tokens: int) -> None:
+        self._touch(group)
+        self.member_tokens[group.group_id].append((slot, num_tokens))
         self.budget -= num_tokens
 
-    def add_prefix(self, group: _Group, num_tokens: int) -> None:
+    def add_prefix(self, group: Group, num_tokens: int) -> None:
         self._touch(group)
         self.prefix_tokens[group.group_id] = num_tokens
         self.budget -= num_tokens

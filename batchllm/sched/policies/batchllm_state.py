@@ -1,0 +1,133 @@
+"""The batchllm policy's state: its groups (Python objects, one per prefix-sharing group) and its
+members as columns (numpy, one entry per request), so that a step advances every decode row with
+a few array operations. Torch-free."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from batchllm.sched.interface import SchedRequest
+
+# Order of running members: by their group's admission rank, then their place in the group.
+RANK_SHIFT = 32
+
+
+@dataclass(eq=False)
+class Group:
+    """A prefix-sharing group: its common prefix is stored once in read-only prefix blocks; each
+    member's own tokens (distinct prompt, then generated) continue at position len(prefix)."""
+
+    group_id: int  # also its index in the policy's list of groups
+    prefix_token_ids: tuple[int, ...]  # empty: singleton, shares nothing
+    members: list[int] = field(default_factory=list)  # member slots, in planning order
+    prefix_block_ids: list[int] = field(default_factory=list)
+    prefix_num_computed: int = 0
+    num_prefix_blocks_sent: int = 0  # leading entries of the runner's prefix row that are up to date
+    r_group: float = 0.0  # BatchLLM Eq. 3-4
+    active: bool = False  # admitted (its prefix blocks are, or are being, stored)
+    rank: int = -1  # admission order (a group admitted again gets a new one)
+    num_unfinished: int = 0  # members not finished
+    # Members with own prompt work: waiting (deferred or preempted), or running with prompt
+    # tokens to compute. Decoding and finished members are never in it.
+    work: set[int] = field(default_factory=set)
+
+    @property
+    def prefix_id(self) -> int:
+        return -(self.group_id + 1)  # never collides with request ids (>= 0)
+
+    @property
+    def prefix_done(self) -> bool:
+        return self.prefix_num_computed == len(self.prefix_token_ids)
+
+    @property
+    def chunk_group_id(self) -> int:
+        """The group id its members' chunks carry (NO_GROUP when it shares nothing)."""
+        return self.group_id if self.prefix_token_ids else -1
+
+
+_INT_FIELDS = ("request_id", "group", "index", "prompt_offset", "num_own_prompt_tokens", "max_tokens",
+               "reserved_decode_tokens", "num_computed_tokens", "num_outputs", "num_table_blocks_sent",
+               "num_row_prefix_blocks", "num_blocks", "key", "scheduled_stamp", "chunk_group_id")
+_BOOL_FIELDS = ("last_sampled", "waiting", "finished", "running", "mark")
+
+
+class Members:
+    """One entry per request (a member slot), in the order requests were added.
+
+    Own tokens are the prompt after prompt_offset (the group prefix length), then the generated
+    tokens. num_computed_tokens and num_outputs advance when a chunk is scheduled: its KV counts
+    as stored, and a chunk that samples adds an output whose id the caller appends to the
+    request's output_token_ids once read. num_table_blocks_sent: leading entries of the runner's
+    row (prefix blocks, then own blocks) that are up to date; num_row_prefix_blocks: the prefix
+    blocks of that row. last_sampled: the one pending token is the one this row's previous chunk
+    sampled (a decode row fed on the device). A member is running when its group is active and it
+    is neither waiting nor finished; key orders running members (group rank, place in group);
+    scheduled_stamp marks the members scheduled in the current step; mark is scratch space (all
+    False between calls)."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        for name in _INT_FIELDS:
+            setattr(self, name, np.zeros(0, dtype=np.int64))
+        for name in _BOOL_FIELDS:
+            setattr(self, name, np.zeros(0, dtype=bool))
+        self.block_ids: list[list[int]] = []  # own KV blocks per member
+        self.requests: list[SchedRequest] = []
+
+    def add(self, request: SchedRequest, group: Group, prompt_offset: int, reserved_decode_tokens: int) -> int:
+        """A new member of group (not yet running); returns its slot."""
+        slot = self.size
+        if slot == self.request_id.shape[0]:
+            self._grow(max(16, 2 * slot))
+        self.size += 1
+        self.request_id[slot] = request.request_id
+        self.group[slot] = group.group_id
+        self.index[slot] = len(group.members)
+        self.prompt_offset[slot] = prompt_offset
+        self.num_own_prompt_tokens[slot] = len(request.prompt_token_ids) - prompt_offset
+        self.max_tokens[slot] = request.max_tokens
+        self.reserved_decode_tokens[slot] = reserved_decode_tokens
+        self.scheduled_stamp[slot] = -1
+        self.chunk_group_id[slot] = group.chunk_group_id
+        self.block_ids.append([])
+        self.requests.append(request)
+        return slot
+
+    def _grow(self, capacity: int) -> None:
+        for name in (*_INT_FIELDS, *_BOOL_FIELDS):
+            old = getattr(self, name)
+            grown = np.zeros(capacity, dtype=old.dtype)
+            grown[:old.shape[0]] = old
+            setattr(self, name, grown)
+
+    def num_own_tokens(self, slot: int) -> int:
+        return int(self.num_own_prompt_tokens[slot] + self.num_outputs[slot])
+
+    def num_pending_tokens(self, slot: int) -> int:
+        return self.num_own_tokens(slot) - int(self.num_computed_tokens[slot])
+
+    def is_decoding(self, slot: int) -> bool:
+        return bool(self.num_outputs[slot] > 0) and self.num_pending_tokens(slot) == 1
+
+    def decoding_mask(self, slots: np.ndarray) -> np.ndarray:
+        """is_decoding of each of slots: an output, and exactly one own token pending."""
+        num_outputs = self.num_outputs[slots]
+        pending = self.num_own_prompt_tokens[slots] + num_outputs - self.num_computed_tokens[slots]
+        return (num_outputs > 0) & (pending == 1)
+
+    def token_ids(self, slot: int, start: int, end: int) -> tuple[int, ...]:
+        """Ids of the request's positions [start, end) (prompt, then generated): only ids already read."""
+        request = self.requests[slot]
+        prompt = request.prompt_token_ids
+        num_prompt = len(prompt)
+        if end <= num_prompt:
+            return tuple(prompt[start:end])
+        output_token_ids = request.output_token_ids
+        if end - num_prompt > len(output_token_ids):
+            raise AssertionError(f"request {request.request_id}: position {end - 1} scheduled as an input "
+                                 f"before its id was read")
+        if start >= num_prompt:
+            return tuple(output_token_ids[start - num_prompt:end - num_prompt])
+        return tuple(prompt[start:]) + tuple(output_token_ids[:end - num_prompt])

@@ -1,4 +1,4 @@
-"""Workload generator: shapes, exact micro saving ratios, industrial means, JSONL."""
+"""Workload generator: shapes, exact micro saving ratios, industrial means, uniform prompts, JSONL."""
 
 import io
 import json
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from batchllm.prefix import plan_prefix_arrays
-from batchllm.perf.workloads import industrial_workload, micro_workload, token_ids_to_text, write_jsonl
+from batchllm.perf.workload import make_workload, split_workload_spec
+from batchllm.perf.workloads import industrial_workload, micro_workload, token_ids_to_text, uniform_workload, write_jsonl
 
 
 def test_micro_shapes_and_shuffle():
@@ -67,6 +68,31 @@ def test_industrial_document_sharing_degree_is_about_3():
     assert 2.5 < mean_degree < 3.5
 
 
+def test_uniform_prompts_share_no_prefix():
+    workload = uniform_workload(16, 9, 150, vocab_size=1200, low_token_id=1000, seed=2)
+    assert workload.name == "uniform-16/9"
+    assert workload.max_tokens == (9,) * 150
+    assert all(p.size == 16 and p.dtype == np.int32 for p in workload.prompts)
+    assert all(1000 <= p.min() and p.max() < 1200 for p in workload.prompts)
+    assert len({int(p[0]) for p in workload.prompts}) == 150  # fewer prompts than ids: first tokens differ
+    assert plan_prefix_arrays(list(workload.prompts)).stats.saved_prefill_tokens == 0
+    again = uniform_workload(16, 9, 150, vocab_size=1200, low_token_id=1000, seed=2)
+    assert all((a == b).all() for a, b in zip(workload.prompts, again.prompts))
+
+
+def test_uniform_spec_and_its_default_request_counts():
+    assert split_workload_spec("uniform:128:128", 512) == ("uniform:128:128", 30_000)
+    assert split_workload_spec("uniform:2048:128", 512) == ("uniform:2048:128", 3_000)
+    assert split_workload_spec("uniform:1000:1000", 512) == ("uniform:1000:1000", 3_000)
+    assert split_workload_spec("uniform:128:128#64", 512) == ("uniform:128:128", 64)
+    assert split_workload_spec("uniform:100:10", 512) == ("uniform:100:10", 512)
+    workload = make_workload("uniform:12:7", 5, 100, 32000, 0)  # OSL from the spec, not output_tokens
+    assert workload.max_tokens == (7,) * 5 and {p.size for p in workload.prompts} == {12}
+    for bad in ("uniform:12", "uniform:a:7", "uniform:0:7"):
+        with pytest.raises(SystemExit, match="uniform:ISL:OSL|ISL and OSL"):
+            make_workload(bad, 5, 100, 32000, 0)
+
+
 def test_jsonl_token_ids_and_text():
     workload = micro_workload(3, 2, 2, num_requests=4)
     stream = io.StringIO()
@@ -86,6 +112,8 @@ def test_bad_parameters():
         micro_workload(10, 0, 4)
     with pytest.raises(ValueError):
         industrial_workload(num_requests=10, mean_sharing_degree=0.5)
+    with pytest.raises(ValueError):
+        uniform_workload(0, 10, 4)
 
 
 def test_module_cli_writes_a_file(tmp_path):
@@ -97,3 +125,15 @@ def test_module_cli_writes_a_file(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert len(path.read_text().splitlines()) == 6
+
+
+def test_module_cli_writes_a_uniform_file(tmp_path):
+    path = tmp_path / "uniform.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-m", "batchllm.perf.workloads", "uniform", "--isl", "5", "--max-tokens", "3", "-n", "4",
+         "-o", str(path)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(len(r["prompt_token_ids"]), r["max_tokens"]) for r in records] == [(5, 3)] * 4

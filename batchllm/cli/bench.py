@@ -22,6 +22,10 @@ examples:
   batchllm bench --model random:qwen2.5-7b --workload micro:2000:1000:4#1024 --workload industrial#2000 \\
       --policies batchllm@4096,batchllm,vllm --hf-peer 64,128 --out qwen.json --markdown qwen.md
 
+  # TensorRT-LLM's uniform 128/128 row (30,000 requests of random 128-token prompts, 128 outputs each)
+  # with FP8 weights and KV cache
+  batchllm bench --workload uniform:128:128 --policies batchllm@8192 --quantization fp8 --kv-cache-dtype fp8
+
   # your own batch file (prompt_token_ids lines work with any model; text needs a tokenizer)
   batchllm bench --input requests.jsonl --policies batchllm,vllm
 
@@ -76,7 +80,9 @@ def add_parser(subparsers) -> None:
                              f"random:tiny?vocab_size=32000 ...), a .gguf file or a HF model directory "
                              f"(default: {DEFAULT_GPU_MODEL}, CUDA only)")
     parser.add_argument("--workload", action="append", default=None, metavar="SPEC",
-                        help="micro:P:D:SD (prefix P tokens, D distinct, sharing degree SD) or industrial, "
+                        help="micro:P:D:SD (prefix P tokens, D distinct, sharing degree SD), industrial, or "
+                             "uniform:ISL:OSL (random prompts of ISL tokens, OSL output tokens each; 128:128 runs "
+                             "30000 requests, 2048:128 and 1000:1000 3000 each, as TensorRT-LLM's table), "
                              "optionally #N requests (repeatable; default micro:2000:200:16 unless --input)")
     parser.add_argument("--input", action="append", default=[], metavar="FILE",
                         help="also (or only) benchmark the requests of this OpenAI-Batch JSONL file (repeatable); "

@@ -1,5 +1,6 @@
 """What a benchmark runs (outputs forced to max_tokens, docs/design.md): a generated workload
-(micro:P:D:SD, industrial; batchllm.perf.workloads) or the requests of a JSONL file (`--input FILE`)."""
+(micro:P:D:SD, industrial, uniform:ISL:OSL; batchllm.perf.workloads) or the requests of a JSONL file
+(`--input FILE`)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,21 @@ import os
 import numpy as np
 
 from batchllm.io.batch_input import BatchError, read_batch_file
-from batchllm.perf.workloads import Workload, industrial_workload, micro_workload
+from batchllm.perf.workloads import Workload, industrial_workload, micro_workload, uniform_workload
 
 DEFAULT_WORKLOAD = "micro:2000:200:16"
+# Request counts of TensorRT-LLM's throughput table for its uniform ISL/OSL rows: enough requests
+# to reach a steady state (short requests enter and leave fast, so more of them).
+UNIFORM_DEFAULT_REQUESTS = {(128, 128): 30_000, (2048, 128): 3_000, (1000, 1000): 3_000}
 
 
 def make_workload(spec: str, num_requests: int, output_tokens: int, vocab_size: int, seed: int) -> Workload:
-    """'micro:P:D:SD' (prefix P tokens, D distinct tokens, sharing degree SD) or 'industrial'."""
+    """'micro:P:D:SD' (prefix P tokens, D distinct tokens, sharing degree SD), 'industrial', or
+    'uniform:ISL:OSL' (ISL random prompt tokens, OSL output tokens: output_tokens is not used)."""
     kind, *values = spec.split(":")
+    if kind == "uniform":
+        input_num_tokens, output_num_tokens = _uniform_lengths(spec)
+        return uniform_workload(input_num_tokens, output_num_tokens, num_requests, vocab_size=vocab_size, seed=seed)
     if kind == "micro":
         try:
             prefix, distinct, degree = (int(v) for v in values)
@@ -27,7 +35,17 @@ def make_workload(spec: str, num_requests: int, output_tokens: int, vocab_size: 
     if kind == "industrial" and not values:
         return industrial_workload(num_requests=num_requests, output_num_tokens=output_tokens, vocab_size=vocab_size,
                                    seed=seed)
-    raise SystemExit(f"unknown workload {spec!r}: micro:P:D:SD or industrial")
+    raise SystemExit(f"unknown workload {spec!r}: micro:P:D:SD, industrial or uniform:ISL:OSL")
+
+
+def _uniform_lengths(spec: str) -> tuple[int, int]:
+    try:
+        input_num_tokens, output_num_tokens = (int(v) for v in spec.split(":")[1:])
+    except ValueError:
+        raise SystemExit(f"bad workload {spec!r}: uniform:ISL:OSL takes two integers, e.g. uniform:128:128")
+    if input_num_tokens < 1 or output_num_tokens < 1:
+        raise SystemExit(f"bad workload {spec!r}: ISL and OSL must be >= 1")
+    return input_num_tokens, output_num_tokens
 
 
 def prepared_requests(workload: Workload) -> list:
@@ -42,8 +60,11 @@ def prepared_requests(workload: Workload) -> list:
 
 
 def split_workload_spec(text: str, default_requests: int) -> tuple[str, int]:
-    """'industrial#2000' -> ('industrial', 2000); 'micro:2000:200:16' -> (..., default_requests)."""
+    """'industrial#2000' -> ('industrial', 2000); 'micro:2000:200:16' -> (..., default_requests);
+    'uniform:128:128' -> (..., 30000): a uniform row of TensorRT-LLM's table has its request count."""
     spec, _, count = text.partition("#")
+    if not count and spec.startswith("uniform:"):
+        default_requests = UNIFORM_DEFAULT_REQUESTS.get(_uniform_lengths(spec), default_requests)
     try:
         return spec, int(count) if count else default_requests
     except ValueError:

@@ -2,6 +2,9 @@
 
 - micro P/D/sd: every prompt = a shared prefix of P tokens + D distinct tokens; sd prompts
   share each prefix; 100 generated tokens; requests shuffled (6.1).
+- uniform ISL/OSL: random prompts of ISL tokens, OSL generated tokens each, nothing shared (the
+  shape of TensorRT-LLM's throughput table: its prepare_dataset token-norm-dist with both
+  standard deviations 0).
 - industrial-like: mean sharing degree ~3, mean prefix ~1570 tokens, mean distinct ~30 tokens,
   skewed (geometric sharing degree, lognormal lengths), 8000 requests (6.2.2). Prefixes start
   with one of a few instruction templates, so the prefix tree has more than one level and
@@ -89,6 +92,27 @@ def micro_workload(
     return _assemble(name, rng, prefixes, distincts, output_num_tokens)
 
 
+def uniform_workload(
+    input_num_tokens: int,
+    output_num_tokens: int,
+    num_requests: int,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    low_token_id: int = DEFAULT_LOW_TOKEN_ID,
+    seed: int = 0,
+) -> Workload:
+    """num_requests random prompts of input_num_tokens tokens, output_num_tokens to generate each.
+    Prompts begin with different tokens where the vocabulary allows, so that no two share a prefix
+    the planner could group."""
+    if input_num_tokens < 1 or output_num_tokens < 1 or num_requests < 0:
+        raise ValueError("need input and output lengths >= 1 and requests >= 0")
+    rng = np.random.default_rng(seed)
+    prompts = rng.integers(low_token_id, vocab_size, (num_requests, input_num_tokens), dtype=np.int32)
+    prompts[:, 0] = _distinct_first_tokens(rng, num_requests, low_token_id, vocab_size)
+    name = f"uniform-{input_num_tokens}/{output_num_tokens}"
+    custom_ids = tuple(f"request-{i}" for i in range(num_requests))
+    return Workload(name, custom_ids, tuple(prompts), (output_num_tokens,) * num_requests)
+
+
 def _lognormal_lengths(rng, mean: float, sigma: float, count: int, minimum: int) -> np.ndarray:
     """Skewed positive lengths whose mean is ~mean (lognormal: mu = ln(mean) - sigma^2 / 2)."""
     mu = np.log(mean) - sigma * sigma / 2
@@ -167,15 +191,20 @@ def main(argv: list[str] | None = None) -> int:
     micro.add_argument("-n", "--num-requests", type=int, default=6400)
     industrial = sub.add_parser("industrial", help="industrial-like set (BatchLLM 6.2.2)")
     industrial.add_argument("-n", "--num-requests", type=int, default=8000)
-    for p in (micro, industrial):
+    uniform = sub.add_parser("uniform", help="random prompts of ISL tokens, OSL output tokens each")
+    uniform.add_argument("--isl", type=int, required=True, help="input tokens per request")
+    uniform.add_argument("-n", "--num-requests", type=int, default=3000)
+    for p in (micro, industrial, uniform):
         p.add_argument("-o", "--output", required=True, help="JSONL path ('-' = stdout)")
-        p.add_argument("--max-tokens", type=int, default=100, help="output tokens per request")
+        p.add_argument("--max-tokens", type=int, default=100, help="output tokens per request (uniform: OSL)")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--text", action="store_true", help="write text prompts instead of token ids")
     args = parser.parse_args(argv)
     if args.kind == "micro":
         workload = micro_workload(args.prefix, args.distinct, args.sd, args.num_requests,
                                   output_num_tokens=args.max_tokens, seed=args.seed)
+    elif args.kind == "uniform":
+        workload = uniform_workload(args.isl, args.max_tokens, args.num_requests, seed=args.seed)
     else:
         workload = industrial_workload(args.num_requests, output_num_tokens=args.max_tokens, seed=args.seed)
     if args.output == "-":

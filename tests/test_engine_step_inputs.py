@@ -90,7 +90,7 @@ def test_persistent_rows_give_the_whole_tables(policy):
                 continue  # rows of the persistent batch: below
             want, have = getattr(expected, field.name), getattr(inputs, field.name)
             assert np.array_equal(have, want) if isinstance(want, np.ndarray) else have == want, field.name
-        assert len(rows._row_of) == tracker.num_rows  # finished and preempted rows dropped
+        assert rows.num_live_rows == tracker.num_rows  # finished and preempted rows dropped
         # A fed row's input is the id its own row sampled last: the request's newest output.
         fed_seq_ids = [output.chunks[i].seq_id for i in np.searchsorted(inputs.query_start_loc, inputs.fed_rows)]
         assert [column[row] for row in inputs.fed_batch_rows.tolist()] == [
@@ -118,3 +118,35 @@ def test_standalone_step_needs_whole_tables():
 def _micro(seed: int):
     workload = micro_workload(24, 6, 4, num_requests=16, output_num_tokens=10, seed=seed)
     return workload.prompts, workload.max_tokens
+
+
+def test_batch_rows_apply_growth_swaps_shortening_and_drops():
+    rows = BatchRows(num_rows=1, num_cols=1)
+
+    def step(index, chunks, dropped=()):
+        output = SchedulerOutput(index, tuple(chunks), preempted_request_ids=tuple(dropped))
+        got = rows.step_rows(output)
+        return got.batch_rows.tolist(), got.block_tables.tolist()
+
+    first = [ScheduledChunk(seq_id=7, token_ids=(1,), start_position=0, num_tokens=1, new_block_ids=(4, 5, 6)),
+             ScheduledChunk(seq_id=-2, token_ids=(1,), start_position=0, num_tokens=1, new_block_ids=(9,),
+                            is_prefix=True, group_id=1)]
+    assert step(0, first) == ([0, 1], [[4, 5, 6], [9, 0, 0]])
+    # 7: block 1 swapped for 8 and the row cut after it; -2 grows by one block
+    second = [ScheduledChunk(seq_id=7, token_ids=(1,), start_position=0, num_tokens=1, new_block_ids=(8,),
+                             block_ids_start=1),
+              ScheduledChunk(seq_id=-2, token_ids=(1,), start_position=0, num_tokens=1, new_block_ids=(3,),
+                             block_ids_start=1, is_prefix=True, group_id=1)]
+    assert step(1, second) == ([0, 1], [[4, 8], [9, 3]])
+    assert rows.table[0].tolist()[:3] == [4, 8, 0]
+    # 7 dropped: its row is reused, empty, by a new sequence
+    third = [ScheduledChunk(seq_id=11, token_ids=(1,), start_position=0, num_tokens=1, new_block_ids=(2,))]
+    assert step(2, third, dropped=(7,)) == ([0], [[2]])
+    assert rows.num_live_rows == 2 and rows.is_prefix[:2].tolist() == [False, True]
+    assert rows.group_ids[1] == 1
+
+
+def test_a_chunk_without_ids_must_be_one_fed_row():
+    chunk = ScheduledChunk(seq_id=0, token_ids=(), start_position=0, num_tokens=2, new_block_ids=(3,))
+    with pytest.raises(ValueError, match="broke the contract"):
+        build_step_inputs(SchedulerOutput(0, (chunk,)), 4)

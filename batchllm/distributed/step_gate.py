@@ -40,8 +40,8 @@ class ScheduleDivergedError(RuntimeError):
 def step_fingerprint(run_id: int, output) -> int:
     """A number that differs, almost surely, between two different scheduled steps."""
     chunks = output.chunks
-    num_tokens = sum(chunk.num_tokens for chunk in chunks)
-    return hash((run_id, output.step_index, len(chunks), num_tokens, sum(chunk.seq_id for chunk in chunks))) & _MASK
+    num_tokens, seq_id_sum = int(chunks.num_tokens.sum()), int(chunks.seq_ids.sum())
+    return hash((run_id, output.step_index, len(chunks), num_tokens, seq_id_sum)) & _MASK
 
 
 def new_shared_words(context):

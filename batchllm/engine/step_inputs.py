@@ -1,11 +1,8 @@
-"""SchedulerOutput -> flat numpy arrays for one step (vectorised, host side)."""
+"""SchedulerOutput -> flat numpy arrays for one step (vectorised over its chunk columns, host side)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import chain
-from operator import attrgetter
-
 import numpy as np
 
 from batchllm.engine.batch_rows import BatchRows, StepRows
@@ -41,29 +38,30 @@ class StepInputs:
 def build_step_inputs(output: SchedulerOutput, block_size: int, rows: StepRows | None = None) -> StepInputs:
     """rows: the step's rows from the runner's persistent BatchRows. None: a standalone step whose
     chunks all carry whole tables (block_ids_start 0)."""
-    if rows is None:
-        rows = BatchRows(num_rows=max(1, len(output.chunks))).step_rows(output)
-    block_tables, shared = rows.block_tables, rows.shared_kv_lens
     chunks = output.chunks
+    if rows is None:
+        rows = BatchRows(num_rows=max(1, len(chunks))).step_rows(output)
+    block_tables, shared = rows.block_tables, rows.shared_kv_lens
     num_seqs = len(chunks)
     # A chunk's rows are its ids, or, without ids, one decode row fed on the device from its
-    # seq's last sampled token (ScheduledChunk): one pass gives both.
-    q_lens = np.fromiter(map(len, map(attrgetter("token_ids"), chunks)), dtype=np.int64, count=num_seqs)
-    fed = q_lens == 0
-    q_lens[fed] = 1
-    starts = np.fromiter(map(attrgetter("start_position"), chunks), dtype=np.int64, count=num_seqs)
+    # seq's last sampled token (ScheduledChunk).
+    q_lens = chunks.num_tokens
+    num_ids = chunks.num_token_ids
+    fed = num_ids == 0
+    if (q_lens[fed] != 1).any() or (num_ids[~fed] != q_lens[~fed]).any():
+        raise ValueError("a chunk carries neither its rows' ids nor one fed decode row: the scheduler broke "
+                         "the contract")
+    starts = chunks.start_positions
     query_start_loc = np.zeros(num_seqs + 1, dtype=np.int64)
     np.cumsum(q_lens, out=query_start_loc[1:])
     num_tokens = int(query_start_loc[-1])
     num_fed = int(np.count_nonzero(fed))
-    if num_fed == num_seqs:  # a decode step
-        input_ids = np.zeros(num_tokens, dtype=np.int64)
-    else:
-        input_ids = np.fromiter(chain.from_iterable(map(attrgetter("token_ids"), chunks)), dtype=np.int64,
-                                count=num_tokens - num_fed)
+    input_ids = np.zeros(num_tokens, dtype=np.int64)
+    if num_fed < num_seqs:
         if num_fed:
-            host_ids, input_ids = input_ids, np.zeros(num_tokens, dtype=np.int64)
-            input_ids[np.repeat(~fed, q_lens)] = host_ids
+            input_ids[np.repeat(~fed, q_lens)] = chunks.token_ids
+        else:
+            input_ids[:] = chunks.token_ids
 
     seq_of_row = np.repeat(np.arange(num_seqs), q_lens)
     positions = np.arange(num_tokens) + (starts - query_start_loc[:-1])[seq_of_row]
@@ -77,7 +75,7 @@ def build_step_inputs(output: SchedulerOutput, block_size: int, rows: StepRows |
         raise ValueError("a chunk's block table is too short for its tokens")
     slot_mapping = block_tables[seq_of_row, block_index].astype(np.int64) * block_size + own_positions % block_size
 
-    sample_mask = np.fromiter(map(attrgetter("sample"), chunks), dtype=bool, count=num_seqs)
+    sample_mask = chunks.sample
     sample_rows = query_start_loc[1:][sample_mask] - 1
     return StepInputs(
         input_ids=input_ids,
@@ -90,7 +88,7 @@ def build_step_inputs(output: SchedulerOutput, block_size: int, rows: StepRows |
         group_ids=rows.group_ids,
         is_prefix=rows.is_prefix,
         sample_rows=sample_rows,
-        sample_seq_ids=tuple(c.seq_id for c in chunks if c.sample),
+        sample_seq_ids=tuple(chunks.seq_ids[sample_mask].tolist()),
         sample_batch_rows=rows.batch_rows[sample_mask],
         fed_rows=query_start_loc[:-1][fed] if num_fed < num_seqs else query_start_loc[:-1],
         fed_batch_rows=rows.batch_rows[fed] if num_fed < num_seqs else rows.batch_rows,

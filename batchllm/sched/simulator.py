@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from batchllm.sched.checker import ChunkStreamChecker
 from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.factory import make_scheduler
@@ -23,14 +25,15 @@ class CostModel:
     kv_token_read_s: float = 2.7e-8
 
     def step_time_s(self, output: SchedulerOutput) -> float:
+        chunks = output.chunks
         num_tokens = output.num_tokens
-        kv_tokens_read = 0
-        shared_seen: set[tuple[int, int]] = set()
-        for chunk in output.chunks:
-            kv_tokens_read += chunk.kv_len - chunk.shared_kv_len
-            if chunk.shared_kv_len and (chunk.group_id, chunk.shared_kv_len) not in shared_seen:
-                shared_seen.add((chunk.group_id, chunk.shared_kv_len))
-                kv_tokens_read += chunk.shared_kv_len
+        shared = chunks.shared_kv_lens
+        kv_tokens_read = int((chunks.kv_lens - shared).sum())
+        # A group's shared prefix is read once per step (each distinct (group, shared length)).
+        sharing = shared > 0
+        if sharing.any():
+            pairs = np.unique(np.stack([chunks.group_ids[sharing], shared[sharing]]), axis=1)
+            kv_tokens_read += int(pairs[1].sum())
         return max(self.weights_read_s, num_tokens * self.token_compute_s) + kv_tokens_read * self.kv_token_read_s
 
 
@@ -119,10 +122,8 @@ def _fake_sample(output: SchedulerOutput, seen: dict | None, requests: list[Sche
     a request finishes at its max_tokens."""
     sampled: dict[int, int] = {}
     finish: dict[int, str] = {}
-    for chunk in output.chunks:
-        if not chunk.sample:
-            continue
-        rid = chunk.seq_id
+    chunks = output.chunks
+    for rid in chunks.seq_ids[chunks.sample].tolist():
         index = len(requests[rid].output_token_ids)  # every earlier token was read (appended)
         sampled[rid] = hash(seen[rid]) % FAKE_VOCAB_SIZE if seen is not None else fake_token(rid, index)
         if index + 1 >= requests[rid].max_tokens:

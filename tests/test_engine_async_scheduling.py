@@ -139,12 +139,13 @@ def test_config_default_is_async():
 def test_a_failing_request_ends_alone_with_an_error(tiny_engine, monkeypatch, async_scheduling):
     """A Python exception in one request's host work (here: the stop check of request 5 at its
     third token, the final text of request 7) finishes that request with an error and frees its
-    blocks; every other request runs to the same output as without the failures."""
+    blocks; every other request runs to the same output as without the failures. Request 5 has a
+    stop string (that never matches), so its tokens go through its StopChecker one at a time."""
     from batchllm.engine.stop_checker import StopChecker
 
     requests = _requests(12, {})
     reference = _run(tiny_engine, requests, async_scheduling, policy="vllm", max_num_batched_tokens=64)
-    long_params = dataclasses.replace(requests[5].params, max_tokens=200)
+    long_params = dataclasses.replace(requests[5].params, max_tokens=200, stop=("never printed",))
     requests[5] = PreparedRequest(5, requests[5].prompt_token_ids, long_params)
     original_check, original_text = StopChecker.check, StopChecker.final_text
 

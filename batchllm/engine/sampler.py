@@ -4,10 +4,12 @@ index, vocab id), so a request's tokens do not depend on its step's other reques
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from batchllm.engine.sampling_rows import SamplingRows
 from batchllm.ops.transfer import to_device
 from batchllm.sampling_params import SamplingParams
 
@@ -36,7 +38,12 @@ class LogitBias:
     @classmethod
     def build(cls, per_row: tuple, device: torch.device) -> LogitBias | None:
         """per_row: a (token_id, bias) pair tuple (or None) per row; None when no row has any."""
-        entries = [(row, token_id, bias) for row, pairs in enumerate(per_row) for token_id, bias in pairs or ()]
+        return cls.from_rows(list(range(len(per_row))), per_row, device)
+
+    @classmethod
+    def from_rows(cls, rows: list[int], per_row: Sequence, device: torch.device) -> LogitBias | None:
+        """per_row[i]: the (token_id, bias) pairs (or None) of row rows[i]; None when none has any."""
+        entries = [(row, token_id, bias) for row, pairs in zip(rows, per_row) for token_id, bias in pairs or ()]
         if not entries:
             return None
         # [rows, token ids, biases] in one copy; float64 holds ids < 2**53 exactly.
@@ -68,15 +75,14 @@ class SamplingBatch:
     logit_bias: LogitBias | None = None
 
     @classmethod
-    def build(cls, rows: list[tuple], device: torch.device) -> SamplingBatch:
-        """rows: sampling_row(...) per row: (temperature, top_p, top_k, min_p, seed, output_index,
-        logprobs, logit_bias). The settings travel in one buffer (ops/transfer.py)."""
-        temperature, top_p, top_k, min_p, seeds, output_index, logprobs, logit_bias = zip(*rows)
-        asked = [n for n in logprobs if n is not None]
+    def build(cls, rows: SamplingRows | Sequence[tuple], device: torch.device) -> SamplingBatch:
+        """rows: the step loop's SamplingRows, or sampling_row(...) per row: (temperature, top_p,
+        top_k, min_p, seed, output_index, logprobs, logit_bias). The settings travel in one buffer
+        (ops/transfer.py)."""
+        if not isinstance(rows, SamplingRows):
+            rows = SamplingRows.from_tuples(rows)
         # float64 holds every field exactly (seeds < 2**32, indices and top_k far below 2**53).
-        packed = torch.tensor([temperature, top_p, min_p, top_k, [s & _MASK32 for s in seeds], output_index],
-                              dtype=torch.float64)
-        packed = to_device(packed, device)
+        packed = to_device(torch.from_numpy(rows.packed()), device)
         floats = packed[:3].to(torch.float32)
         ints = packed[3:].to(torch.int64)
         return cls(
@@ -86,12 +92,12 @@ class SamplingBatch:
             min_p=floats[2],
             seeds=ints[1],
             output_index=ints[2],
-            all_greedy=all(t == 0.0 for t in temperature),
-            needs_top_k=any(k > 0 for k in top_k),
-            needs_top_p=any(p < 1.0 for p in top_p),
-            needs_min_p=any(p > 0.0 for p in min_p),
-            max_logprobs=max(asked) if asked else None,
-            logit_bias=LogitBias.build(logit_bias, device),
+            all_greedy=bool((rows.temperature == 0.0).all()),
+            needs_top_k=bool((rows.top_k > 0).any()),
+            needs_top_p=bool((rows.top_p < 1.0).any()),
+            needs_min_p=bool((rows.min_p > 0.0).any()),
+            max_logprobs=rows.max_logprobs,
+            logit_bias=LogitBias.from_rows(rows.logit_bias_rows.tolist(), rows.logit_bias, device),
         )
 
 

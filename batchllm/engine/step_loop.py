@@ -1,5 +1,7 @@
 """The engine's one step loop: schedule -> launch -> read the sampled tokens -> update, at depth 0
-(synchronous) or 1 (asynchronous scheduling): docs/design.md, "The step loop"."""
+(synchronous) or 1 (asynchronous scheduling): docs/design.md, "The step loop". A step's sampled
+rows are read and checked as arrays (RequestColumns); Python runs per token only for the requests
+that need it (stop strings, stop token ids, logprobs)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
+
+from batchllm.engine.request_columns import RequestColumns
 from batchllm.engine.request_state import FinishedOutput, RequestState, RunStats
 from batchllm.engine.step_result import StepResult
 from batchllm.engine.step_runner import StepRunner
@@ -25,6 +30,8 @@ class _Step:
     result: StepResult
     schedule_time_s: float
     launch_time_s: float
+    sample_index: np.ndarray  # the column index of each sampled row's request
+    sample_output_index: np.ndarray  # the output index each sampled row samples
     read: bool = False  # its sampled ids are read (appended to the requests' outputs)
     finished: list[FinishedRequest] | None = None  # set by the update
     num_new_tokens: int = 0
@@ -42,9 +49,11 @@ class StepLoop:
     stats: RunStats
     on_step: Callable[[int, int], None] | None = None
     _last_completed_s: float = 0.0
+    _columns: RequestColumns | None = None
 
     def run(self) -> Iterator[FinishedOutput]:
         """Yields each request as it finishes."""
+        self._columns = RequestColumns(self.states)
         inflight: deque[_Step] = deque()
         self._last_completed_s = time.perf_counter()
         while self.scheduler.has_unfinished() or inflight:
@@ -67,13 +76,12 @@ class StepLoop:
         if output.is_empty:
             raise RuntimeError("the scheduler returned an empty step with requests left: a scheduler bug")
         scheduled = time.perf_counter()
-        rows = []
-        for chunk in output.chunks:
-            if chunk.sample:
-                state = self.states[chunk.seq_id]
-                rows.append(state.sampling_row(state.output_index(chunk.kv_len)))
-        result = self.runner.execute(output, rows, allow_graph=self.allow_graph)
-        return _Step(output, result, scheduled - started, time.perf_counter() - scheduled)
+        columns, chunks = self._columns, output.chunks
+        sample = chunks.sample
+        index = columns.index_of(chunks.seq_ids[sample])
+        output_index = chunks.kv_lens[sample] - columns.prompt_len[index]
+        result = self.runner.execute(output, columns.sampling_rows(index, output_index), allow_graph=self.allow_graph)
+        return _Step(output, result, scheduled - started, time.perf_counter() - scheduled, index, output_index)
 
     def _read(self, step: _Step) -> None:
         """Wait for the step's tokens (its only device sync); append them to the requests' outputs
@@ -84,32 +92,39 @@ class StepLoop:
         step.read = True
         if sampled is None:
             return
-        token_ids = sampled.token_ids.tolist()
-        chosen, top_ids, top_values = (t.tolist() if t is not None else None
-                                       for t in (sampled.logprobs, sampled.top_token_ids, sampled.top_logprobs))
-        for row, (seq_id, token_id) in enumerate(zip(step.result.seq_ids, token_ids)):
-            state = self.states[seq_id]
-            if state.finish_reason is not None:
-                continue  # the row after an early stop (or a failure): dropped
-            entry = None
-            if state.logprobs is not None:
-                entry = partial(_logprob_entry, state.request.params.logprobs, row, token_id, chosen, top_ids,
-                                top_values)
-            state.add_token(token_id, entry)
-            step.num_new_tokens += 1
+        columns = self._columns
+        token_ids = np.asarray(sampled.token_ids, dtype=np.int64)
+        index = step.sample_index
+        alive = ~columns.finished[index]  # a row after an early stop (or a failure) is dropped
+        by_python = alive & columns.needs_python[index]
+        fast = alive & ~by_python
+        step.num_new_tokens += columns.read(index[fast], token_ids[fast])
+        if by_python.any():
+            chosen, top_ids, top_values = (t.tolist() if t is not None else None for t in (
+                sampled.logprobs, sampled.top_token_ids, sampled.top_logprobs))
+            for row in np.flatnonzero(by_python).tolist():
+                i, token_id = int(index[row]), int(token_ids[row])
+                state = columns.states[i]
+                entry = None
+                if state.logprobs is not None:
+                    entry = partial(_logprob_entry, state.request.params.logprobs, row, token_id, chosen, top_ids,
+                                    top_values)
+                columns.read_one(i, token_id, entry)
+                step.num_new_tokens += 1
 
     def _update(self, step: _Step) -> None:
         """scheduler.update for the newest step (read or not): finish the requests whose end is
         known and those whose token of this step is their max_tokens-th."""
+        columns, chunks = self._columns, step.output.chunks
+        index = columns.index_of(chunks.seq_ids[~chunks.is_prefix])
         reasons: dict[int, str] = {}
-        for chunk in step.output.chunks:
-            if chunk.is_prefix:
-                continue
-            state = self.states[chunk.seq_id]
-            if state.finish_reason is not None:
-                reasons[chunk.seq_id] = state.finish_reason
-            elif chunk.sample and state.output_index(chunk.kv_len) + 1 >= state.stop.max_tokens:
-                reasons[chunk.seq_id] = "length"  # the real reason is set once the token is read
+        for i in index[columns.finished[index]].tolist():
+            reasons[int(columns.request_ids[i])] = columns.states[i].finish_reason
+        sample_index = step.sample_index
+        # the real reason is set once the token is read
+        ending = ~columns.finished[sample_index] & (step.sample_output_index + 1 >= columns.max_tokens[sample_index])
+        for request_id in columns.request_ids[sample_index[ending]].tolist():
+            reasons[request_id] = "length"
         step.finished = self.scheduler.update(step.output, reasons)
 
     def _complete(self, step: _Step) -> Iterator[FinishedOutput]:

@@ -1,0 +1,109 @@
+"""The step loop's view of a run's requests as columns (one numpy entry per request), so that a
+step's sampled tokens are read, and max_tokens / EOS checked, with array operations. A request
+whose tokens need Python (stop strings, stop token ids, logprobs) goes through its RequestState
+one token at a time, as every request once did (docs/design.md, "The step loop")."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from batchllm.engine.request_state import RequestState
+from batchllm.engine.sampler import sampling_row
+from batchllm.engine.sampling_rows import NO_LOGPROBS, SamplingRows
+from batchllm.engine.stop_checker import StopChecker
+
+# The sampling row of a request whose row could not be built: greedy, no logprobs (its tokens are
+# dropped, the request is finished with an error).
+_NEUTRAL = (0.0, 1.0, -1, 0.0, 0, 0, None, None)
+
+
+class RequestColumns:
+    """Per request, in request id order: the prompt length, max_tokens, tokens read, whether it is
+    finished (its RequestState's finish_reason is set), whether its tokens need Python, whether
+    EOS stops it, and its fixed sampling settings."""
+
+    def __init__(self, states: dict[int, RequestState]) -> None:
+        ids = np.fromiter(states, dtype=np.int64, count=len(states))
+        order = np.argsort(ids, kind="stable")
+        self.request_ids = ids[order]
+        self.states: list[RequestState] = [states[i] for i in self.request_ids.tolist()]
+        num = len(self.states)
+        self.outputs = np.empty(num, dtype=object)  # each request's output_token_ids list
+        self.prompt_len = np.zeros(num, dtype=np.int64)
+        self.max_tokens = np.zeros(num, dtype=np.int64)
+        self.num_read = np.zeros(num, dtype=np.int64)
+        self.finished = np.zeros(num, dtype=bool)
+        self.needs_python = np.zeros(num, dtype=bool)
+        self.stop_on_eos = np.zeros(num, dtype=bool)
+        eos = self.states[0].stop.eos_token_ids if self.states else frozenset()
+        self.eos_token_ids = np.array(sorted(eos), dtype=np.int64)
+        rows = []
+        for i, state in enumerate(self.states):
+            params = state.request.params
+            self.outputs[i] = state.output_token_ids
+            self.prompt_len[i] = len(state.request.prompt_token_ids)
+            self.max_tokens[i] = state.stop.max_tokens
+            self.num_read[i] = len(state.output_token_ids)
+            self.stop_on_eos[i] = not params.ignore_eos
+            self.needs_python[i] = bool(state.logprobs is not None or params.stop or params.stop_token_ids
+                                        or state.stop.eos_token_ids != eos or type(state.stop) is not StopChecker)
+            rows.append(self._static_row(state))
+            self.finished[i] = state.finish_reason is not None
+        self._sampling = SamplingRows.from_tuples(rows)
+        self._bias = np.zeros(num, dtype=bool)
+        self._bias[self._sampling.logit_bias_rows] = True
+
+    @staticmethod
+    def _static_row(state: RequestState) -> tuple:
+        """Its sampling row (output index 0); a neutral one, the request failed, if that fails."""
+        try:
+            return sampling_row(state.request.params, state.seed, 0)
+        except Exception as error:  # noqa: BLE001 - finish this request only
+            state.fail(error)
+            return _NEUTRAL
+
+    def index_of(self, request_ids: np.ndarray) -> np.ndarray:
+        """The column index of each request id."""
+        index = np.searchsorted(self.request_ids, request_ids)
+        if index.size and (index.max() >= self.request_ids.shape[0]
+                           or not np.array_equal(self.request_ids[index], request_ids)):
+            raise KeyError("a scheduled request id is not one of this run's requests")
+        return index
+
+    def sampling_rows(self, index: np.ndarray, output_index: np.ndarray) -> SamplingRows:
+        """The rows of requests `index` sampling their output_index-th tokens."""
+        rows = self._sampling
+        biased = np.flatnonzero(self._bias[index])
+        if biased.size:
+            place = np.searchsorted(rows.logit_bias_rows, index[biased])
+            logit_bias = tuple(rows.logit_bias[p] for p in place.tolist())
+        else:
+            logit_bias = ()
+        return SamplingRows(rows.temperature[index], rows.top_p[index], rows.top_k[index], rows.min_p[index],
+                            rows.seeds[index], output_index, rows.logprobs[index], biased, logit_bias)
+
+    def asks_logprobs(self, index: np.ndarray) -> bool:
+        return bool((self._sampling.logprobs[index] != NO_LOGPROBS).any())
+
+    def read(self, index: np.ndarray, token_ids: np.ndarray) -> int:
+        """Append each token to its request's outputs and finish the requests it ends (EOS or
+        max_tokens), for requests whose tokens need no Python; returns how many were read."""
+        if not index.size:
+            return 0
+        deque(map(list.append, self.outputs[index], token_ids.tolist()), maxlen=0)
+        self.num_read[index] += 1
+        stop = self.stop_on_eos[index] & np.isin(token_ids, self.eos_token_ids)
+        ended = stop | (self.num_read[index] >= self.max_tokens[index])
+        for i, is_stop in zip(index[ended].tolist(), stop[ended].tolist()):
+            self.states[i].finish_reason = "stop" if is_stop else "length"
+            self.finished[i] = True
+        return int(index.shape[0])
+
+    def read_one(self, i: int, token_id: int, logprob_entry) -> None:
+        """One token of a request whose tokens need Python: RequestState.add_token."""
+        state = self.states[i]
+        state.add_token(token_id, logprob_entry)
+        self.num_read[i] += 1
+        self.finished[i] = state.finish_reason is not None

@@ -73,3 +73,15 @@ def test_sampling_rows_equal_sampling_row_tuples():
         False, True, False, False, 1)
     assert torch.equal(built.logit_bias.rows, torch.tensor([0, 2]))
     assert SamplingRows.from_tuples(expected)[1] == expected[1]
+
+
+def test_index_of_contiguous_and_scattered_ids():
+    import pytest
+
+    contiguous = RequestColumns({i: _state(i, SamplingParams(max_tokens=2)) for i in (7, 5, 6)})
+    assert contiguous.index_of(np.array([7, 5])).tolist() == [2, 0]
+    scattered = RequestColumns({i: _state(i, SamplingParams(max_tokens=2)) for i in (9, 2, 4)})
+    assert scattered.index_of(np.array([9, 2, 4])).tolist() == [2, 0, 1]
+    for columns, unknown in ((contiguous, 8), (contiguous, 4), (scattered, 3), (scattered, 10)):
+        with pytest.raises(KeyError):
+            columns.index_of(np.array([unknown]))

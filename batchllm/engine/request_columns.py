@@ -28,6 +28,7 @@ class RequestColumns:
         ids = np.fromiter(states, dtype=np.int64, count=len(states))
         order = np.argsort(ids, kind="stable")
         self.request_ids = ids[order]
+        self._contiguous = not ids.size or int(self.request_ids[-1]) - int(self.request_ids[0]) == ids.size - 1
         self.states: list[RequestState] = [states[i] for i in self.request_ids.tolist()]
         num = len(self.states)
         self.outputs = np.empty(num, dtype=object)  # each request's output_token_ids list
@@ -66,6 +67,12 @@ class RequestColumns:
 
     def index_of(self, request_ids: np.ndarray) -> np.ndarray:
         """The column index of each request id."""
+        ids = self.request_ids
+        if self._contiguous:  # ids first .. first + n - 1 (the usual case): no search
+            index = request_ids - ids[0] if ids.size else request_ids
+            if index.size and (index.min() < 0 or index.max() >= ids.shape[0]):
+                raise KeyError("a scheduled request id is not one of this run's requests")
+            return index
         index = np.searchsorted(self.request_ids, request_ids)
         if index.size and (index.max() >= self.request_ids.shape[0]
                            or not np.array_equal(self.request_ids[index], request_ids)):

@@ -138,15 +138,13 @@ class BatchLLMScheduler(PolicyBase):
     def _need_blocks(self, slot: int) -> int:
         """Own blocks a member holds at its reservation: its own prompt and the reserved share
         of max_tokens, or all of its own tokens if more."""
-        members = self.members
-        num_own_prompt = int(members.num_own_prompt_tokens[slot])
-        num_tokens = max(num_own_prompt + int(members.num_outputs[slot]),
-                         num_own_prompt + int(members.reserved_decode_tokens[slot]))
-        return -(-num_tokens // self.block_size)
+        _, _, _, num_own_prompt, reserved, _ = self.members.info[slot]
+        num_outputs = int(self.members.num_outputs[slot])
+        return -(-(num_own_prompt + (num_outputs if num_outputs > reserved else reserved)) // self.block_size)
 
     def _promised(self, slot: int) -> int:
         """A running member's share of the promised blocks."""
-        return max(0, self._need_blocks(slot) - int(self.members.num_blocks[slot]))
+        return max(0, self._need_blocks(slot) - len(self.members.block_ids[slot]))
 
     def _promised_array(self, slots: np.ndarray) -> np.ndarray:
         members = self.members
@@ -232,7 +230,8 @@ class BatchLLMScheduler(PolicyBase):
         num_prefix_blocks = self.pool.blocks_for_tokens(len(group.prefix_token_ids))
         room = self.threshold_blocks - self._committed_blocks() - num_prefix_blocks
         first = group.members[0]
-        if room < self._need_blocks(first) and not force:
+        first_need = self._need_blocks(first)
+        if room < first_need and not force:
             return False
         group.active = True
         group.rank = rank = self._next_rank
@@ -244,10 +243,15 @@ class BatchLLMScheduler(PolicyBase):
             self._prefix_pending[rank] = group
         self._promised_prefix_blocks += num_prefix_blocks - len(group.prefix_block_ids)
         members = self.members
+        if len(group.members) == 1:  # a request that shares nothing: the first member alone
+            members.key[first] = rank << RANK_SHIFT
+            self._start_running(first)
+            self._add_work(group, first)
+            return True
         slots = np.array(group.members, dtype=np.int64)
         members.key[slots] = (rank << RANK_SHIFT) + members.index[slots]
         for slot in group.members:
-            need = self._need_blocks(slot)
+            need = first_need if slot == first else self._need_blocks(slot)
             if need <= room or slot == first:
                 room -= need
                 self._start_running(slot)
@@ -268,29 +272,34 @@ class BatchLLMScheduler(PolicyBase):
         decoders = running[members.decoding_mask(running)]
         chosen = decoders[:step.budget]
         num_computed = members.num_computed_tokens[chosen]
-        need = np.maximum(0, -(-(num_computed + 1) // size) - members.num_blocks[chosen])
-        fits = self.pool.num_used_blocks + np.cumsum(need) <= self.threshold_blocks
-        num_fast = int(np.argmin(fits)) if not fits.all() else chosen.size
+        need = num_computed // size + 1 - members.num_blocks[chosen]  # blocks for one more token
+        np.maximum(need, 0, out=need)
+        used = self.pool.num_used_blocks
+        if used + int(need.sum()) <= self.threshold_blocks:
+            num_fast = chosen.shape[0]
+        else:
+            fits = used + np.cumsum(need) <= self.threshold_blocks
+            num_fast = int(np.argmin(fits))
         fast, need = chosen[:num_fast], need[:num_fast]
         if num_fast:
-            promised_before = self._promised_array(fast)
-            growing = fast[need > 0]
-            block_ids = self.pool.allocate(int(need.sum()))
-            if int(need.max()) == 1:
-                for slot, block_id in zip(growing.tolist(), block_ids):
-                    members.block_ids[slot].append(block_id)
-            else:
-                offset = 0
-                for slot, count in zip(growing.tolist(), need[need > 0].tolist()):
-                    members.block_ids[slot].extend(block_ids[offset:offset + count])
-                    offset += count
-            members.num_blocks[fast] += need
-            self._promised_member_blocks += int((self._promised_array(fast) - promised_before).sum())
+            growing = need > 0
+            block_ids: list[int] = []
+            if growing.any():
+                slots, counts = fast[growing], need[growing]
+                promised_before = self._promised_array(slots)
+                block_ids = self.pool.allocate(int(counts.sum()))
+                if int(counts.max()) == 1:
+                    for slot, block_id in zip(slots.tolist(), block_ids):
+                        members.block_ids[slot].append(block_id)
+                else:
+                    offset = 0
+                    for slot, count in zip(slots.tolist(), counts.tolist()):
+                        members.block_ids[slot].extend(block_ids[offset:offset + count])
+                        offset += count
+                members.num_blocks[slots] += counts
+                self._promised_member_blocks += int((self._promised_array(slots) - promised_before).sum())
             members.scheduled_stamp[fast] = step.stamp
-            step.decode_slots.append(fast)
-            step.decode_new_counts.append(need)
-            step.decode_new_block_ids.extend(block_ids)
-            step.budget -= num_fast
+            step.add_decodes(fast, num_computed[:num_fast], need, block_ids)
         # Past the first decode that does not fit: the exact order, one at a time.
         for slot in decoders[num_fast:].tolist():
             if step.budget <= 0:
@@ -300,27 +309,27 @@ class BatchLLMScheduler(PolicyBase):
             before = len(members.block_ids[slot])
             if self._grow_or_preempt(slot, step):
                 members.scheduled_stamp[slot] = step.stamp
-                step.decode_slots.append(np.array([slot], dtype=np.int64))
-                step.decode_new_counts.append(np.array([len(members.block_ids[slot]) - before], dtype=np.int64))
-                step.decode_new_block_ids.extend(members.block_ids[slot][before:])
-                step.budget -= 1
+                grown = members.block_ids[slot][before:]
+                step.add_decodes(np.array([slot]), members.num_computed_tokens[[slot]], np.array([len(grown)]), grown)
 
     def _schedule_distinct(self, group: Group, step: "_Step") -> None:
         members = self.members
-        for slot in sorted(group.work, key=members.index.__getitem__):
+        work = group.work
+        slots = sorted(work, key=members.index.__getitem__) if len(work) > 1 else list(work)
+        for slot in slots:
             if step.budget <= 0:
                 return
             if members.waiting[slot]:
-                if int(members.request_id[slot]) in step.preempted:
+                if members.info[slot][0] in step.preempted:
                     continue  # never resume in the step that preempted it (no ping-pong)
                 fits = self._committed_blocks() + self._need_blocks(slot) <= self.threshold_blocks
                 if not fits and self._num_running:
                     continue
                 self._start_running(slot)  # resume: recompute distinct + generated tokens
-            pending = members.num_pending_tokens(slot)
-            if pending <= 0 or members.is_decoding(slot):
-                continue
-            num_computed = int(members.num_computed_tokens[slot])
+            num_outputs, num_computed = int(members.num_outputs[slot]), int(members.num_computed_tokens[slot])
+            pending = members.info[slot][3] + num_outputs - num_computed
+            if pending <= 0 or (num_outputs > 0 and pending == 1):
+                continue  # nothing to compute, or decoding
             room = self._room_tokens(len(members.block_ids[slot]), num_computed)
             num_tokens = min(pending, step.budget, room)
             if num_tokens <= 0:
@@ -414,7 +423,7 @@ class BatchLLMScheduler(PolicyBase):
 
     def _preempt_member(self, slot: int, step: "_Step") -> None:
         members = self.members
-        step.preempted.append(int(members.request_id[slot]))
+        step.preempted.append(members.info[slot][0])
         if members.running[slot]:
             self._stop_running(slot)
         self._drop_blocks(slot)
@@ -427,7 +436,7 @@ class BatchLLMScheduler(PolicyBase):
             if members.finished[slot]:
                 continue
             if members.block_ids[slot] or members.running[slot]:
-                step.preempted.append(int(members.request_id[slot]))
+                step.preempted.append(members.info[slot][0])
             if members.running[slot]:
                 self._stop_running(slot)
             self._drop_blocks(slot)
@@ -455,7 +464,7 @@ class BatchLLMScheduler(PolicyBase):
 
     def _finish(self, slot: int) -> int:
         members = self.members
-        group = self.groups[int(members.group[slot])]
+        group = self.groups[members.info[slot][1]]
         if members.running[slot]:
             self._stop_running(slot)
         self._drop_blocks(slot)
@@ -463,7 +472,8 @@ class BatchLLMScheduler(PolicyBase):
             members.waiting[slot] = False
             self._num_waiting -= 1
         members.finished[slot] = True
-        self._discard_work(group, slot)
+        if slot in group.work:
+            self._discard_work(group, slot)
         group.num_unfinished -= 1
         # Every member but the first reused the prefix KV instead of computing it.
         num_cached = len(group.prefix_token_ids) if slot != group.members[0] else 0
@@ -493,61 +503,85 @@ class BatchLLMScheduler(PolicyBase):
         # decode rows come first, in running order (group rank, place in group); a group's other
         # chunks follow its decode rows; the groups without decode rows come last, in the order
         # the step reached them.
-        decodes, decode_ranks = self._decode_chunks(step)
-        with_decodes: list[tuple[int, Group]] = []
-        others: list[Group] = []
-        for group in step.group_order:
-            if decode_ranks.size:
-                end = int(np.searchsorted(decode_ranks, group.rank, side="right"))
-                if end and decode_ranks[end - 1] == group.rank:
-                    with_decodes.append((end, group))
-                    continue
-            others.append(group)
-        with_decodes.sort(key=lambda item: item[0])
-        builder = ChunksBuilder()
-        positions: list[int] = []
-        for end, group in with_decodes:
-            positions.extend([end] * self._group_chunks(builder, group, step))
-        for group in others:
-            positions.extend([len(decodes)] * self._group_chunks(builder, group, step))
-        chunks = decodes.insert(np.array(positions, dtype=np.int64), builder.build()) if positions else decodes
+        decodes, decode_slots = self._decode_chunks(step)
+        chunks = decodes
+        num_decode = num_prefix = num_distinct = 0
+        if step.group_order:
+            members = self.members
+            last_rank = int(members.key[decode_slots[-1]]) >> RANK_SHIFT if decode_slots.size else -1
+            ranks = None
+            with_decodes: list[tuple[int, Group]] = []
+            others: list[Group] = []
+            for group in step.group_order:
+                if group.rank <= last_rank:  # an earlier group: it may have decode rows
+                    if ranks is None:
+                        ranks = members.key[decode_slots] >> RANK_SHIFT
+                    end = int(np.searchsorted(ranks, group.rank, side="right"))
+                    if end and ranks[end - 1] == group.rank:
+                        with_decodes.append((end, group))
+                        continue
+                others.append(group)
+            with_decodes.sort(key=lambda item: item[0])
+            builder = ChunksBuilder()
+            positions: list[int] = []
+            for end, group in with_decodes:
+                positions.extend([end] * self._group_chunks(builder, group, step))
+            for group in others:
+                self._group_chunks(builder, group, step)
+            extra = builder.build()
+            if positions:
+                positions.extend([len(decodes)] * (len(extra) - len(positions)))
+                chunks = decodes.insert(np.array(positions, dtype=np.int64), extra)
+            else:
+                chunks = ScheduledChunks.concat([decodes, extra])
+            num_tokens = extra.num_tokens
+            num_decode = int(num_tokens[extra.is_decode].sum())
+            num_prefix = int(num_tokens[extra.is_prefix & ~extra.is_decode].sum())
+            num_distinct = int(num_tokens.sum()) - num_decode - num_prefix
         finished, self.finished_seq_ids = self.finished_seq_ids, []
-        return SchedulerOutput.from_chunks(self.step_index, chunks, self._num_running, self.pool.num_used_blocks,
-                                           step.preempted, finished)
+        return SchedulerOutput(self.step_index, chunks, num_decode + decode_slots.shape[0], num_distinct, num_prefix,
+                               self._num_running, self.pool.num_used_blocks, tuple(step.preempted), tuple(finished))
 
     def _decode_chunks(self, step: "_Step") -> tuple[ScheduledChunks, np.ndarray]:
-        """The step's decode rows (one token each, sampled) as columns, counted as run; and the
-        rank of each one's group."""
+        """The step's decode rows (one token each, sampled) as columns, counted as run; and their
+        member slots."""
         if not step.decode_slots:
             return ScheduledChunks.empty(), np.zeros(0, dtype=np.int64)
         members = self.members
-        slots = np.concatenate(step.decode_slots)
-        new_counts = np.concatenate(step.decode_new_counts)
+        if len(step.decode_slots) == 1:
+            slots, num_computed, new_counts = step.decode_slots[0], step.decode_num_computed[0], step.decode_new_counts[0]
+        else:
+            slots, num_computed, new_counts = (np.concatenate(parts) for parts in (
+                step.decode_slots, step.decode_num_computed, step.decode_new_counts))
+        # A decode row's runner row is up to date but for the blocks it grew in this step (its
+        # previous chunk sent every block it had then).
         sent = members.num_table_blocks_sent[slots]
-        # A decode row's runner row is up to date but for the blocks grown in this step.
-        if not np.array_equal(members.num_row_prefix_blocks[slots] + members.num_blocks[slots] - sent, new_counts):
-            raise AssertionError("a decode row's block-table change is not the blocks it grew")
         prompt_offset = members.prompt_offset[slots]
-        starts = prompt_offset + members.num_computed_tokens[slots]
+        starts = prompt_offset + num_computed
         fed = members.last_sampled[slots]
         token_ids: list[int] = []
         if not fed.all():  # a recomputed token right before the newest output: its id is read
             for slot, start in zip(slots[~fed].tolist(), starts[~fed].tolist()):
                 token_ids.extend(members.token_ids(slot, start, start + 1))
         num_rows = slots.shape[0]
-        ones = np.ones(num_rows, dtype=np.int64)
-        true, false = np.ones(num_rows, dtype=bool), np.zeros(num_rows, dtype=bool)
-        chunks = ScheduledChunks(members.request_id[slots], starts, ones, sent, prompt_offset,
-                                 members.chunk_group_id[slots], false, true, true,
-                                 np.array(token_ids, dtype=np.int64), _offsets((~fed).astype(np.int64)),
+        true = np.ones(num_rows, dtype=bool)
+        chunks = ScheduledChunks(members.request_id[slots], starts, np.ones(num_rows, dtype=np.int64), sent,
+                                 prompt_offset, members.chunk_group_id[slots], ~true, true, true,
+                                 np.array(token_ids, dtype=np.int64), _offsets(~fed),
                                  np.array(step.decode_new_block_ids, dtype=np.int64), _offsets(new_counts))
-        promised_before = self._promised_array(slots)
-        members.num_computed_tokens[slots] += 1
-        members.num_outputs[slots] += 1
+        members.num_computed_tokens[slots] = num_computed + 1
+        num_outputs = members.num_outputs[slots]
+        grows = num_outputs >= members.reserved_decode_tokens[slots]  # its reservation grows with its outputs
+        if grows.any():
+            growing = slots[grows]
+            promised_before = self._promised_array(growing)
+            members.num_outputs[slots] = num_outputs + 1
+            self._promised_member_blocks += int((self._promised_array(growing) - promised_before).sum())
+        else:
+            members.num_outputs[slots] = num_outputs + 1
         members.last_sampled[slots] = True
-        members.num_table_blocks_sent[slots] = members.num_row_prefix_blocks[slots] + members.num_blocks[slots]
-        self._promised_member_blocks += int((self._promised_array(slots) - promised_before).sum())
-        return chunks, members.key[slots] >> RANK_SHIFT
+        members.num_table_blocks_sent[slots] = sent + new_counts
+        return chunks, slots
 
     def _group_chunks(self, builder: ChunksBuilder, group: Group, step: "_Step") -> int:
         """Add a group's prefix chunk, then its members' chunks (not decode rows); returns how many."""
@@ -572,8 +606,8 @@ class BatchLLMScheduler(PolicyBase):
         """The member's next num_tokens own tokens as a chunk, with the change that brings the
         runner's row (prefix blocks, then own blocks) up to date (docs/design.md); counted as run."""
         members = self.members
+        request_id, _, prompt_offset, num_own_prompt, reserved, chunk_group_id = members.info[slot]
         num_computed = int(members.num_computed_tokens[slot])
-        prompt_offset = int(members.prompt_offset[slot])
         first = prompt_offset + num_computed
         blocks_sent = int(members.num_table_blocks_sent[slot])
         prefix_block_ids, own_block_ids = group.prefix_block_ids, members.block_ids[slot]
@@ -585,19 +619,24 @@ class BatchLLMScheduler(PolicyBase):
         members.num_table_blocks_sent[slot] = num_prefix_blocks + len(own_block_ids)
         members.num_row_prefix_blocks[slot] = num_prefix_blocks
         num_outputs = int(members.num_outputs[slot])
-        num_own = int(members.num_own_prompt_tokens[slot]) + num_outputs
+        num_own = num_own_prompt + num_outputs
         sample = num_computed + num_tokens == num_own
         is_decode = num_outputs > 0 and num_own - num_computed == 1
         token_ids = () if members.last_sampled[slot] else members.token_ids(slot, first, first + num_tokens)
-        builder.add(int(members.request_id[slot]), token_ids, first, num_tokens, new_block_ids, blocks_sent,
-                    prompt_offset, False, sample, group.chunk_group_id, is_decode)
-        members.num_computed_tokens[slot] = num_computed + num_tokens
+        builder.add(request_id, token_ids, first, num_tokens, new_block_ids, blocks_sent, prompt_offset, False, sample,
+                    chunk_group_id, is_decode)
+        num_computed += num_tokens
+        members.num_computed_tokens[slot] = num_computed
         if sample:
-            before = self._promised(slot)
-            members.num_outputs[slot] = num_outputs + 1
-            self._promised_member_blocks += self._promised(slot) - before
+            if num_outputs >= reserved:  # its reservation grows with its outputs
+                before = self._promised(slot)
+                members.num_outputs[slot] = num_outputs + 1
+                self._promised_member_blocks += self._promised(slot) - before
+            else:
+                members.num_outputs[slot] = num_outputs + 1
+            num_outputs += 1
         members.last_sampled[slot] = sample
-        if members.is_decoding(slot):
+        if num_outputs > 0 and num_own_prompt + num_outputs - num_computed == 1:
             self._discard_work(group, slot)  # its prompt is done: a decode row from the next step
 
 
@@ -613,8 +652,10 @@ class _Step:
 
     budget: int  # tokens left (N_chunk)
     stamp: int  # marks the members scheduled in this step (Members.scheduled_stamp)
-    # Decode rows, in running order: member slots, blocks each grew, the grown block ids (flat).
+    # Decode rows, in running order: member slots, their computed tokens before the step, blocks
+    # each grew, the grown block ids (flat).
     decode_slots: list[np.ndarray] = field(default_factory=list)
+    decode_num_computed: list[np.ndarray] = field(default_factory=list)
     decode_new_counts: list[np.ndarray] = field(default_factory=list)
     decode_new_block_ids: list[int] = field(default_factory=list)
     # Every other chunk: the groups in the order the step reached them, their prefix and members' tokens.
@@ -622,6 +663,14 @@ class _Step:
     member_tokens: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     prefix_tokens: dict[int, int] = field(default_factory=dict)
     preempted: list[int] = field(default_factory=list)
+
+    def add_decodes(self, slots: np.ndarray, num_computed: np.ndarray, new_counts: np.ndarray,
+                    new_block_ids: list[int]) -> None:
+        self.decode_slots.append(slots)
+        self.decode_num_computed.append(num_computed)
+        self.decode_new_counts.append(new_counts)
+        self.decode_new_block_ids.extend(new_block_ids)
+        self.budget -= slots.shape[0]
 
     def _touch(self, group: Group) -> None:
         if group.group_id not in self.member_tokens:

@@ -75,6 +75,10 @@ class Members:
             setattr(self, name, np.zeros(0, dtype=bool))
         self.block_ids: list[list[int]] = []  # own KV blocks per member
         self.requests: list[SchedRequest] = []
+        # The fixed fields of each member as Python ints, for the per-member paths (a numpy
+        # scalar costs a few times a list item): (request_id, group, prompt_offset,
+        # num_own_prompt_tokens, reserved_decode_tokens, chunk_group_id).
+        self.info: list[tuple[int, int, int, int, int, int]] = []
 
     def add(self, request: SchedRequest, group: Group, prompt_offset: int, reserved_decode_tokens: int) -> int:
         """A new member of group (not yet running); returns its slot."""
@@ -93,6 +97,8 @@ class Members:
         self.chunk_group_id[slot] = group.chunk_group_id
         self.block_ids.append([])
         self.requests.append(request)
+        self.info.append((request.request_id, group.group_id, prompt_offset,
+                          len(request.prompt_token_ids) - prompt_offset, reserved_decode_tokens, group.chunk_group_id))
         return slot
 
     def _grow(self, capacity: int) -> None:
@@ -102,14 +108,14 @@ class Members:
             grown[:old.shape[0]] = old
             setattr(self, name, grown)
 
-    def num_own_tokens(self, slot: int) -> int:
-        return int(self.num_own_prompt_tokens[slot] + self.num_outputs[slot])
-
     def num_pending_tokens(self, slot: int) -> int:
-        return self.num_own_tokens(slot) - int(self.num_computed_tokens[slot])
+        """Own tokens (prompt after the prefix, then outputs) whose KV no scheduled step stores."""
+        return self.info[slot][3] + int(self.num_outputs[slot]) - int(self.num_computed_tokens[slot])
 
     def is_decoding(self, slot: int) -> bool:
-        return bool(self.num_outputs[slot] > 0) and self.num_pending_tokens(slot) == 1
+        """An output, and exactly that one own token pending: its next chunk is a decode row."""
+        num_outputs = int(self.num_outputs[slot])
+        return num_outputs > 0 and self.info[slot][3] + num_outputs - int(self.num_computed_tokens[slot]) == 1
 
     def decoding_mask(self, slots: np.ndarray) -> np.ndarray:
         """is_decoding of each of slots: an output, and exactly one own token pending."""

@@ -10,8 +10,9 @@ the request and its output index (outputs run to max_tokens). Milliseconds per s
     python -m batchllm.perf.host_cost --workload uniform:128:128 --requests 3000 30000 \\
         --budgets 2048 8192 --repeat 3 [--max-steps N] [--out host_cost.json]
 
-Each setting runs --repeat times in this process, interleaved; the table gives the median of the
-runs' per-step means and their spread (min-max)."""
+Times are this process's CPU time (time.process_time), so that other work on a shared machine
+counts less. Each setting runs --repeat times in this process, interleaved; the table gives the
+median of the runs' per-step means and their spread (min-max)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ class _Clock:
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys((*PARTS, "fake_sampling"), 0.0))
 
     def add(self, part: str, started: float) -> float:
-        now = time.perf_counter()
+        now = time.process_time()
         self.seconds[part] += now - started
         return now
 
@@ -50,13 +51,13 @@ class _TimedScheduler:
         return self.scheduler.has_unfinished()
 
     def schedule(self):
-        started = time.perf_counter()
+        started = time.process_time()
         output = self.scheduler.schedule()
         self.clock.add("schedule", started)
         return output
 
     def update(self, output, finish_reasons):
-        started = time.perf_counter()
+        started = time.process_time()
         finished = self.scheduler.update(output, finish_reasons)
         self.clock.add("update", started)
         return finished
@@ -83,7 +84,7 @@ class _FakeRunner:
         from batchllm.engine.step_inputs import build_step_inputs
         from batchllm.engine.step_result import StepResult
 
-        started = time.perf_counter()
+        started = time.process_time()
         inputs = build_step_inputs(output, self.block_size, self.rows.step_rows(output))
         started = self.clock.add("inputs", started)
         num_heads, num_kv_heads, head_dim = LLAMA_HEADS
@@ -125,17 +126,17 @@ def measure(workload: str, num_requests: int, budget: int, kv_cache_tokens: int,
                              max_num_batched_tokens=budget)
     clock = _Clock()
     scheduler = make_scheduler(config)
-    started = time.perf_counter()
+    started = time.process_time()
     scheduler.add_requests([state.sched_request() for state in states.values()])
-    plan_s = time.perf_counter() - started
+    plan_s = time.process_time() - started
     stats = RunStats()
     loop = StepLoop(_TimedScheduler(scheduler, clock), _FakeRunner(block_size, clock), states, depth=1,
                     allow_graph=True, decode=lambda ids: "", stats=stats)
-    started = time.perf_counter()
+    started = time.process_time()
     for _ in loop.run():
         if max_steps is not None and stats.num_steps >= max_steps:
             break
-    wall_s = time.perf_counter() - started
+    wall_s = time.process_time() - started
     seconds = clock.seconds
     seconds["loop"] = wall_s - sum(seconds[p] for p in (*PARTS[:-1], "fake_sampling"))
     steps = max(stats.num_steps, 1)

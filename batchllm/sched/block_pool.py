@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 
 class OutOfBlocksError(RuntimeError):
     pass
@@ -41,11 +43,18 @@ class BlockPool:
             )
 
     def allocate(self, num_blocks: int) -> list[int]:
-        if num_blocks > len(self._free):
-            raise OutOfBlocksError(f"asked for {num_blocks} KV blocks, {len(self._free)} free")
-        block_ids = [self._free.pop() for _ in range(num_blocks)]
+        """num_blocks free blocks, each with one reference, in the order single pops would give."""
+        free = self._free
+        if num_blocks > len(free):
+            raise OutOfBlocksError(f"asked for {num_blocks} KV blocks, {len(free)} free")
+        if num_blocks <= 0:
+            return []
+        block_ids = free[-num_blocks:]
+        del free[-num_blocks:]
+        block_ids.reverse()
+        ref_counts = self._ref_counts
         for block_id in block_ids:
-            self._ref_counts[block_id] = 1
+            ref_counts[block_id] = 1
         return block_ids
 
     def incref(self, block_ids: list[int]) -> None:
@@ -55,7 +64,16 @@ class BlockPool:
             self._ref_counts[block_id] += 1
 
     def free(self, block_ids: list[int]) -> None:
-        """Drop one reference from each block; blocks reaching 0 return to the free list."""
+        """Drop one reference from each block (last first); blocks reaching 0 return to the free list."""
+        if not block_ids:
+            return
+        ref_counts = self._ref_counts
+        num = len(block_ids)
+        if num > 1 and itemgetter(*block_ids)(ref_counts).count(1) == num and len(set(block_ids)) == num:
+            for block_id in block_ids:  # each held once (a request's own blocks): all freed
+                ref_counts[block_id] = 0
+            self._free.extend(reversed(block_ids))
+            return
         for block_id in reversed(block_ids):
             count = self._ref_counts[block_id]
             if count <= 0:

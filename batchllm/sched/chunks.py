@@ -153,8 +153,12 @@ class ScheduledChunks(Sequence[ScheduledChunk]):
         flats = []
         for values, offsets in (("token_ids", "token_id_offsets"), ("new_block_ids", "new_block_offsets")):
             flats.append(np.concatenate([getattr(p, values) for p in parts]))
-            counts = np.concatenate([np.diff(getattr(p, offsets)) for p in parts])
-            flats.append(_offsets(counts))
+            # each part's offsets past the first shifted by the values before it
+            shifted, base = [getattr(parts[0], offsets)], 0
+            for previous, part in zip(parts, parts[1:]):
+                base += getattr(previous, offsets)[-1]
+                shifted.append(getattr(part, offsets)[1:] + base)
+            flats.append(np.concatenate(shifted))
         return ScheduledChunks(*columns, *flats)
 
     def insert(self, positions: np.ndarray, extra: "ScheduledChunks") -> "ScheduledChunks":

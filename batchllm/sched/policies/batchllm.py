@@ -11,6 +11,7 @@ running requests are a running total."""
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -127,6 +128,8 @@ class BatchLLMScheduler(PolicyBase):
             if group.group_id not in step.prefix_tokens:
                 self._schedule_prefix(group, step)
         while step.budget > 0 and self.pending_groups and not self._num_waiting:
+            if self._num_running and self._admit_lone_requests(step):
+                continue
             if not self._admit(self.pending_groups[0], force=not self._num_running):
                 break
             group = self.pending_groups.popleft()
@@ -260,6 +263,59 @@ class BatchLLMScheduler(PolicyBase):
                 self._set_waiting(slot, group)
         return True
 
+    def _admit_lone_requests(self, step: "_Step") -> int:
+        """The admission loop over the leading pending groups that are one request sharing nothing,
+        as array operations; returns how many were admitted (0: the head is not such a group, or
+        does not fit). Each one is admitted as _admit would (nothing is forced: something runs) and
+        its prompt scheduled as _schedule_distinct would: its own prompt is due from its start,
+        and the room it reserved covers it, so the token budget alone cuts its chunk."""
+        run: list[Group] = []
+        for group in islice(self.pending_groups, _LONE_RUN_WINDOW):
+            if len(group.members) != 1 or group.prefix_token_ids:
+                break
+            run.append(group)
+        if not run:
+            return 0
+        members, size = self.members, self.block_size
+        slots = np.array([group.members[0] for group in run], dtype=np.int64)
+        num_outputs = members.num_outputs[slots]
+        num_own = members.num_own_prompt_tokens[slots] + num_outputs
+        need = -(-(members.num_own_prompt_tokens[slots] + np.maximum(num_outputs, members.reserved_decode_tokens[slots]))
+                 // size)
+        pending = num_own - members.num_computed_tokens[slots]
+        budget_before = step.budget - (np.cumsum(pending) - pending)  # the budget each one finds
+        admitted = (self._committed_blocks() + np.cumsum(need) <= self.threshold_blocks) & (budget_before > 0)
+        num = int(np.argmin(admitted)) if not admitted.all() else len(run)
+        if not num:
+            return 0
+        slots, need, pending, num_outputs = slots[:num], need[:num], pending[:num], num_outputs[:num]
+        num_tokens = np.minimum(pending, budget_before[:num])
+        num_blocks = -(-num_tokens // size)
+        block_ids = self.pool.allocate(int(num_blocks.sum()))
+        offsets = _offsets(num_blocks).tolist()
+        rank = self._next_rank
+        self._next_rank += num
+        for i, (group, slot) in enumerate(zip(run[:num], slots.tolist())):
+            self.pending_groups.popleft()
+            group.active = True
+            group.rank = rank + i
+            self._active[rank + i] = group
+            members.block_ids[slot] = block_ids[offsets[i]:offsets[i + 1]]
+        members.key[slots] = (rank + np.arange(num)) << RANK_SHIFT
+        members.running[slots] = True
+        members.num_blocks[slots] = num_blocks
+        members.scheduled_stamp[slots] = step.stamp
+        self._num_running += num
+        self._started_running.extend(slots.tolist())
+        self._promised_member_blocks += int((need - num_blocks).sum())  # need >= the blocks of its own tokens
+        # A chunk that stops short of the prompt leaves prompt work (unless it leaves just the
+        # newest output, a recompute's decode row).
+        partial = num_tokens < pending
+        for i in np.flatnonzero(partial & ~((num_outputs > 0) & (pending - num_tokens == 1))).tolist():
+            self._add_work(run[i], int(slots[i]))
+        step.add_lone_run(_LoneRun(slots, num_tokens, ~partial, block_ids))
+        return num
+
     # -- building a step ----------------------------------------------------------------
 
     def _schedule_decodes(self, step: "_Step") -> None:
@@ -289,8 +345,8 @@ class BatchLLMScheduler(PolicyBase):
                 promised_before = self._promised_array(slots)
                 block_ids = self.pool.allocate(int(counts.sum()))
                 if int(counts.max()) == 1:
-                    for slot, block_id in zip(slots.tolist(), block_ids):
-                        members.block_ids[slot].append(block_id)
+                    own = members.block_ids
+                    deque(map(list.append, [own[slot] for slot in slots.tolist()], block_ids), maxlen=0)
                 else:
                     offset = 0
                     for slot, count in zip(slots.tolist(), counts.tolist()):
@@ -453,25 +509,42 @@ class BatchLLMScheduler(PolicyBase):
         """Scheduler.update (interface.py): the named requests finish, in chunk order."""
         finished: list[FinishedRequest] = []
         if finish_reasons:
-            chunks = output.chunks
+            chunks, slot_of = output.chunks, self._slot_of
             named = ~chunks.is_prefix & np.isin(chunks.seq_ids, np.fromiter(finish_reasons, dtype=np.int64))
-            for seq_id in chunks.seq_ids[named].tolist():
-                slot = self._slot_of.pop(seq_id)
+            seq_ids = chunks.seq_ids[named].tolist()
+            slots = [slot_of.pop(seq_id) for seq_id in seq_ids]
+            self._finish_members(np.array(slots, dtype=np.int64))
+            for seq_id, slot in zip(seq_ids, slots):
                 self.finished_seq_ids.append(seq_id)
                 finished.append(FinishedRequest(seq_id, finish_reasons[seq_id], self._finish(slot)))
         self.step_index += 1
         return finished
 
+    def _finish_members(self, slots: np.ndarray) -> None:
+        """The array part of finishing members: they stop running or waiting, store nothing."""
+        members = self.members
+        running = slots[members.running[slots]]
+        if running.size:
+            self._promised_member_blocks -= int(self._promised_array(running).sum())
+            members.running[running] = False
+            self._num_running -= running.shape[0]
+            self._stopped_running = True
+        waiting = members.waiting[slots]
+        if waiting.any():
+            members.waiting[slots[waiting]] = False
+            self._num_waiting -= int(waiting.sum())
+        members.finished[slots] = True
+        for name in ("num_blocks", "num_computed_tokens", "num_table_blocks_sent"):
+            getattr(members, name)[slots] = 0
+        members.last_sampled[slots] = False
+
     def _finish(self, slot: int) -> int:
+        """The rest of finishing a member (after _finish_members): its blocks are freed, and its
+        group's prefix with the group's last member; returns its prompt tokens reused."""
         members = self.members
         group = self.groups[members.info[slot][1]]
-        if members.running[slot]:
-            self._stop_running(slot)
-        self._drop_blocks(slot)
-        if members.waiting[slot]:
-            members.waiting[slot] = False
-            self._num_waiting -= 1
-        members.finished[slot] = True
+        self.pool.free(members.block_ids[slot])
+        members.block_ids[slot] = []
         if slot in group.work:
             self._discard_work(group, slot)
         group.num_unfinished -= 1
@@ -484,6 +557,13 @@ class BatchLLMScheduler(PolicyBase):
 
     def _free_prefix(self, group: Group) -> None:
         """The group leaves the active list and its prefix blocks are freed (the runner drops the row)."""
+        group.active = False
+        if not group.prefix_token_ids:  # shares nothing: no prefix blocks, no row
+            self._active.pop(group.rank, None)
+            if group.work:
+                self._with_work.pop(group.rank, None)
+                group.work = set()
+            return
         self._promised_prefix_blocks -= (self.pool.blocks_for_tokens(len(group.prefix_token_ids))
                                          - len(group.prefix_block_ids))
         self.pool.free(group.prefix_block_ids)
@@ -491,7 +571,6 @@ class BatchLLMScheduler(PolicyBase):
         if group.num_prefix_blocks_sent:
             self.finished_seq_ids.append(group.prefix_id)
             group.num_prefix_blocks_sent = 0
-        group.active = False
         for groups in (self._active, self._prefix_pending, self._with_prefix, self._with_work):
             groups.pop(group.rank, None)
         group.work = set()
@@ -511,9 +590,9 @@ class BatchLLMScheduler(PolicyBase):
             last_rank = int(members.key[decode_slots[-1]]) >> RANK_SHIFT if decode_slots.size else -1
             ranks = None
             with_decodes: list[tuple[int, Group]] = []
-            others: list[Group] = []
+            others: list[Group | _LoneRun] = []
             for group in step.group_order:
-                if group.rank <= last_rank:  # an earlier group: it may have decode rows
+                if not isinstance(group, _LoneRun) and group.rank <= last_rank:  # an earlier group: it may have decode rows
                     if ranks is None:
                         ranks = members.key[decode_slots] >> RANK_SHIFT
                     end = int(np.searchsorted(ranks, group.rank, side="right"))
@@ -522,22 +601,33 @@ class BatchLLMScheduler(PolicyBase):
                         continue
                 others.append(group)
             with_decodes.sort(key=lambda item: item[0])
+            parts = []
+            if with_decodes:
+                builder = ChunksBuilder()
+                positions: list[int] = []
+                for end, group in with_decodes:
+                    positions.extend([end] * self._group_chunks(builder, group, step))
+                parts.append(builder.build())
+                chunks = decodes.insert(np.array(positions, dtype=np.int64), parts[0])
+            num_inserted = len(parts)
             builder = ChunksBuilder()
-            positions: list[int] = []
-            for end, group in with_decodes:
-                positions.extend([end] * self._group_chunks(builder, group, step))
             for group in others:
-                self._group_chunks(builder, group, step)
-            extra = builder.build()
-            if positions:
-                positions.extend([len(decodes)] * (len(extra) - len(positions)))
-                chunks = decodes.insert(np.array(positions, dtype=np.int64), extra)
-            else:
-                chunks = ScheduledChunks.concat([decodes, extra])
-            num_tokens = extra.num_tokens
-            num_decode = int(num_tokens[extra.is_decode].sum())
-            num_prefix = int(num_tokens[extra.is_prefix & ~extra.is_decode].sum())
-            num_distinct = int(num_tokens.sum()) - num_decode - num_prefix
+                if isinstance(group, _LoneRun):
+                    if len(builder):
+                        parts.append(builder.build())
+                        builder = ChunksBuilder()
+                    parts.append(self._lone_chunks(group))
+                else:
+                    self._group_chunks(builder, group, step)
+            if len(builder):
+                parts.append(builder.build())
+            chunks = ScheduledChunks.concat([chunks, *parts[num_inserted:]])
+            for part in parts:
+                num_tokens = part.num_tokens
+                part_decode = int(num_tokens[part.is_decode].sum())
+                part_prefix = int(num_tokens[part.is_prefix & ~part.is_decode].sum())
+                num_decode, num_prefix = num_decode + part_decode, num_prefix + part_prefix
+                num_distinct += int(num_tokens.sum()) - part_decode - part_prefix
         finished, self.finished_seq_ids = self.finished_seq_ids, []
         return SchedulerOutput(self.step_index, chunks, num_decode + decode_slots.shape[0], num_distinct, num_prefix,
                                self._num_running, self.pool.num_used_blocks, tuple(step.preempted), tuple(finished))
@@ -582,6 +672,35 @@ class BatchLLMScheduler(PolicyBase):
         members.last_sampled[slots] = True
         members.num_table_blocks_sent[slots] = sent + new_counts
         return chunks, slots
+
+    def _lone_chunks(self, run: "_LoneRun") -> ScheduledChunks:
+        """The prompt chunks of requests admitted by _admit_lone_requests (as _member_chunk makes
+        them: every own block is new to the runner, the ids are the prompt's, then outputs read)."""
+        members = self.members
+        slots, num_tokens = run.slots, run.num_tokens
+        token_ids: list[int] = []
+        for slot, count in zip(slots.tolist(), num_tokens.tolist()):
+            prompt = members.requests[slot].prompt_token_ids
+            if count <= len(prompt):
+                token_ids.extend(prompt[:count])
+            else:  # a recompute: the outputs read so far follow the prompt
+                token_ids.extend(members.token_ids(slot, 0, count))
+        num = slots.shape[0]
+        zeros, false = np.zeros(num, dtype=np.int64), np.zeros(num, dtype=bool)
+        chunks = ScheduledChunks(members.request_id[slots], zeros, num_tokens, zeros, zeros, members.chunk_group_id[slots],
+                                 false, run.sample, false, np.array(token_ids, dtype=np.int64), _offsets(num_tokens),
+                                 np.array(run.block_ids, dtype=np.int64), _offsets(members.num_blocks[slots]))
+        members.num_computed_tokens[slots] = num_tokens
+        sampled = slots[run.sample]
+        num_outputs = members.num_outputs[sampled]
+        grows = num_outputs >= members.reserved_decode_tokens[sampled]  # its reservation grows with its outputs
+        promised_before = self._promised_array(sampled[grows])
+        members.num_outputs[sampled] = num_outputs + 1
+        self._promised_member_blocks += int((self._promised_array(sampled[grows]) - promised_before).sum())
+        members.last_sampled[slots] = run.sample
+        members.num_table_blocks_sent[slots] = members.num_blocks[slots]
+        members.num_row_prefix_blocks[slots] = 0
+        return chunks
 
     def _group_chunks(self, builder: ChunksBuilder, group: Group, step: "_Step") -> int:
         """Add a group's prefix chunk, then its members' chunks (not decode rows); returns how many."""
@@ -640,6 +759,20 @@ class BatchLLMScheduler(PolicyBase):
             self._discard_work(group, slot)  # its prompt is done: a decode row from the next step
 
 
+_LONE_RUN_WINDOW = 64  # pending groups _admit_lone_requests looks at in one go
+
+
+@dataclass(frozen=True, eq=False)
+class _LoneRun:
+    """Requests admitted together by _admit_lone_requests: their member slots, prompt tokens
+    scheduled, whether the chunk samples (it ends the prompt), and their new blocks (flat)."""
+
+    slots: np.ndarray
+    num_tokens: np.ndarray
+    sample: np.ndarray
+    block_ids: list[int]
+
+
 def _offsets(counts: np.ndarray) -> np.ndarray:
     offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
@@ -659,7 +792,7 @@ class _Step:
     decode_new_counts: list[np.ndarray] = field(default_factory=list)
     decode_new_block_ids: list[int] = field(default_factory=list)
     # Every other chunk: the groups in the order the step reached them, their prefix and members' tokens.
-    group_order: list[Group] = field(default_factory=list)
+    group_order: list[Group | _LoneRun] = field(default_factory=list)
     member_tokens: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     prefix_tokens: dict[int, int] = field(default_factory=dict)
     preempted: list[int] = field(default_factory=list)
@@ -671,6 +804,10 @@ class _Step:
         self.decode_new_counts.append(new_counts)
         self.decode_new_block_ids.extend(new_block_ids)
         self.budget -= slots.shape[0]
+
+    def add_lone_run(self, run: _LoneRun) -> None:
+        self.group_order.append(run)
+        self.budget -= int(run.num_tokens.sum())
 
     def _touch(self, group: Group) -> None:
         if group.group_id not in self.member_tokens:

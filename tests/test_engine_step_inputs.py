@@ -36,7 +36,7 @@ def test_slots_positions_and_sample_rows():
     assert inputs.seq_lens.tolist() == [6, 8, 10]
     assert inputs.shared_kv_lens.tolist() == [0, 6, 0]
     assert inputs.sample_rows.tolist() == [7, 8]
-    assert inputs.sample_seq_ids == (0, 1)
+    assert inputs.sample_seq_ids.tolist() == [0, 1]
     assert inputs.sample_batch_rows.tolist() == [1, 2]  # a fresh persistent batch: rows in chunk order
     assert (inputs.fed_rows.tolist(), inputs.fed_batch_rows.tolist()) == ([8], [2])
     assert not inputs.decode_only

@@ -21,7 +21,7 @@ class StepInputs:
     group_ids: np.ndarray  # [num_seqs] int32
     is_prefix: np.ndarray  # [num_seqs] bool
     sample_rows: np.ndarray  # [num_samples] int64: last row of each chunk that samples
-    sample_seq_ids: tuple[int, ...]  # seq id of each sample row
+    sample_seq_ids: np.ndarray  # [num_samples] int64: seq id of each sample row
     sample_batch_rows: np.ndarray  # [num_samples] int64: its seq's persistent-batch row (keeps the sampled id)
     # Decode rows fed on the device: input_ids[fed_rows] = the last-token column at fed_batch_rows.
     fed_rows: np.ndarray  # [num_fed] int64
@@ -88,7 +88,7 @@ def build_step_inputs(output: SchedulerOutput, block_size: int, rows: StepRows |
         group_ids=rows.group_ids,
         is_prefix=rows.is_prefix,
         sample_rows=sample_rows,
-        sample_seq_ids=tuple(chunks.seq_ids[sample_mask].tolist()),
+        sample_seq_ids=chunks.seq_ids[sample_mask],
         sample_batch_rows=rows.batch_rows[sample_mask],
         fed_rows=query_start_loc[:-1][fed] if num_fed < num_seqs else query_start_loc[:-1],
         fed_batch_rows=rows.batch_rows[fed] if num_fed < num_seqs else rows.batch_rows,

@@ -3,6 +3,7 @@ the host."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -12,7 +13,7 @@ from batchllm.engine.sampler import SamplerOutput
 
 @dataclass(frozen=True)
 class StepResult:
-    seq_ids: tuple[int, ...]  # one per sampled row
+    seq_ids: Sequence[int]  # one per sampled row (StepInputs.sample_seq_ids)
     sampled: SamplerOutput | None  # None when nothing was sampled this step (device tensors)
     # CUDA: pinned host copies of `sampled`, filled by a non-blocking copy queued right after
     # the sampler, and the event that marks them ready. Waiting on the event waits for this

@@ -98,7 +98,7 @@ class _FakeRunner:
         output_index = getattr(sampling_rows, "output_index", None)
         if output_index is None:  # a list of sampling_row tuples
             output_index = np.array([row[5] for row in sampling_rows], dtype=np.int64)
-        seq_ids = np.array(inputs.sample_seq_ids, dtype=np.int64)
+        seq_ids = np.asarray(inputs.sample_seq_ids, dtype=np.int64)
         token_ids = (seq_ids * 7919 + output_index * 104729) % 31000 + 1000
         result = StepResult(inputs.sample_seq_ids, SamplerOutput(torch.from_numpy(token_ids)))
         self.clock.add("fake_sampling", started)

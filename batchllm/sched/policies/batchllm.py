@@ -51,7 +51,7 @@ class BatchLLMScheduler(PolicyBase):
         # Running members by key, as of the start of the step, and those that started running since.
         self._running_order = np.zeros(0, dtype=np.int64)
         self._started_running: list[int] = []
-        self._stopped_running = False
+        self._stopped_running: list[int] = []
         self._stamp = 0  # counts schedule() calls: members.scheduled_stamp marks this step's
 
     @property
@@ -173,7 +173,7 @@ class BatchLLMScheduler(PolicyBase):
         self._promised_member_blocks -= self._promised(slot)
         self.members.running[slot] = False
         self._num_running -= 1
-        self._stopped_running = True
+        self._stopped_running.append(slot)
 
     def _set_waiting(self, slot: int, group: Group) -> None:
         if not self.members.waiting[slot]:
@@ -192,24 +192,31 @@ class BatchLLMScheduler(PolicyBase):
 
     def _running_slots(self) -> np.ndarray:
         """The running members by key (group rank, place in group)."""
+        if not (self._stopped_running or self._started_running):
+            return self._running_order
         members = self.members
         order = self._running_order
-        if self._stopped_running or self._started_running:
+        started_list, stopped = self._started_running, self._stopped_running
+        self._started_running, self._stopped_running = [], []
+        if stopped:
             keep = members.running[order]
-            started = np.zeros(0, dtype=np.int64)
-            if self._started_running:
-                # A member that stopped and started again since holds a stale place (and key).
-                started = np.unique(np.array(self._started_running, dtype=np.int64))
-                members.mark[started] = True
-                keep &= ~members.mark[order]
-                members.mark[started] = False
-                started = started[members.running[started]]
-                started = started[np.argsort(members.key[started], kind="stable")]
+            # A member that stopped and started again since holds a stale place (and key).
+            restarted = set(stopped).intersection(started_list)
+            if restarted:
+                keep[np.isin(order, np.fromiter(restarted, dtype=np.int64))] = False
             order = order[keep]
-            if started.size:
-                order = np.insert(order, np.searchsorted(members.key[order], members.key[started]), started)
-            self._started_running, self._stopped_running = [], False
-            self._running_order = order
+        if started_list:
+            started = np.array(sorted(set(started_list)) if len(set(started_list)) < len(started_list)
+                               else started_list, dtype=np.int64)
+            started = started[members.running[started]]
+            keys = members.key[started]
+            if keys.size > 1 and (keys[1:] < keys[:-1]).any():
+                started, keys = started[np.argsort(keys, kind="stable")], np.sort(keys, kind="stable")
+            if not order.size or not keys.size or keys[0] > members.key[order[-1]]:
+                order = np.concatenate([order, started])
+            else:
+                order = np.insert(order, np.searchsorted(members.key[order], keys), started)
+        self._running_order = order
         return order
 
     # -- admission and reservation ----------------------------------------------------
@@ -528,7 +535,7 @@ class BatchLLMScheduler(PolicyBase):
             self._promised_member_blocks -= int(self._promised_array(running).sum())
             members.running[running] = False
             self._num_running -= running.shape[0]
-            self._stopped_running = True
+            self._stopped_running.extend(running.tolist())
         waiting = members.waiting[slots]
         if waiting.any():
             members.waiting[slots[waiting]] = False

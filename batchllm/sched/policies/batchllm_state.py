@@ -50,7 +50,7 @@ class Group:
 _INT_FIELDS = ("request_id", "group", "index", "prompt_offset", "num_own_prompt_tokens", "max_tokens",
                "reserved_decode_tokens", "num_computed_tokens", "num_outputs", "num_table_blocks_sent",
                "num_row_prefix_blocks", "num_blocks", "key", "scheduled_stamp", "chunk_group_id")
-_BOOL_FIELDS = ("last_sampled", "waiting", "finished", "running", "mark")
+_BOOL_FIELDS = ("last_sampled", "waiting", "finished", "running")
 
 
 class Members:
@@ -64,8 +64,7 @@ class Members:
     blocks of that row. last_sampled: the one pending token is the one this row's previous chunk
     sampled (a decode row fed on the device). A member is running when its group is active and it
     is neither waiting nor finished; key orders running members (group rank, place in group);
-    scheduled_stamp marks the members scheduled in the current step; mark is scratch space (all
-    False between calls)."""
+    scheduled_stamp marks the members scheduled in the current step."""
 
     def __init__(self) -> None:
         self.size = 0

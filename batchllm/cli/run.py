@@ -119,7 +119,9 @@ def run_command(args) -> int:
     """Exit codes: see the command's description."""
     from batchllm.job.batch_job import BatchJobOptions, LazyEngine, StopRequest, run_batch_file
     from batchllm.io.job_files import JobFilesError, JobLockedError
+    from batchllm.io.job_io import JobFileError
     from batchllm.io.journal import JournalMismatchError
+    from batchllm.io.output_check import OutputCheckError
     from batchllm.job.stop_signals import StopSignals
 
     problem = _ray_problem(args) or _input_problem(args.input)
@@ -142,9 +144,16 @@ def run_command(args) -> int:
     except (JobFilesError, JobLockedError, JournalMismatchError, ModelLoadError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except JobFileError as error:
+        print(f"error: {error} (fix: {error.fix}, then run the same command again: it resumes)", file=sys.stderr)
+        return 2
+    except OutputCheckError as error:
+        print(f"error: the output failed its final check, so it was not written: {error} (a bug; the journal is "
+              "kept: run the same command again, or add --restart to start over)", file=sys.stderr)
+        return 2
     except OSError as error:
-        print(f"error: cannot write {error.filename or 'the output'!r}: {error.strerror or error} "
-              "(fix: free disk space, or choose writable -o / --errors paths)", file=sys.stderr)
+        print(f"error: the job stopped: {error} (fix the cause, then run the same command again: it resumes)",
+              file=sys.stderr)
         return 2
     if summary.interrupted_by:
         print(summary.describe(), file=sys.stderr)

@@ -70,10 +70,12 @@ class _Jobs:
 
 class _Faults:
     """Counts the file operations under one directory; fails the one numbered `fail_at` (if
-    any) with `error`, after writing half its bytes when `torn`."""
+    any) with `error`; when `torn` (a write), that write writes half its bytes and the next write
+    to the file fails."""
 
     def __init__(self, fail_at=None, error=None, torn=False):
         self.fail_at, self.error, self.torn = fail_at, error, torn
+        self.torn_path = None
         self.operations = []  # (name, path in the directory)
         self.failed = None
 
@@ -84,13 +86,16 @@ class _Faults:
                 path = None  # a read
             if path is None or not path.startswith(directory):
                 return real(*args, **kwargs)
+            if self.failed is not None and self.torn and name == "write" and path == self.torn_path:
+                raise OSError(self.error, os.strerror(self.error))  # the write after a short one
             index = len(self.operations)
             self.operations.append((name, os.path.relpath(path, directory)))
             if index != self.fail_at:
                 return real(*args, **kwargs)
             self.failed = self.operations[-1]
-            if self.torn and name == "write":
-                real(args[0], bytes(args[1])[:len(args[1]) // 2])
+            if self.torn:  # as a full disk does: a short write, then the error on the next one
+                self.torn_path = path
+                return real(args[0], bytes(args[1])[:max(1, len(args[1]) // 2)])
             raise OSError(self.error, os.strerror(self.error))
         return operation
 

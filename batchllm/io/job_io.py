@@ -161,14 +161,14 @@ class AppendFile:
             raise JobFileError("write", self.path, reason="an earlier write to it failed")
 
     def _flush_locked(self) -> None:
-        view = memoryview(self._buffer)
+        """Hand the buffer to the kernel; a short write is continued. What a failure leaves
+        unwritten is dropped: the file is broken from then on."""
+        if not self._buffer:
+            return
+        data, self._buffer = bytes(self._buffer), bytearray()
         written = 0
-        try:
-            while written < len(view):
-                written += self._guarded("write", os.write, self._fd, view[written:])
-        finally:
-            view.release()
-            del self._buffer[:written]
+        while written < len(data):
+            written += self._guarded("write", os.write, self._fd, memoryview(data)[written:])
 
     def _guarded(self, operation: str, function, *args):
         try:

@@ -131,3 +131,14 @@ def test_a_sigterm_while_the_output_is_written_gives_a_true_outcome(tmp_path, ca
         assert main(argv) == 0, capsys.readouterr().err  # the same command again
     assert normalized_records(tmp_path / "out.jsonl") == normalized_records(reference / "out.jsonl")
     assert sorted(os.listdir(tmp_path)) == ["in.jsonl", "out.jsonl", "reference"]
+
+
+def test_a_file_of_the_job_that_is_a_directory_or_device_is_refused_before_it_starts(tmp_path, capsys):
+    _write(tmp_path / "in.jsonl")
+    (tmp_path / "out.jsonl.partial").mkdir()
+    code, _, err = _cli(capsys, tmp_path / "in.jsonl", "-o", tmp_path / "out.jsonl", "--model", MISSING_MODEL)
+    assert code == 2 and "(the journal of -o) is a directory (fix: remove it, or choose another -o path)" in err, err
+    code, _, err = _cli(capsys, tmp_path / "in.jsonl", "-o", "/dev/null", "--overwrite", "--model", MISSING_MODEL)
+    assert code == 2 and "-o '/dev/null' is not a regular file (fix: choose another -o path)" in err, err
+    assert os.path.exists("/dev/null") and not os.path.isfile("/dev/null")
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl", "out.jsonl.partial"] and "loading model" not in err

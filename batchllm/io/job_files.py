@@ -9,6 +9,7 @@ import errno
 import fcntl
 import json
 import os
+import stat
 import time
 from dataclasses import dataclass
 
@@ -95,9 +96,6 @@ def check_distinct_paths(input_path: str, output_path: str, errors_path: str | N
 
 
 def _check_writable_file(path: str, flag: str) -> None:
-    if os.path.isdir(path):
-        raise JobFilesError(f"{flag} {path!r} is a directory (fix: name a file, e.g. "
-                            f"{os.path.join(path, 'out.jsonl')!r})")
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.lexists(directory):
         shown = os.path.dirname(path) or directory
@@ -114,9 +112,31 @@ def _check_writable_file(path: str, flag: str) -> None:
         os.remove(probe)
 
 
+def _check_regular(job_path: JobPath) -> None:
+    """A file the job writes must be absent, a regular file or a symlink (replaced, not
+    followed): never a directory, device or pipe (renaming over /dev/null would replace it)."""
+    try:
+        mode = os.lstat(job_path.path).st_mode
+    except OSError:
+        return  # absent, or its directory is unusable (the writability check names that)
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        fix = f"choose another {job_path.flag} path"
+        if job_path.role != job_path.flag:  # a file named after -o / --errors
+            fix = f"remove it, or {fix}"
+        raise JobFilesError(f"{_describe(job_path)} is {kind} (fix: {fix})")
+
+
 def check_job_paths(input_path: str, output_path: str, errors_path: str | None) -> None:
-    """Raise JobFilesError if the job's output or errors path cannot be used, or if two of the
-    job's files (job_paths) are one file."""
+    """Raise JobFilesError if the job's output or errors path cannot be used, if a file it
+    writes exists and is no regular file, or if two of the job's files (job_paths) are one file."""
+    written = job_paths(input_path, output_path, errors_path)[1:]
+    for path, flag in ((output_path, "-o"), (errors_path, "--errors")):
+        if path is not None and os.path.isdir(path):
+            raise JobFilesError(f"{flag} {path!r} is a directory (fix: name a file, e.g. "
+                                f"{os.path.join(path, 'out.jsonl')!r})")
+    for job_path in written:
+        _check_regular(job_path)
     _check_writable_file(output_path, "-o")
     if errors_path is not None:
         _check_writable_file(errors_path, "--errors")

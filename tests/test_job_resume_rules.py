@@ -127,11 +127,13 @@ def _cli(capsys, input_path, output_path, *flags):
 
 def test_a_resume_never_mixes_max_tokens_clamped_by_two_kv_cache_sizes(tmp_path, capsys):
     lines = [_line(f"r{i}", i, max_tokens=1000) for i in range(3)]  # clamped to the token limit
+    lines.insert(1, _line("long", 9, prompt_token_ids=[5] * 310))  # over the limit
     input_path, output_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     _write(input_path, lines)
     assert _cli(capsys, input_path, tmp_path / "reference.jsonl", "--kv-cache-tokens", 320)[0] == 0
     reference = normalized_records(tmp_path / "reference.jsonl")
-    assert {r["response"]["body"]["usage"]["completion_tokens"] for r in reference} == {304 - 3}
+    assert [r["response"]["body"]["usage"]["completion_tokens"] for r in reference if r["response"]] == [301] * 3
+    assert "the limit is 303 (max model length 2048, KV cache 320 tokens)" in reference[1]["error"]["message"]
     _run(LLMEngine(EngineConfig(model=MODEL, kv_cache_tokens=320)), input_path, output_path, stop_after=1)
     journal = tmp_path / "out.jsonl.partial"
     before = journal.read_bytes()
@@ -139,9 +141,10 @@ def test_a_resume_never_mixes_max_tokens_clamped_by_two_kv_cache_sizes(tmp_path,
     assert code == 2 and "up to 304 tokens a request" in err and "this run allows 240" in err, err
     assert "--kv-cache-tokens 320" in err and "--restart" in err
     assert journal.read_bytes() == before and not output_path.exists()
-    code, out, err = _cli(capsys, input_path, output_path, "--kv-cache-tokens", 512)  # larger: capped to 304
+    code, out, err = _cli(capsys, input_path, output_path, "--kv-cache-tokens", 512)  # larger: held to 304
     assert code == 0 and "(1 resumed from an earlier run)" in out, err
-    assert normalized_records(output_path) == reference
+    assert "this engine allows 496, and the job keeps 304" in err
+    assert normalized_records(output_path) == reference  # the error message too
 
 
 def test_a_larger_max_line_bytes_on_resume_is_refused_by_name(tmp_path, capsys):

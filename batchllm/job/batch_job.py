@@ -20,7 +20,7 @@ from batchllm.io.batch_output import dumps, error_line, openai_logprobs, success
 from batchllm.io.job_files import JobLock, check_existing_output, check_job_paths, journal_path_for
 from batchllm.io.job_io import JobFileError, file_operation
 from batchllm.io.journal import Journal, JournalMismatchError, ResumeReport
-from batchllm.job.job_identity import engine_settings, job_header, settled_token_limit
+from batchllm.job.job_identity import check_engine_settings, engine_settings, held_limits, job_header
 from batchllm.job.progress import Progress
 from batchllm.job.unique_ids import first_line_wins
 from batchllm.engine.request_limits import (EmptyPromptError, InvalidRequestError, NoTokenizerError, PromptTooLongError,
@@ -264,21 +264,20 @@ class _JobRun:
     @property
     def engine(self) -> LLMEngine:
         """The engine, loaded at the first line that needs it. Its dtype and token limit are
-        settled against the journal's (job_identity.settled_token_limit) and journaled before
-        any record that depends on them."""
+        checked against the journal's (job_identity), or journaled before any record that
+        depends on them."""
         if self._engine is None:
             source = self._engine_source
             engine = source.load() if isinstance(source, LazyEngine) else source
             settings = engine_settings(engine)
-            token_limit = settled_token_limit(self.journal.path, self.journal.engine_settings, settings)
+            check_engine_settings(self.journal.path, self.journal.engine_settings, settings)
+            self.limits = held_limits(engine.limits, self.journal.engine_settings)
             if self.journal.engine_settings is None:
                 self.journal.record_engine(settings)
-            limits = engine.limits
-            if token_limit < limits.token_limit:
-                print(f"note: {self.journal.path} was answered with up to {token_limit} tokens a request; this "
-                      f"engine allows {limits.token_limit}, and the job keeps {token_limit} so that answers "
-                      "do not mix", file=sys.stderr)
-            self.limits = dataclasses.replace(limits, max_model_len=min(limits.max_model_len, token_limit))
+            elif self.limits.token_limit < settings["token_limit"]:
+                print(f"note: {self.journal.path} was answered with up to {self.limits.token_limit} tokens a "
+                      f"request; this engine allows {settings['token_limit']}, and the job keeps "
+                      f"{self.limits.token_limit} so that answers do not mix", file=sys.stderr)
             self._engine = engine
         return self._engine
 

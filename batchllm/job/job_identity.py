@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 
+from batchllm.engine.request_limits import RequestLimits
 from batchllm.io.journal import JournalHeader, JournalMismatchError
 from batchllm.models.default_model import RANDOM_PREFIX, default_model_path
 from batchllm.sampling_params import SamplingParams
@@ -113,14 +114,13 @@ def engine_settings(engine) -> dict:
             "num_kv_tokens": limits.num_kv_blocks * limits.block_size}
 
 
-def settled_token_limit(journal_path: str, recorded: dict | None, current: dict) -> int:
-    """The token limit this run's requests are held to: the earlier run's if it recorded one
-    (a larger KV cache now is capped to it, so answers never mix), else this engine's. Raises
-    JournalMismatchError if this engine's dtype differs (where both are known: a Ray driver does
-    not hold the model), or if its limit is smaller (answers
-    already journaled could not be given again)."""
+def check_engine_settings(journal_path: str, recorded: dict | None, current: dict) -> None:
+    """Raise JournalMismatchError if this engine cannot give the journal's answers again: its
+    dtype differs (where both are known: a Ray driver does not hold the model), or it allows
+    fewer tokens a request (max_tokens would be clamped differently). recorded: the journal's
+    engine settings (None: no engine ran for it yet); current: engine_settings(engine)."""
     if recorded is None:
-        return current["token_limit"]
+        return
     if None not in (recorded.get("dtype"), current["dtype"]) and recorded.get("dtype") != current["dtype"]:
         raise JournalMismatchError(
             f"{journal_path} was answered in {recorded.get('dtype')} and this engine runs in {current['dtype']} "
@@ -136,4 +136,18 @@ def settled_token_limit(journal_path: str, recorded: dict | None, current: dict)
             f"--kv-cache-tokens {current['num_kv_tokens']}), which would clamp answers differently: resume with "
             f"--kv-cache-tokens {recorded.get('num_kv_tokens')} (on a GPU: more free memory or a higher "
             "--gpu-memory-utilization), or add --restart to start over")
-    return old_limit
+
+
+def held_limits(limits: RequestLimits, recorded: dict | None) -> RequestLimits:
+    """This engine's limits, held to the journal's token limit when it allows more (checked by
+    check_engine_settings): the earlier context and KV size where they give that limit, so even
+    error messages read as before; else the context capped to it."""
+    if recorded is None or limits.token_limit <= recorded["token_limit"]:
+        return limits
+    max_model_len, num_kv_tokens = recorded.get("max_model_len"), recorded.get("num_kv_tokens")
+    if isinstance(max_model_len, int) and isinstance(num_kv_tokens, int):
+        earlier = dataclasses.replace(limits, max_model_len=max_model_len,
+                                      num_kv_blocks=num_kv_tokens // limits.block_size)
+        if earlier.token_limit == recorded["token_limit"]:
+            return earlier
+    return dataclasses.replace(limits, max_model_len=recorded["token_limit"])

@@ -174,3 +174,20 @@ def test_a_fault_while_resuming_a_torn_journal_stops_the_job_or_leaves_the_outpu
         handle.write(b'4\t00000000000000ab\t{"custom_id": "r3", "resp')
     operations, _ = _check_every_fault(jobs, capsys, start, reference)
     assert "ftruncate" in {name for name, _ in operations}  # the torn line is cut off
+
+
+def test_a_file_system_that_does_not_sync_directories_is_left_alone(tmp_path, monkeypatch):
+    from batchllm.io.job_io import JobFileError, fsync_directory
+
+    fsync = os.fsync
+    for code in (errno.EINVAL, errno.EIO):
+        def failing(fd, code=code):
+            if os.path.isdir(os.readlink(f"/proc/self/fd/{fd}")):
+                raise OSError(code, os.strerror(code))
+            return fsync(fd)
+        monkeypatch.setattr(os, "fsync", failing)
+        if code == errno.EINVAL:
+            fsync_directory(str(tmp_path / "out.jsonl"))  # not supported: nothing to make durable
+        else:
+            with pytest.raises(JobFileError, match=r"cannot sync the directory .*\(EIO\)"):
+                fsync_directory(str(tmp_path / "out.jsonl"))

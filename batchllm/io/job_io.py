@@ -72,15 +72,27 @@ def remove(path: str, missing_ok: bool = True) -> None:
                 raise
 
 
+# a directory that cannot be opened or synced on this file system: there is nothing to make durable
+_NO_DIRECTORY_SYNC = (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EACCES, errno.EPERM, errno.EISDIR)
+
+
 def fsync_directory(path: str) -> None:
-    """Make a rename or removal in path's directory durable."""
+    """Make a rename or removal in path's directory durable (POSIX). A file system that does not
+    sync directories is left alone; an I/O error is a JobFileError."""
     directory = os.path.dirname(os.path.abspath(path))
-    with file_operation("sync the directory", directory):
+    try:
         fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    except OSError as error:
+        if error.errno in _NO_DIRECTORY_SYNC:
+            return
+        raise JobFileError("open the directory", directory, error) from error
+    try:
+        os.fsync(fd)
+    except OSError as error:
+        if error.errno not in _NO_DIRECTORY_SYNC:
+            raise JobFileError("sync the directory", directory, error) from error
+    finally:
+        os.close(fd)
 
 
 class AppendFile:

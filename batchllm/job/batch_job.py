@@ -20,6 +20,7 @@ from batchllm.io.batch_output import dumps, error_line, openai_logprobs, success
 from batchllm.io.job_files import JobLock, check_existing_output, check_job_paths, journal_path_for
 from batchllm.io.job_io import JobFileError, file_operation
 from batchllm.io.journal import Journal, JournalMismatchError, ResumeReport
+from batchllm.io.output_check import OutputCheckError
 from batchllm.job.job_identity import check_engine_settings, engine_settings, held_limits, job_header
 from batchllm.job.progress import Progress
 from batchllm.job.unique_ids import first_line_wins
@@ -28,6 +29,8 @@ from batchllm.engine.request_limits import (EmptyPromptError, InvalidRequestErro
 from batchllm.sampling_params import SamplingParams
 
 ORDERS = ("input", "finish")
+# errors whose one-line message already says how to go on (the CLI prints it)
+_SAYS_HOW_TO_GO_ON = (JournalMismatchError, JobFileError, OutputCheckError)
 _ERROR_CODES = {PromptTooLongError: "prompt_too_long", EmptyPromptError: "empty_prompt"}
 # A request of the window being filled: what its output line needs, its prompt as int32 token ids
 # (4 bytes a token until the window runs) and its checked sampling parameters.
@@ -182,7 +185,7 @@ def _run_locked(engine, input_path: str, output_path: str, options: BatchJobOpti
         stop.on_exit_now = None
         with contextlib.suppress(JobFileError):
             journal.close()
-        if journal.counts(confirmed_only=False) != (0, 0) and not isinstance(error, JournalMismatchError):
+        if journal.counts(confirmed_only=False) != (0, 0) and not isinstance(error, _SAYS_HOW_TO_GO_ON):
             print(f"note: the records done so far are saved in {journal.path}: "
                   "run the same command again to resume", file=sys.stderr)
         raise
@@ -223,9 +226,10 @@ def _finalize(journal: Journal, run: _JobRun, output_path: str, options: BatchJo
     stop.on_exit_now = exit_now
     try:
         journal.finalize(output_path, options.order, options.errors_path, run.num_records)
-    except BaseException:
-        print(f"note: every record is saved in {journal.path}: run the same command again to write the output",
-              file=sys.stderr)
+    except BaseException as error:
+        if not isinstance(error, _SAYS_HOW_TO_GO_ON):
+            print(f"note: every record is saved in {journal.path}: run the same command again to write the "
+                  "output", file=sys.stderr)
         raise
     finally:
         stop.on_exit_now = None

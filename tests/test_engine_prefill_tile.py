@@ -13,11 +13,11 @@ from batchllm.sched.interface import ScheduledChunk, SchedulerOutput
 
 
 def _step(prefill: bool) -> SchedulerOutput:
-    chunks = [ScheduledChunk(seq_id=0, token_ids=(5,), start_position=20, new_block_ids=(0, 1), sample=True,
-                             is_decode=True)]
+    chunks = [ScheduledChunk(seq_id=0, token_ids=(), start_position=20, num_tokens=1, new_block_ids=(0, 1),
+                             sample=True, is_decode=True)]
     if prefill:
-        chunks.append(ScheduledChunk(seq_id=1, token_ids=tuple(range(30)), start_position=0, new_block_ids=(2, 3),
-                                     sample=True))
+        chunks.append(ScheduledChunk(seq_id=1, token_ids=tuple(range(30)), start_position=0, num_tokens=30,
+                                     new_block_ids=(2, 3), sample=True))
     return SchedulerOutput(0, tuple(chunks))
 
 

@@ -78,9 +78,8 @@ class TritonPagedBackend(ReferenceBackend):
 
         # Decode-only steps (one row per seq: the CUDA-graph steps) run class-split launches
         # (decode_tile_config); steps with prefill chunks the default table (None).
-        decode_only = inputs.num_tokens == inputs.query_start_loc.shape[0] - 1
-        tile = self.decode_tile if decode_only else None  # decode tiles make no dense calls
-        if not decode_only and any(window is not None for window in self.layer_windows):
+        tile = self.decode_tile if inputs.decode_only else None  # decode tiles make no dense calls
+        if not inputs.decode_only and any(window is not None for window in self.layer_windows):
             # dense calls have no sliding-window path
             tile = replace(default_tile_config(self.head_dim, self.num_heads // self.num_kv_heads), dense_min_rows=0)
         groups = (inputs.group_ids, inputs.is_prefix) if self.uses_groups else (None, None)

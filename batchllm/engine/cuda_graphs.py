@@ -3,13 +3,13 @@ width, each with static buffers (docs/design.md, "CUDA graphs")."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from batchllm.engine.attention import AttentionMetadata, PagedAttention
-from batchllm.engine.placeholders import resolve_placeholders_
 from batchllm.engine.step_inputs import StepInputs
 from batchllm.ops.plan_layout import graph_layout
 from batchllm.ops.work_list import WORK_FIELDS, PrefixSharedPlanOnDevice
@@ -133,8 +133,7 @@ class DecodeGraphRunner:
 
     def key_for(self, inputs: StepInputs) -> GraphKey | None:
         """The graph of a decode step (None: not a decode step, or too many rows)."""
-        q_lens = np.diff(inputs.query_start_loc)
-        if inputs.num_tokens == 0 or q_lens.max() != 1:
+        if inputs.num_tokens == 0 or not inputs.decode_only:
             return None
         rows = rows_bucket(inputs.num_tokens)
         if rows is None:
@@ -142,9 +141,10 @@ class DecodeGraphRunner:
         width = 1 << max(int(inputs.block_tables.shape[1]) - 1, 0).bit_length()
         return GraphKey(rows, max(width, 16))
 
-    def run(self, inputs: StepInputs, plan, placeholders: torch.Tensor | None = None) -> torch.Tensor | None:
+    def run(self, inputs: StepInputs, plan, feed: Callable[[torch.Tensor], None]) -> torch.Tensor | None:
         """Hidden states [num_tokens, hidden] of a decode step via a graph, or None (run eagerly).
-        placeholders: the previous step's sampled ids on the device, for placeholder input ids."""
+        feed(input_ids): writes the rows fed on the device (the last-token column) into the
+        graph's static input ids, after the host's copy and before the replay, on the stream."""
         key = self.key_for(inputs)
         if key is None:
             return None
@@ -155,8 +155,7 @@ class DecodeGraphRunner:
         if not graph.fits(plan, lists):
             return None
         graph.fill(plan, lists, inputs)
-        if placeholders is not None:
-            resolve_placeholders_(graph.dev64[:inputs.num_tokens], placeholders)
+        feed(graph.dev64[:graph.key.num_rows])
         if graph.graph is None:
             self._capture(graph, plan)
         graph.graph.replay()

@@ -15,7 +15,6 @@ from batchllm.engine.step_loop import StepLoop
 from batchllm.engine.stop_checker import StopChecker
 from batchllm.engine.request_limits import InvalidRequestError, RequestLimits
 from batchllm.sched.factory import make_scheduler
-from batchllm.sched.interface import SchedRequest
 
 __all__ = ["FinishedOutput", "LLMEngine", "PreparedRequest", "RunStats"]
 
@@ -69,8 +68,7 @@ class LLMEngine:
         states = {request.request_id: self._request_state(request) for request in requests}
         stats.num_requests += len(requests)
         stats.num_prompt_tokens += sum(len(request.prompt_token_ids) for request in requests)
-        scheduler.add_requests([SchedRequest(r.request_id, list(r.prompt_token_ids), r.params.max_tokens)
-                                for r in requests])
+        scheduler.add_requests([states[request.request_id].sched_request() for request in requests])
         asynchronous = options.async_scheduling and self.config.async_scheduling
         loop = StepLoop(scheduler, self.runner, states, depth=1 if asynchronous else 0,
                         allow_graph=options.cuda_graphs, decode=self._decode, stats=stats, on_step=on_step)

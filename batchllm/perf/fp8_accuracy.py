@@ -58,7 +58,8 @@ def prefill_steps(token_ids: Sequence[int], chunk_tokens: int, block_size: int) 
         end = min(start + chunk_tokens, len(token_ids))
         needed = -(-end // block_size)
         chunk = ScheduledChunk(seq_id=SEQ_ID, token_ids=tuple(int(t) for t in token_ids[start:end]),
-                               start_position=start, new_block_ids=tuple(range(num_blocks, needed)),
+                               start_position=start, num_tokens=end - start,
+                               new_block_ids=tuple(range(num_blocks, needed)),
                                block_ids_start=num_blocks)
         steps.append(SchedulerOutput.from_chunks(step_index, [chunk], num_running_requests=1, num_used_blocks=needed))
         num_blocks = needed

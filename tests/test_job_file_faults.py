@@ -11,10 +11,10 @@ import shutil
 
 import pytest
 
-import batchllm.engine.factory as factory
+import batchllm.engines as engines
 import batchllm.io.journal as journal_module
 from batchllm.cli.main import main
-from batchllm.config import EngineConfig
+from batchllm.config import engine_config
 from batchllm.engine.llm_engine import LLMEngine
 from model_helpers import normalized_records
 
@@ -29,14 +29,14 @@ PATCHED = ("write", "pwrite", "fsync", "replace", "rename", "ftruncate", "remove
 
 @pytest.fixture(scope="module")
 def engine():
-    return LLMEngine(EngineConfig(model=MODEL, kv_cache_tokens=KV_TOKENS))
+    return LLMEngine(engine_config(MODEL, kv_cache_tokens=KV_TOKENS))
 
 
 @pytest.fixture
 def jobs(engine, monkeypatch, tmp_path):
     """Run the job's command in-process on the module's engine; sync only at window ends, so
     that every run makes the same operations."""
-    monkeypatch.setattr(factory, "create_engine", lambda config, tensor_parallel_size=1: engine)
+    monkeypatch.setattr(engines, "build_engine", lambda config: engine)
     monkeypatch.setattr(journal_module, "SYNC_EVERY_SECONDS", 1e9)
     return _Jobs(tmp_path)
 

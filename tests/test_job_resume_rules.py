@@ -9,7 +9,7 @@ import os
 import pytest
 
 from batchllm.cli.main import main
-from batchllm.config import EngineConfig
+from batchllm.config import EngineConfig, engine_config
 from batchllm.engine.llm_engine import LLMEngine
 from batchllm.io.journal import JournalMismatchError
 from batchllm.job.batch_job import BatchJobOptions, LazyEngine, StopRequest, run_batch_file
@@ -22,7 +22,7 @@ KV_TOKENS = 256
 
 @pytest.fixture(scope="module")
 def engine():
-    return LLMEngine(EngineConfig(model=MODEL, kv_cache_tokens=KV_TOKENS))
+    return LLMEngine(engine_config(MODEL, kv_cache_tokens=KV_TOKENS))
 
 
 def _line(custom_id, i, **fields):
@@ -134,7 +134,7 @@ def test_a_resume_never_mixes_max_tokens_clamped_by_two_kv_cache_sizes(tmp_path,
     reference = normalized_records(tmp_path / "reference.jsonl")
     assert [r["response"]["body"]["usage"]["completion_tokens"] for r in reference if r["response"]] == [301] * 3
     assert "the limit is 303 (max model length 2048, KV cache 320 tokens)" in reference[1]["error"]["message"]
-    _run(LLMEngine(EngineConfig(model=MODEL, kv_cache_tokens=320)), input_path, output_path, stop_after=1)
+    _run(LLMEngine(engine_config(MODEL, kv_cache_tokens=320)), input_path, output_path, stop_after=1)
     journal = tmp_path / "out.jsonl.partial"
     before = journal.read_bytes()
     code, _, err = _cli(capsys, input_path, output_path, "--kv-cache-tokens", 256)
@@ -151,7 +151,7 @@ def test_a_larger_max_line_bytes_on_resume_is_refused_by_name(tmp_path, capsys):
     long_line = _line("long", 1, user="x" * 200)
     input_path, output_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     _write(input_path, [long_line, _line("r1", 1), _line("r2", 2)])
-    engine = LLMEngine(EngineConfig(model=MODEL, kv_cache_tokens=KV_TOKENS))
+    engine = LLMEngine(engine_config(MODEL, kv_cache_tokens=KV_TOKENS))
     stop = _StopAfterRecords(str(output_path) + ".partial", 2)
     run_batch_file(engine, str(input_path), str(output_path), options=_options(max_line_bytes=200), stop=stop)
     code, _, err = _cli(capsys, input_path, output_path, "--kv-cache-tokens", KV_TOKENS, "--max-line-bytes", 10000)
@@ -166,7 +166,7 @@ def test_a_model_directory_replaced_under_the_same_path_is_refused(engine, tmp_p
     model_dir.mkdir()
     (model_dir / "config.json").write_text("{}")
     (model_dir / "model.safetensors").write_bytes(b"old weights")
-    lazy = LazyEngine(EngineConfig(model=str(model_dir), kv_cache_tokens=KV_TOKENS), lambda: engine)
+    lazy = LazyEngine(engine_config(str(model_dir), kv_cache_tokens=KV_TOKENS), lambda: engine)
     input_path, output_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     _write(input_path, [_line(f"r{i}", i) for i in range(4)])
     stop = _StopAfterRecords(str(output_path) + ".partial", 2)
@@ -207,7 +207,7 @@ def test_a_model_that_could_not_load_may_be_fixed_on_resume(engine, tmp_path):
     def fail():
         raise FileNotFoundError("no such model")
 
-    missing = LazyEngine(EngineConfig(model=str(tmp_path / "missing.gguf"), kv_cache_tokens=KV_TOKENS), fail)
+    missing = LazyEngine(engine_config(str(tmp_path / "missing.gguf"), kv_cache_tokens=KV_TOKENS), fail)
     with pytest.raises(FileNotFoundError):
         run_batch_file(missing, str(input_path), str(output_path), options=_options())
     assert _num_records(tmp_path / "out.jsonl.partial") == 1  # line 1's error, made without an engine

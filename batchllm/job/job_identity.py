@@ -40,7 +40,7 @@ def job_header(config, max_line_bytes: int) -> JournalHeader:
     sampling_defaults = json.loads(json.dumps(dataclasses.asdict(SamplingParams()), default=repr))
     return JournalHeader({
         "model": model or "default", "model_files": model_fingerprint(config.model), "dtype": dtype,
-        "device": device, "quantization": config.quantization, "kv_cache_dtype": config.kv_cache_dtype,
+        "device": device, "quantization": config.quantization, "kv_cache_dtype": config.cache.kv_cache_dtype,
         "seed": config.seed, "max_model_len": config.max_model_len, "max_line_bytes": max_line_bytes,
         "sampling_defaults": sampling_defaults,
     }, HEADER_LABELS, frozenset(HEADER_LABELS) - {"max_line_bytes"})

@@ -17,6 +17,7 @@ from batchllm.engine.errors import EngineBrokenError
 from batchllm.engine.llm_engine import LLMEngine, PreparedRequest, RunStats
 from batchllm.io.batch_input import DEFAULT_MAX_LINE_BYTES, BatchError, BatchRequest, read_batch_file
 from batchllm.io.batch_output import dumps, error_line, openai_logprobs, success_line
+from batchllm.io.request_fields import FieldWarning
 from batchllm.io.job_files import JobLock, check_existing_output, check_job_paths, journal_path_for
 from batchllm.io.journal import Journal, JournalHeader, ResumeReport
 from batchllm.job.progress import Progress
@@ -39,7 +40,7 @@ class BatchJobOptions:
     overwrite: bool = False  # replace an existing output file (else refused, unless resuming its job)
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES  # a longer input line is a line_too_long record
     show_progress: bool = True
-    max_printed_warnings: int = 20  # per-line warnings printed; the rest are counted
+    max_printed_warnings: int = 20  # internal errors printed as they happen; the rest are counted
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
@@ -221,6 +222,8 @@ class _JobRun:
         self.journal, self.options, self.stop = journal, options, stop
         self.stats = RunStats()
         self.num_warnings = 0
+        # fields accepted without effect: (field, reason) -> [number of lines, first line]
+        self.field_warnings: dict[FieldWarning, list[int]] = {}
         self.progress = Progress(num_lines, enabled=options.show_progress, description="lines")
         self.progress.update(journal.resume.num_entries, 0)
 
@@ -241,7 +244,7 @@ class _JobRun:
                 self._write(item, error_line(item.custom_id, item.code, item.message, item.line_number))
                 continue
             for warning in item.warnings:
-                self._print_warning(f"line {item.line_number} ({item.custom_id}): {warning}")
+                self.field_warnings.setdefault(warning, [0, item.line_number])[0] += 1
             engine = self.engine  # loading the model is not one line's fault
             try:
                 prepared = prepare_request(engine, item)
@@ -326,6 +329,9 @@ class _JobRun:
         with nothing to run."""
         if self.num_warnings > self.options.max_printed_warnings:
             print(f"warning: {self.num_warnings - self.options.max_printed_warnings} more warnings not shown",
+                  file=sys.stderr)
+        for warning, (num_lines, first_line) in sorted(self.field_warnings.items(), key=lambda item: -item[1][0]):
+            print(f"warning: {num_lines:,} line{'s' if num_lines > 1 else ''} had {warning} (first: line {first_line})",
                   file=sys.stderr)
         if self.journal.num_changed:
             print(f"note: {self.journal.num_changed} lines of {input_path} changed since the earlier run: "

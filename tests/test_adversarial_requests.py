@@ -9,6 +9,7 @@ import torch
 
 from batchllm.engine.sampler import SamplingBatch, sample, sampling_row
 from batchllm.io.batch_output import openai_logprobs
+from batchllm.models.token_bytes import VocabularyBytes
 from batchllm.sampling_params import SamplingParams, SamplingParamsError
 
 pytest_plugins = ["model_fixtures"]
@@ -49,14 +50,18 @@ def test_top_logprobs_are_the_top_k_whether_or_not_the_sampled_token_is_among_th
     log_probs = torch.log_softmax(logits, -1)[0]
     assert out.logprobs.item() == pytest.approx(log_probs[7].item())  # the model's distribution, not the biased one
     entry = {7: out.logprobs.item(), **dict(zip(out.top_token_ids[0].tolist(), out.top_logprobs[0].tolist()))}
-    content = openai_logprobs("chat", [7], [entry], 5, str)["content"][0]
+    content = openai_logprobs("chat", [7], [entry], 5, _vocabulary(str), "7")["content"][0]
     assert content["token"] == "7" and content["logprob"] == pytest.approx(log_probs[7].item())
     assert [t["token"] for t in content["top_logprobs"]] == ["0", "1", "2", "3", "4"]
 
 
+def _vocabulary(text_of, size=VOCAB, skipped_ids=()):
+    return VocabularyBytes(tuple(text_of(t).encode() for t in range(size)), frozenset(skipped_ids))
+
+
 def test_chat_top_logprobs_keep_the_sampled_token_when_it_is_in_the_top():
     entry = {2: -0.5, 1: -0.2, 3: -3.0, 4: -4.0, 5: -5.0}  # sampled 2, in the top 5
-    content = openai_logprobs("chat", [2], [entry], 5, lambda t: "tok" + str(t))["content"][0]
+    content = openai_logprobs("chat", [2], [entry], 5, _vocabulary(lambda t: "tok" + str(t)), "tok2")["content"][0]
     assert [(t["token"], t["logprob"]) for t in content["top_logprobs"]] == [
         ("tok1", -0.2), ("tok2", -0.5), ("tok3", -3.0), ("tok4", -4.0), ("tok5", -5.0)]
     assert content["bytes"] == list(b"tok2")
@@ -64,15 +69,16 @@ def test_chat_top_logprobs_keep_the_sampled_token_when_it_is_in_the_top():
 
 
 def test_chat_top_logprobs_zero_gives_empty_lists():
-    content = openai_logprobs("chat", [9, 8], [{9: -1.0}, {8: -2.0}], 0, str)["content"]
+    content = openai_logprobs("chat", [9, 8], [{9: -1.0}, {8: -2.0}], 0, _vocabulary(str), "98")["content"]
     assert [c["top_logprobs"] for c in content] == [[], []]
     assert [c["logprob"] for c in content] == [-1.0, -2.0]
 
 
 def test_completions_logprobs_have_the_completions_shape():
-    decode = {10: "Hello", 11: ",", 12: " wor", 13: "ld", 14: " x"}.__getitem__
+    texts = {10: "Hello", 11: ",", 12: " wor", 13: "ld", 14: " x"}
+    vocabulary = _vocabulary(lambda t: texts.get(t, "?"))
     entries = [{10: -0.1, 14: -3.0}, {11: -0.2, 14: -2.5}, {12: -4.0, 13: -1.0, 14: -2.0}]  # last: sampled outside
-    shape = openai_logprobs("completion", [10, 11, 12], entries, 2, decode)
+    shape = openai_logprobs("completion", [10, 11, 12], entries, 2, vocabulary, "Hello, wor")
     assert shape == {
         "tokens": ["Hello", ",", " wor"],
         "token_logprobs": [-0.1, -0.2, -4.0],

@@ -342,8 +342,8 @@ class _JobRun:
 
 
 def _openai_logprobs(engine: LLMEngine, done, request: BatchRequest) -> dict | None:
-    if done.logprobs is None or engine.tokenizer is None:
+    if done.logprobs is None:
         return None
-    decode = engine.tokenizer.decode
+    vocabulary = engine.tokenizer.vocabulary if engine.tokenizer is not None else None  # None: "token_id:N"
     return openai_logprobs(request.endpoint, done.output_token_ids, done.logprobs, request.sampling.logprobs,
-                           lambda token_id: decode([token_id], skip_special_tokens=False))
+                           vocabulary, done.text)

@@ -1,32 +1,27 @@
-"""Attention kernel benchmark (BatchLLM section 6.3.3 settings), one process on one GPU.
+"""Attention kernel benchmark (BatchLLM section 6.3.3 settings), one process on one GPU, the
+engine's default tile config.
 
-Scenarios: pure decode of 256 requests, and chunked prefill (7 prefill chunks + 256 decode
-requests), over prefix/distinct/group-size settings, with and without jittered distinct
-lengths. Implementations, all validated against the float32 reference first:
+Shared scenarios (--scenarios shared or all): pure decode of 256 requests, and chunked prefill
+(7 prefill chunks + 256 decode requests), over prefix/distinct/group-size settings, with and
+without jittered distinct lengths. Implementations, all validated against the float32 reference
+first:
   fused      ours, ONE launch of prefix + distinct tiles, then the LSE merge kernel; work list
              in "cost" order (largest first: in practice all BIG tiles, then all SMALL ones)
-  fused_auto the engine's default order ("auto": interleave when the step has prefill chunks)
   fused_interleave  the same kernel and items, work list in "interleave" order (BIG and SMALL
              tiles merged by cumulative cost, so tensor-core and KV-streaming tiles co-run)
+  fused_auto the engine's default order ("auto": interleave when the step has prefill chunks)
   plain      ours without sharing knowledge (each request reads its whole KV)
   sdpa       PyTorch SDPA on KV gathered per request from the paged cache (gather included)
   sdpa_nogather  the same SDPA calls on pre-gathered dense KV (gather excluded)
-  flex       PyTorch FlexAttention (torch.compile'd flex_attention, once per scenario) on ONE
-             dense gathered KV sequence (each group's prefix once, then every request's own
-             KV) with a block mask: each row sees its group's prefix + its own KV, causal
-             (decode rows: all of it). Gather and block-mask build excluded (like a plan);
-             compile time is in the row ("compile_s"). Run in a second pass, after every other
-             row, while --flex-budget-s (seconds since the start) is not spent; a failure or a
-             skip leaves a note instead of a row. --dry-run runs it eagerly (no compile).
-  flashinfer FlashInfer MultiLevelCascadeAttentionWrapper (2 levels), decode scenarios only
-The Triton implementations each get the best of the tile configs (the autotune step; --quick:
-the default config only).
+  flashinfer FlashInfer MultiLevelCascadeAttentionWrapper (2 levels), decode scenarios only,
+             where FlashInfer is installed
 
 Dense scenarios (--scenarios dense or all): causal self-attention of B sequences of L tokens
 with no sharing (8 x 2048, 2 x 8192, 1 x 16384), the last 2048 rows of a 16384-token context,
 and the same rows with the first 14336 tokens as a shared prefix (prefix tiles). Rows carry
 `impl` and `tflop_per_s` (4 x heads x head_dim x the causal query-key pairs):
-  batchllm    our fused kernel on the paged cache (the engine's work order, best tile config)
+  batchllm    our fused kernel on the paged cache (the engine's work order and config), and the
+              same config without dense calls ("tiles_only")
   sdpa_cudnn  PyTorch SDPA with only the cuDNN backend on dense contiguous K/V, at its best of
               three settings: KV heads repeated beforehand (excluded from the timing), the KV
               heads as they are with enable_gqa, and (square shapes) cuDNN's op called directly;
@@ -35,8 +30,8 @@ and the same rows with the first 14336 tokens as a shared prefix (prefix tiles).
   sdpa_flash  the same with only the flash backend (the first two settings, both layouts)
 Each output is checked first against a float32 reference computed in row chunks.
 
-Usage: PYTHONPATH=. python3 benchmarks/attention.py --out results.json [--markdown table.md] [--quick]
-  [--budget-s S] [--no-flex | --flex-modes decode,mixed --flex-budget-s S] [--scenarios shared|dense|all]
+Usage: PYTHONPATH=. python3 benchmarks/attention.py --out results.json [--markdown table.md]
+  [--scenarios shared|dense|all]
 """
 
 from __future__ import annotations
@@ -50,13 +45,12 @@ from dataclasses import replace
 
 import numpy as np
 import torch
+import triton
 
-from batchllm.ops.work_list import build_prefix_shared_plan as build_paged_plan
 from batchllm.ops.prefix_attention import prefix_shared_attention
 from batchllm.ops.reference import paged_attention_reference
 from batchllm.perf.runner import git_commit
 from batchllm.ops.tile_config import TileConfig, default_tile_config
-from batchllm.ops.validation import next_power_of_2
 from batchllm.ops.work_list import DEFAULT_WORK_ORDER, build_prefix_shared_plan, device_num_sms
 from tests.synthetic_batch import SeqSpec, make_batch
 
@@ -65,19 +59,6 @@ NUM_DECODE, NUM_CHUNKS, CHUNK_TOKENS = 256, 7, 512
 SETTINGS = [(2048, 256, 16), (2048, 256, 4), (4096, 512, 64), (256, 2048, "all")]
 DRY_SETTINGS = [(40, 20, "all"), (33, 16, 2)]  # --dry-run (CPU interpreter) with NUM_DECODE = 4
 MODES = [("decode", False), ("decode_jitter", True), ("mixed", False), ("mixed_jitter", True)]
-
-
-def candidate_tile_configs(head_dim: int, group_size: int) -> list[TileConfig]:
-    """The GPU configs this benchmark sweeps (the 'autotune' step, done once per shape)."""
-    packed_min = max(16, next_power_of_2(group_size))
-    return [
-        TileConfig(small_m=packed_min, small_n=64, big_m=max(64, packed_min), big_n=64,
-                   num_warps=4, num_stages=2, min_kv_split_tokens=256),
-        TileConfig(small_m=packed_min, small_n=128, big_m=max(64, packed_min), big_n=64,
-                   num_warps=4, num_stages=2, min_kv_split_tokens=512),
-        TileConfig(small_m=packed_min, small_n=64, big_m=max(128, packed_min), big_n=64,
-                   num_warps=8, num_stages=2, min_kv_split_tokens=256),
-    ]
 
 
 def scenario_seqs(prefix: int, distinct: int, group: str | int, mixed: bool, jitter: bool, seed=0) -> list[SeqSpec]:
@@ -97,25 +78,14 @@ def scenario_seqs(prefix: int, distinct: int, group: str | int, mixed: bool, jit
     return seqs
 
 
-def _version(module: str) -> str:
-    try:
-        return __import__(module).__version__
-    except Exception:  # noqa: BLE001
-        return "unknown"
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def bench_us(fn, rep_ms=60) -> float:
     if not torch.cuda.is_available():  # --dry-run on CPU: one timed call
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e6
-    import triton.testing
-    return float(triton.testing.do_bench(fn, warmup=15, rep=rep_ms)) * 1e3
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=15, rep=rep_ms)) * 1e3
 
 
 class Sdpa:
@@ -215,70 +185,6 @@ def flashinfer_cascade(b, seqs, scale):
     return lambda: wrapper.run(b.query, (b.k_cache, b.v_cache))
 
 
-class Flex:
-    """FlexAttention on one dense gathered KV sequence: each group's prefix once, then each
-    request's own KV; a block mask gives every row its group's prefix + its own KV, causal.
-
-    Gather, block-mask build and compile happen in __init__ (excluded from the timing, like the
-    plans of the Triton rows); the timed call is flex_attention + viewing [1, H, T, D] as
-    [T, H, D].
-    """
-
-    def __init__(self, b, seqs, scale, compiled: bool):
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-        dev = b.query.device
-        lens, shared, groups = b.seq_lens.tolist(), b.shared_kv_lens.tolist(), b.group_ids.tolist()
-        starts = b.query_start_loc.tolist()
-        tables = b.block_tables.cpu().numpy()
-        num_tokens = starts[-1]
-        pre_lo, pre_hi, own_lo, own_lim = (np.zeros(num_tokens, np.int64) for _ in range(4))
-        parts, prefix_at, pos = [], {}, 0
-        for s, spec in enumerate(seqs):  # the prefixes, once per group
-            if spec.is_prefix:
-                raise NotImplementedError("flex: prefix-chunk rows are not laid out")
-            key = groups[s] if groups[s] >= 0 else ("seq", s)
-            if shared[s] and key not in prefix_at:
-                parts.append(_slots(tables[s], shared[s], shared[s]))
-                prefix_at[key] = (pos, shared[s])
-                pos += shared[s]
-        for s in range(len(seqs)):  # then every request's own KV
-            r0, r1 = starts[s], starts[s + 1]
-            if shared[s]:
-                lo, n = prefix_at[groups[s] if groups[s] >= 0 else ("seq", s)]
-                if n != shared[s]:
-                    raise NotImplementedError("flex: members of a group with different shared lengths")
-                pre_lo[r0:r1], pre_hi[r0:r1] = lo, lo + n
-            row_pos = lens[s] - (r1 - r0) + np.arange(r1 - r0)
-            own_lo[r0:r1], own_lim[r0:r1] = pos, pos + row_pos - shared[s] + 1
-            parts.append(_slots(tables[s], lens[s], shared[s])[shared[s]:])
-            pos += lens[s] - shared[s]
-        kv_len = -(-pos // 128) * 128  # padding KV rows are masked out
-        slots = torch.as_tensor(np.concatenate(parts + [np.zeros(kv_len - pos, np.int64)]), device=dev)
-        # [1, Hkv, L, D] dense KV (gathered once)
-        self.k = b.k_cache.view(-1, NUM_KV_HEADS, HEAD_DIM)[slots].transpose(0, 1)[None].contiguous()
-        self.v = b.v_cache.view(-1, NUM_KV_HEADS, HEAD_DIM)[slots].transpose(0, 1)[None].contiguous()
-        pl, ph, ol, om = (torch.as_tensor(x, dtype=torch.int32, device=dev) for x in (pre_lo, pre_hi, own_lo, own_lim))
-
-        def mask_mod(batch, head, q_idx, kv_idx):
-            return ((kv_idx >= pl[q_idx]) & (kv_idx < ph[q_idx])) | ((kv_idx >= ol[q_idx]) & (kv_idx < om[q_idx]))
-
-        self.block_mask = create_block_mask(mask_mod, None, None, num_tokens, kv_len, device=dev)
-        self.query, self.scale = b.query, scale
-        if compiled:
-            torch._dynamo.reset()  # one compile per scenario, no recompile-limit fallbacks
-            self.fn = torch.compile(flex_attention, dynamic=False)
-        else:
-            self.fn = flex_attention
-        self.density = float(self.block_mask.kv_num_blocks.sum() + (self.block_mask.full_kv_num_blocks.sum()
-                             if self.block_mask.full_kv_num_blocks is not None else 0)) / (
-            self.block_mask.kv_num_blocks.numel() * max(1, kv_len // 128))
-
-    def __call__(self):
-        q = self.query.transpose(0, 1)[None]  # [1, H, T, D] view
-        o = self.fn(q, self.k, self.v, block_mask=self.block_mask, scale=self.scale, enable_gqa=True)
-        return o[0].transpose(0, 1)
-
-
 def kv_bytes_unique(seqs) -> float:
     prefix = {}
     own = 0
@@ -318,36 +224,18 @@ def _time_impls(impls, ref, notes, where, variant_us: dict | None = None) -> dic
     return timings
 
 
-def _flex_timings(b, seqs, ref, scale, extra: dict, notes: list, where: str) -> dict:
-    """The flex row (compile time and block density into extra["flex"])."""
-    impls = {}
-    try:
-        t0 = time.time()
-        flex = Flex(b, seqs, scale, compiled=b.query.is_cuda)
-        flex()  # the compile
-        sync()
-        extra["flex"] = {"compile_s": round(time.time() - t0, 1), "block_density": round(flex.density, 4)}
-        impls["flex"] = [("", flex)]
-    except Exception as exc:  # noqa: BLE001
-        notes.append(f"flex failed on {where}: {exc!r}"[:600])
-    return _time_impls(impls, ref, notes, where)
-
-
-def _main_timings(b, seqs, ref, scale, configs: dict, with_flashinfer: bool, notes: list, where: str) -> dict:
-    """Our kernels under each tile config (the best one per implementation), SDPA, FlashInfer."""
+def _main_timings(b, seqs, ref, scale, tile: TileConfig, with_flashinfer: bool, notes: list, where: str) -> dict:
+    """Our kernels under the engine's tile config, SDPA, FlashInfer."""
     dev = b.query.device
     meta = b.metadata_numpy()
-    impls = {}
-    for tag, cfg in configs.items():
-        kw = {"block_size": BLOCK_SIZE, "num_kv_heads": NUM_KV_HEADS, "num_heads": NUM_HEADS,
-              "head_dim": HEAD_DIM, "tile": cfg, "num_sms": device_num_sms(dev)}
-        plans = {name: build_prefix_shared_plan(**meta, order=order, **kw).to(dev)
-                 for name, order in (("fused", "cost"), ("fused_interleave", "interleave"), ("fused_auto", "auto"))}
-        plans["plain"] = build_paged_plan(meta["query_start_loc"], meta["seq_lens"], meta["shared_kv_lens"],
-                                          meta["block_tables"], **kw).to(dev)
-        for name, p in plans.items():
-            impls.setdefault(name, []).append(
-                (tag, lambda p=p: prefix_shared_attention(b.query, b.k_cache, b.v_cache, p, scale)))
+    kw = {"block_size": BLOCK_SIZE, "num_kv_heads": NUM_KV_HEADS, "num_heads": NUM_HEADS, "head_dim": HEAD_DIM,
+          "tile": tile, "num_sms": device_num_sms(dev)}
+    plans = {name: build_prefix_shared_plan(**meta, order=order, **kw).to(dev)
+             for name, order in (("fused", "cost"), ("fused_interleave", "interleave"), ("fused_auto", "auto"))}
+    plans["plain"] = build_prefix_shared_plan(meta["query_start_loc"], meta["seq_lens"], meta["shared_kv_lens"],
+                                              meta["block_tables"], **kw).to(dev)  # no groups: plain paged
+    impls = {name: [("default", lambda p=p: prefix_shared_attention(b.query, b.k_cache, b.v_cache, p, scale))]
+             for name, p in plans.items()}
     sdpa = Sdpa(b, seqs, scale)
     impls["sdpa"] = [("", lambda: sdpa(False))]
     if with_flashinfer:
@@ -465,23 +353,10 @@ def sdpa_variants(backend_name: str, q, k, v, scale) -> list[tuple[str, object]]
     return variants
 
 
-def dense_tile_configs(configs: dict, quick: bool) -> dict:
-    """The sweep's configs, the first without dense calls ("tiles_only": every part in Triton
-    tiles), and (not with --quick) two with 128 x 64 and 128 x 128 BIG tiles over 8 warps and 3
-    stages, the tile shapes of FlashAttention-style kernels on Hopper."""
-    base = next(iter(configs.values()))
-    configs = {**configs, "tiles_only": replace(base, dense_min_rows=0)}
-    if quick:
-        return configs
-    return {**configs,
-            "big128x64": replace(base, big_m=max(128, base.big_m), big_n=64, num_warps=8, num_stages=3),
-            "big128x128": replace(base, big_m=max(128, base.big_m), big_n=128, num_warps=8, num_stages=3)}
-
-
-def run_dense(args, dev, dtype, scale, configs: dict, rows: list, notes: list) -> dict:
-    """The dense causal rows: our kernel and SDPA's cuDNN and flash backends on the same data.
-    Returns the tile configs swept ({tag: config})."""
-    configs = dense_tile_configs(configs, args.quick)
+def run_dense(args, dev, dtype, scale, tile: TileConfig, rows: list, notes: list) -> dict:
+    """The dense causal rows: our kernel (with and without dense calls) and SDPA's cuDNN and flash
+    backends on the same data. Returns the tile configs of our rows ({tag: config})."""
+    configs = {"default": tile, "tiles_only": replace(tile, dense_min_rows=0)}
     for batch, q_len, context, shared in (DRY_DENSE_SHAPES if args.dry_run else DENSE_SHAPES):
         where = f"dense {batch}x{q_len} of {context}" + (f", {shared} shared" if shared else "")
         seqs = dense_seqs(batch, q_len, context, shared)
@@ -539,69 +414,45 @@ def run(args):
     rows, notes = [], []
     result = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (dry run)",
               "date": datetime.datetime.now().isoformat(timespec="seconds"),
-              "git_commit": args.git_commit or git_commit() or "unknown", "dtype": "bfloat16",
-              "heads": f"{NUM_HEADS}q/{NUM_KV_HEADS}kv d{HEAD_DIM} page {BLOCK_SIZE}", "rows": rows, "notes": notes}
+              "git_commit": git_commit() or "unknown", "dtype": "bfloat16",
+              "heads": f"{NUM_HEADS}q/{NUM_KV_HEADS}kv d{HEAD_DIM} page {BLOCK_SIZE}", "rows": rows, "notes": notes,
+              "engine_work_order": DEFAULT_WORK_ORDER,
+              "versions": {"torch": torch.__version__, "triton": triton.__version__}}
     try:
         import flashinfer  # noqa: F401
         have_flashinfer = True
     except Exception as exc:  # noqa: BLE001
         have_flashinfer = False
         notes.append(f"flashinfer not importable: {exc!r}")
-    configs = candidate_tile_configs(HEAD_DIM, NUM_HEADS // NUM_KV_HEADS)
-    if args.quick:  # the default config only (the one the engine runs)
-        configs = [default_tile_config(HEAD_DIM, NUM_HEADS // NUM_KV_HEADS)]
-    tags = ["default"] if args.quick else [f"cfg{i}" for i in range(len(configs))]
-    result["tile_configs"] = {t: vars(c) for t, c in zip(tags, configs)}
-    flex_modes = {m for m, _ in MODES} if args.flex_modes == "all" else set(args.flex_modes.split(","))
-    result["engine_work_order"] = DEFAULT_WORK_ORDER
-    result["versions"] = {"torch": torch.__version__, "triton": _version("triton")}
+    tile = default_tile_config(HEAD_DIM, NUM_HEADS // NUM_KV_HEADS)
+    result["tile_configs"] = {"default": vars(tile)}
+    t_start = time.time()
+    if args.scenarios in ("dense", "all"):
+        result["tile_configs"] = {t: vars(c) for t, c in run_dense(args, dev, dtype, scale, tile, rows, notes).items()}
     scenarios = [(setting, mode, jitter) for setting in (DRY_SETTINGS if args.dry_run else SETTINGS)
                  for mode, jitter in MODES] if args.scenarios in ("shared", "all") else []
-    if args.scenarios in ("dense", "all"):
-        dense_configs = run_dense(args, dev, dtype, scale, dict(zip(tags, configs)), rows, notes)
-        result["tile_configs"].update({t: vars(c) for t, c in dense_configs.items()})
-    main_timings = {}  # scenario -> timings of the main pass (plain for the flex rows)
-    t_start = time.time()
-    # main pass: our kernels + SDPA (+ FlashInfer); then the flex pass (compiles) with the time left
-    for flex_pass in (False, True):
-        for (prefix, distinct, group), mode, jitter in scenarios:
-            key = (prefix, distinct, group, mode)
-            where = f"{prefix}/{distinct}/{group} {mode}"
-            if flex_pass:
-                if not (args.flex and mode in flex_modes and key in main_timings):
-                    continue
-                if time.time() - t_start > args.flex_budget_s:
-                    notes.append(f"flex skipped on {where}: --flex-budget-s passed")
-                    continue
-            elif time.time() - t_start > args.budget_s:
-                notes.append(f"time budget hit before {where}")
-                continue
-            seqs = scenario_seqs(prefix, distinct, group, mode.startswith("mixed"), jitter)
-            b = make_batch(seqs, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM,
-                           block_size=BLOCK_SIZE, dtype=dtype, device=dev)
-            ref = paged_attention_reference(b.query, b.k_cache, b.v_cache, b.query_start_loc, b.seq_lens,
-                                            b.shared_kv_lens, b.block_tables, scale).float()
-            extra = {}
-            if flex_pass:
-                timings = _flex_timings(b, seqs, ref, scale, extra, notes, where)
-            else:
-                with_flashinfer = have_flashinfer and not mode.startswith("mixed")
-                timings = main_timings[key] = _main_timings(b, seqs, ref, scale, dict(zip(tags, configs)),
-                                                            with_flashinfer, notes, where)
-            t_plain = main_timings[key].get("plain", (float("nan"),))[0]
-            for name, (us, err, tag) in timings.items():
-                row = {"scenario": mode, "prefix": prefix, "distinct": distinct, "group": group, "impl": name,
-                       "us": round(us, 2), "speedup_vs_plain": round(t_plain / us, 3), "max_abs_err": err,
-                       "valid": err < VALID_MAX_ABS_ERR, "config": tag, "kv_tb_per_s": round(kv_bytes_unique(seqs) / us / 1e6, 3),
-                       "prefix_tflop_per_s": round(prefix_flops(seqs) / us / 1e6, 2), **extra.get(name, {})}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-            result["wall_s"] = round(time.time() - t_start, 1)
-            with open(args.out, "w") as f:
-                json.dump(result, f, indent=1)
-            del b, ref
-            if dev == "cuda":
-                torch.cuda.empty_cache()
+    for (prefix, distinct, group), mode, jitter in scenarios:
+        seqs = scenario_seqs(prefix, distinct, group, mode.startswith("mixed"), jitter)
+        b = make_batch(seqs, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM,
+                       block_size=BLOCK_SIZE, dtype=dtype, device=dev)
+        ref = paged_attention_reference(b.query, b.k_cache, b.v_cache, b.query_start_loc, b.seq_lens,
+                                        b.shared_kv_lens, b.block_tables, scale).float()
+        with_flashinfer = have_flashinfer and not mode.startswith("mixed")
+        timings = _main_timings(b, seqs, ref, scale, tile, with_flashinfer, notes, f"{prefix}/{distinct}/{group} {mode}")
+        t_plain = timings.get("plain", (float("nan"),))[0]
+        for name, (us, err, tag) in timings.items():
+            row = {"scenario": mode, "prefix": prefix, "distinct": distinct, "group": group, "impl": name,
+                   "us": round(us, 2), "speedup_vs_plain": round(t_plain / us, 3), "max_abs_err": err,
+                   "valid": err < VALID_MAX_ABS_ERR, "config": tag, "kv_tb_per_s": round(kv_bytes_unique(seqs) / us / 1e6, 3),
+                   "prefix_tflop_per_s": round(prefix_flops(seqs) / us / 1e6, 2)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        result["wall_s"] = round(time.time() - t_start, 1)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        del b, ref
+        if dev == "cuda":
+            torch.cuda.empty_cache()
     result["wall_s"] = round(time.time() - t_start, 1)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
@@ -614,44 +465,31 @@ def run(args):
 
 
 def markdown_table(result) -> str:
+    """The shared scenarios' table; the FlashInfer columns only where some row has FlashInfer."""
     by_key = {}
     for r in result["rows"]:
         if r["scenario"] != "dense":
             by_key.setdefault((r["prefix"], r["distinct"], r["group"], r["scenario"]), {})[r["impl"]] = r
-    impls = ["fused", "fused_interleave", "fused_auto", "plain", "sdpa", "sdpa_nogather", "flex", "flashinfer"]
-    lines = ["| prefix/distinct/group | scenario | " + " | ".join(f"{i} us" for i in impls)
-             + " | fused vs plain | interleave vs plain | auto vs plain | fused vs flashinfer"
-             " | fused KV TB/s | fused prefix TFLOP/s |",
-             "|" + "---|" * (len(impls) + 8)]
+    flashinfer = any("flashinfer" in r for r in by_key.values())
+    impls = ["fused", "fused_interleave", "fused_auto", "plain", "sdpa", "sdpa_nogather"] + ["flashinfer"] * flashinfer
+    ratios = ["fused vs plain", "interleave vs plain", "auto vs plain"] + ["fused vs flashinfer"] * flashinfer
+    lines = ["| prefix/distinct/group | scenario | " + " | ".join([f"{i} us" for i in impls] + ratios)
+             + " | fused KV TB/s | fused prefix TFLOP/s |", "|" + "---|" * (len(impls) + len(ratios) + 4)]
     for (p, d, g, sc), r in by_key.items():
         cell = lambda i, r=r: (f"{r[i]['us']:.1f}" + ("" if r[i]["valid"] else " (INVALID)")) if i in r else "-"
+        vs_plain = [f"{r[i]['speedup_vs_plain']:.2f}x" if i in r else "-" for i in ("fused", "fused_interleave", "fused_auto")]
         f = r.get("fused")
-        vs_fi = f"{r['flashinfer']['us'] / f['us']:.2f}x" if f and "flashinfer" in r else "-"
-        vs_plain = " | ".join(f"{r[i]['speedup_vs_plain']:.2f}x" if i in r else "-"
-                              for i in ("fused_interleave", "fused_auto"))
-        lines.append(f"| {p}/{d}/{g} | {sc} | " + " | ".join(cell(i) for i in impls)
-                     + (f" | {f['speedup_vs_plain']:.2f}x | {vs_plain} | {vs_fi} | "
-                        f"{f['kv_tb_per_s']:.2f} | {f['prefix_tflop_per_s']:.1f} |" if f
-                        else f" | - | {vs_plain} | - | - | - |"))
+        vs_fi = [f"{r['flashinfer']['us'] / f['us']:.2f}x" if f and "flashinfer" in r else "-"] * flashinfer
+        rates = [f"{f['kv_tb_per_s']:.2f}", f"{f['prefix_tflop_per_s']:.1f}"] if f else ["-", "-"]
+        lines.append(f"| {p}/{d}/{g} | {sc} | " + " | ".join([cell(i) for i in impls] + vs_plain + vs_fi + rates) + " |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="benchmarks/results/attention.json")
+    parser.add_argument("--out", default="attention.json")
     parser.add_argument("--markdown", default=None)
-    parser.add_argument("--quick", action="store_true", help="one tile config only")
-    parser.add_argument("--git-commit", default=None,
-                        help="commit id to record (default: the checkout's short hash, with -dirty when "
-                             "tracked files were changed)")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU (TRITON_INTERPRET=1)")
-    parser.add_argument("--budget-s", type=float, default=300.0,
-                        help="main pass: stop starting new scenarios after this many seconds")
-    parser.add_argument("--no-flex", dest="flex", action="store_false", help="skip the FlexAttention rows")
-    parser.add_argument("--flex-budget-s", type=float, default=200.0,
-                        help="no new FlexAttention compile after this many seconds since the start (notes say where)")
-    parser.add_argument("--flex-modes", default="all",
-                        help="comma list of scenarios that get a flex row (one compile each), or 'all'")
     parser.add_argument("--scenarios", choices=("shared", "dense", "all"), default="all",
                         help="shared: the prefix-sharing decode and mixed scenarios; dense: causal attention "
                              "without sharing against SDPA's cuDNN and flash backends; all: both (default)")
@@ -660,7 +498,6 @@ def main(argv=None):
         global NUM_DECODE, NUM_CHUNKS, CHUNK_TOKENS, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM
         NUM_DECODE, NUM_CHUNKS, CHUNK_TOKENS = 4, 1, 8
         NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 8, 2, 32
-        args.quick = True
     elif not torch.cuda.is_available():
         sys.exit("benchmarks/attention.py needs a CUDA device")
     run(args)

@@ -1,10 +1,10 @@
 """The lower bounds of a workload's schedule, without a GPU: what `batchllm bench` reports beside
 each row's wall time, and the floor the bf16 GEMMs set under it.
 
-For each workload and policy the scheduler runs on the host (bench/schedule_replay.py, the steps a
+For each workload and policy the scheduler runs on the host (perf/schedule_replay.py, the steps a
 bench run makes) and every step is charged:
   flop_bound_s           all FLOPs at the peak (790 TFLOP/s bf16): arithmetic only
-  roofline_s             per step max(FLOPs / peak, bytes read / 4.2 TB/s) (bench/roofline.py)
+  roofline_s             per step max(FLOPs / peak, bytes read / 4.2 TB/s) (perf/roofline.py)
   serial_roofline_s      per step the linear part (weights, LM head) and attention (KV) each at its
                          own max(FLOPs / peak, bytes / bandwidth), added: the engine runs them one
                          after the other

@@ -7,13 +7,7 @@ use_fast_accum off and on. Each figure is timed with CUDA events over --iters pr
 the spread over the repeats and writes JSON to --out. The bench's FP8 FLOP bound divides by the
 FP8 peak (batchllm/perf/flop_bound.py). Runs on torch 2.11 and later.
 
-On a GPU each figure also records the SM clock and board power that nvidia-smi reads every 50 ms
-from the first warm-up product to the last timed one (`clocks`), and the result the rated
-maximum SM clock and power limit: a sustained bf16 matmul on random data can run below the
-maximum clock, and then below the peak of a short run; the power beside the clock tells whether
-the power limit is the reason.
-
-    PYTHONPATH=. python3 benchmarks/gemm_peak.py --out benchmarks/results/gemm_peak.json
+    PYTHONPATH=. python3 benchmarks/gemm_peak.py --out gemm_peak.json
     PYTHONPATH=. python3 benchmarks/gemm_peak.py --dry-run   # small shapes on the CPU: checks the code only
 """
 
@@ -22,13 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -61,86 +52,15 @@ def time_per_call_s(fn: Callable[[], object], device: torch.device, iters: int) 
     return (time.perf_counter() - started) / iters
 
 
-def parse_smi_samples(text: str) -> list[tuple[float, float]]:
-    """(SM MHz, board W) of each line of `nvidia-smi --query-gpu=clocks.sm,power.draw
-    --format=csv,noheader,nounits` output ('1395, 552.46'); lines it cannot read ('[N/A]') are
-    skipped."""
-    samples = []
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        try:
-            samples.append((float(parts[0]), float(parts[1])))
-        except (ValueError, IndexError):
-            continue
-    return samples
-
-
-class GpuClockSampler:
-    """Samples one GPU's SM clock and board power with nvidia-smi while the `with` block runs.
-    Without the executable, `summary()` says so and nothing is sampled."""
-
-    def __init__(self, gpu_index: int, interval_ms: int = 50, executable: str = "nvidia-smi") -> None:
-        self.gpu_index, self.interval_ms, self.executable = gpu_index, interval_ms, executable
-        self.samples: list[tuple[float, float]] = []
-        self.missing = shutil.which(executable) is None
-        self._process: subprocess.Popen | None = None
-
-    def __enter__(self) -> "GpuClockSampler":
-        if self.missing:
-            return self
-        self._process = subprocess.Popen(
-            [self.executable, f"--id={self.gpu_index}", "--query-gpu=clocks.sm,power.draw",
-             "--format=csv,noheader,nounits", f"--loop-ms={self.interval_ms}"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        # the first sample is out before the timed work starts, so the samples cover all of it
-        self.samples += parse_smi_samples(self._process.stdout.readline())
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._process is None:
-            return
-        self._process.terminate()
-        remaining, _ = self._process.communicate(timeout=10)
-        self.samples += parse_smi_samples(remaining)
-        self._process = None
-
-    def summary(self) -> dict:
-        if self.missing:
-            return {"samples": 0, "note": f"{self.executable} not found"}
-        if not self.samples:
-            return {"samples": 0}
-        mhz = [m for m, _ in self.samples]
-        watts = [w for _, w in self.samples]
-        return {"samples": len(self.samples), "sm_mhz_median": statistics.median(mhz), "sm_mhz_min": min(mhz),
-                "sm_mhz_max": max(mhz), "power_w_median": round(statistics.median(watts), 1),
-                "power_w_max": round(max(watts), 1)}
-
-
-def rated_limits(gpu_index: int, executable: str = "nvidia-smi") -> dict:
-    """The GPU's maximum SM clock and power limit, as nvidia-smi reports them ({} without it)."""
-    if shutil.which(executable) is None:
-        return {}
-    out = subprocess.run([executable, f"--id={gpu_index}", "--query-gpu=clocks.max.sm,power.limit",
-                          "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30).stdout
-    parsed = parse_smi_samples(out)
-    return {"sm_mhz_rated_max": parsed[0][0], "power_limit_w": parsed[0][1]} if parsed else {}
-
-
-def measure_tflops(fn: Callable[[], object], flops: float, device: torch.device, timing: TimingOptions,
-                   sampler: GpuClockSampler | None = None) -> dict:
-    """TFLOP/s of fn over the repeats; with a sampler, the clocks and power from the first warm-up
-    call to the last timed one under `clocks`."""
-    with sampler if sampler is not None else nullcontext():
-        for _ in range(timing.warmup):
-            fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        rates = [flops / time_per_call_s(fn, device, timing.iters) / 1e12 for _ in range(timing.repeats)]
-    figures = {"tflop_per_s_median": round(statistics.median(rates), 1), "tflop_per_s_min": round(min(rates), 1),
-               "tflop_per_s_max": round(max(rates), 1), "tflop_per_s_repeats": [round(r, 1) for r in rates]}
-    if sampler is not None:
-        figures["clocks"] = sampler.summary()
-    return figures
+def measure_tflops(fn: Callable[[], object], flops: float, device: torch.device, timing: TimingOptions) -> dict:
+    """TFLOP/s of fn over the repeats: median, spread and every repeat."""
+    for _ in range(timing.warmup):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    rates = [flops / time_per_call_s(fn, device, timing.iters) / 1e12 for _ in range(timing.repeats)]
+    return {"tflop_per_s_median": round(statistics.median(rates), 1), "tflop_per_s_min": round(min(rates), 1),
+            "tflop_per_s_max": round(max(rates), 1), "tflop_per_s_repeats": [round(r, 1) for r in rates]}
 
 
 @dataclass
@@ -180,14 +100,9 @@ def run(size: int, device: torch.device, timing: TimingOptions, log: Callable[[s
     result: dict = {"shape_mnk": [size, size, size], "torch": torch.__version__,
                     "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
                     "repeats": timing.repeats, "iters_per_repeat": timing.iters}
-    on_gpu = device.type == "cuda"
-    gpu_index = device.index or 0  # nvidia-smi numbering unless CUDA_VISIBLE_DEVICES remaps it
-    if on_gpu:
-        result.update(rated_limits(gpu_index))
-    sampler = (lambda: GpuClockSampler(gpu_index)) if on_gpu else (lambda: None)
     a = torch.randn(size, size, device=device, generator=generator, dtype=torch.bfloat16)
     b = torch.randn(size, size, device=device, generator=generator, dtype=torch.bfloat16)
-    result["bf16"] = measure_tflops(lambda: a @ b, flops, device, timing, sampler())
+    result["bf16"] = measure_tflops(lambda: a @ b, flops, device, timing)
     log(_line("bf16 matmul", result["bf16"]))
     del a, b
     operands = fp8_operands(size, size, size, device, generator)
@@ -195,7 +110,7 @@ def run(size: int, device: torch.device, timing: TimingOptions, log: Callable[[s
     if result["fp8_rowwise_max_rel_error"] > 0.02:
         raise RuntimeError(f"the FP8 product is wrong (relative error {result['fp8_rowwise_max_rel_error']:.3g})")
     for key, fast in (("fp8_rowwise", False), ("fp8_rowwise_fast_accum", True)):
-        result[key] = measure_tflops(lambda: operands.product(fast), flops, device, timing, sampler())
+        result[key] = measure_tflops(lambda: operands.product(fast), flops, device, timing)
         log(_line(f"fp8 _scaled_mm (row-wise scales, use_fast_accum={fast})", result[key]))
     bf16_median = result["bf16"]["tflop_per_s_median"]
     result["fp8_over_bf16"] = round(result["fp8_rowwise"]["tflop_per_s_median"] / bf16_median, 3) if bf16_median else None
@@ -203,18 +118,15 @@ def run(size: int, device: torch.device, timing: TimingOptions, log: Callable[[s
 
 
 def _line(label: str, figures: dict) -> str:
-    clocks = figures.get("clocks", {})
-    at = (f", SM {clocks['sm_mhz_min']:.0f}-{clocks['sm_mhz_max']:.0f} MHz, up to {clocks['power_w_max']:.0f} W"
-          if clocks.get("samples") else "")
     return (f"{label}: {figures['tflop_per_s_median']:,.1f} TFLOP/s median "
             f"(min {figures['tflop_per_s_min']:,.1f}, max {figures['tflop_per_s_max']:,.1f}, "
-            f"{len(figures['tflop_per_s_repeats'])} repeats{at})")
+            f"{len(figures['tflop_per_s_repeats'])} repeats)")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="benchmarks/results/gemm_peak.json", metavar="FILE.json",
-                        help="where to write the JSON (default benchmarks/results/gemm_peak.json)")
+    parser.add_argument("--out", default="gemm_peak.json", metavar="FILE.json",
+                        help="where to write the JSON (default gemm_peak.json)")
     parser.add_argument("--size", type=int, default=8192, help="M = N = K (default 8192)")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats; median and spread over them (default 5)")
     parser.add_argument("--iters", type=int, default=50, help="products per repeat (default 50)")

@@ -2,7 +2,6 @@
 
     python benchmarks/planner.py                  # every case, each in its own process
     python benchmarks/planner.py --case industrial-8000
-    python benchmarks/planner.py --case million --million-requests 1000000
 
 Cases:
   industrial-8000  the industrial-like set of 8000 requests (BatchLLM 6.2.2); target <= 0.5 s
@@ -112,22 +111,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--case", choices=["all", "industrial-8000", "micro", "million", "million-groups"],
                         default="all")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--micro-requests", type=int, default=6400)
-    parser.add_argument("--million-requests", type=int, default=1_000_000)
     args = parser.parse_args(argv)
     if args.case == "all":  # one process per case: peak RSS is per case
         for case in ("industrial-8000", "micro", "million", "million-groups"):
-            subprocess.run([sys.executable, __file__, "--case", case, "--repeats", str(args.repeats),
-                            "--micro-requests", str(args.micro_requests),
-                            "--million-requests", str(args.million_requests)], check=True)
+            subprocess.run([sys.executable, __file__, "--case", case], check=True)
         return 0
     if args.case == "industrial-8000":
-        results = [bench_industrial(8000, args.repeats)]
+        results = [bench_industrial(8000, repeats=5)]
     elif args.case == "micro":
-        results = bench_micro(args.micro_requests)
+        results = bench_micro(6400)
     else:
-        results = [bench_million(args.million_requests, with_groups=args.case == "million-groups")]
+        results = [bench_million(1_000_000, with_groups=args.case == "million-groups")]
     for row in results:
         print(json.dumps(row), flush=True)
     return 0

@@ -1,21 +1,19 @@
-"""Tensor parallelism on one host: correctness (TP=N vs TP=1 tokens) and throughput.
+"""Tensor parallelism on one host: throughput of one configuration (run each in its own process).
 
-    # tokens of TP=2 vs TP=1 (random weights, fixed seed), float32 (exact) and bf16 (match rate)
-    PYTHONPATH=. python benchmarks/scale_out_tp.py check --model 'random:qwen2.5-14b?num_layers=4' --tp 2
-    # throughput of one configuration (run each in its own process)
-    PYTHONPATH=. python benchmarks/scale_out_tp.py throughput --model random:qwen2.5-14b --tp 2 \
-        --workload micro:2000:200:16#1024 --out benchmarks/results/scale_out_tp.jsonl
+    PYTHONPATH=. python3 benchmarks/scale_out_tp.py --model random:qwen2.5-14b --tp 2 \
+        --workload micro:2000:200:16#1024 --out scale_out_tp.jsonl
 
-Throughput: the requests are `batchllm bench`'s for the same workload spec (outputs forced to a
-fixed length), and the KV cache fills the free memory unless --kv-cache-tokens says otherwise.
-The same batch runs once untimed first, so every Triton kernel and CUDA graph the timed run
-needs exists before the clock starts. After the timed run, on CUDA, the first
---profile-requests requests run again under the profiler on rank 0: the collectives' GPU time
-per step of that run (`all_reduce_ms_per_step`: NCCL kernels, the logits all-gather included),
-their share of its GPU kernel time, and the time rank 0's GPU had any kernel running
+The requests are `batchllm bench`'s for the same workload spec (outputs forced to a fixed
+length), and the KV cache fills the free memory unless --kv-cache-tokens says otherwise. The same
+batch runs once untimed first, so every Triton kernel and CUDA graph the timed run needs exists
+before the clock starts. After the timed run, on CUDA, the first --profile-requests requests run
+again under the profiler on rank 0: the collectives' GPU time per step of that run
+(`all_reduce_ms_per_step`: NCCL kernels, the logits all-gather included), their share of its GPU
+kernel time, GPU time by kernel class, and the time rank 0's GPU had any kernel running
 (`gpu_busy_ms_per_step`; profile every request to set it against the timed run's step_ms). The
 bound is the FLOP bound over all tp GPUs: the work's FLOPs / (tp x the measured bf16 peak). One
-JSON line per measurement on stdout (and appended to --out).
+JSON line on stdout (and appended to --out). Token equality of TP=N and TP=1 is tested on the CPU
+(tests/test_distributed_tp.py) and on two GPUs (tests/test_distributed_tp_gpu.py).
 """
 
 from __future__ import annotations
@@ -25,34 +23,13 @@ import json
 import time
 
 
-def make_requests(spec: str, num_requests: int, output_tokens: int, temperature: float = 0.0,
-                  vocab_size: int = 32000, seed: int = 0):
-    """The requests `batchllm bench` makes for spec (micro:P:D:SD or industrial), as PreparedRequests."""
-    from batchllm.perf.workload import make_workload
-    from batchllm.engine.llm_engine import PreparedRequest
-    from batchllm.sampling_params import SamplingParams
-
-    workload = make_workload(spec, num_requests, output_tokens, vocab_size, seed)
-    return [PreparedRequest(i, prompt.tolist(), SamplingParams(max_tokens=int(max_tokens), temperature=temperature,
-                                                               seed=1000 + i, ignore_eos=True))
-            for i, (prompt, max_tokens) in enumerate(zip(workload.prompts, workload.max_tokens))]
-
-
-def workload_requests(args, temperature: float):
-    from batchllm.perf.workload import split_workload_spec
-
-    spec, num_requests = split_workload_spec(args.workload, args.requests)
-    return make_requests(spec, num_requests, args.output_tokens, temperature, args.vocab_size)
-
-
 def flop_bound(arch, requests, tp: int) -> float:
     """The FLOP bound of the batch on tp GPUs, each at the measured bf16 peak."""
-    from batchllm.perf.flop_bound import H200_BF16_PEAK_FLOPS, flop_bound_seconds
-    from batchllm.perf.runner import _prefix_groups
+    from batchllm.perf.flop_bound import H200_BF16_PEAK_FLOPS, flop_bound_seconds, plan_groups
     from batchllm.prefix.planner import plan_prefix_groups
 
     plan = plan_prefix_groups([r.prompt_token_ids for r in requests])
-    return flop_bound_seconds(arch, _prefix_groups(plan), [r.params.max_tokens for r in requests],
+    return flop_bound_seconds(arch, plan_groups(plan), [r.params.max_tokens for r in requests],
                               tp * H200_BF16_PEAK_FLOPS)
 
 
@@ -127,11 +104,11 @@ def phase_ms_per_step(steps) -> dict:
         "prompt_step_ms": mean_ms(with_prompt)}
 
 
-def engine_config(args, dtype: str):
+def engine_config(args):
     from batchllm.config import EngineConfig
     from batchllm.sched.config import SchedulerConfig
 
-    return EngineConfig(model=args.model, dtype=dtype, kv_cache_tokens=args.kv_cache_tokens, seed=0,
+    return EngineConfig(model=args.model, dtype="bfloat16", kv_cache_tokens=args.kv_cache_tokens, seed=0,
                         scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens))
 
 
@@ -147,46 +124,18 @@ def emit(record: dict, out: str | None) -> None:
             handle.write(line + "\n")
 
 
-def check(args) -> None:
-    """TP=1 and TP=N tokens, in one process (the TP=1 engine is freed before TP=N starts)."""
-    import torch
-
-    from batchllm.perf.runner import free_device_memory
-    from batchllm.engine.factory import create_engine
-
-    greedy, sampled = (workload_requests(args, temperature) for temperature in (0.0, 1.0))
-    for dtype in args.dtypes.split(","):
-        torch.backends.cuda.matmul.allow_tf32 = False
-        results = {}
-        for tp in (1, args.tp):
-            engine = create_engine(engine_config(args, dtype), tensor_parallel_size=tp)
-            results[tp] = (run_tokens(engine, greedy), run_tokens(engine, sampled))
-            if tp > 1:
-                engine.shutdown()
-            del engine
-            free_device_memory()
-        record = {"what": "tp_check", "model": args.model, "dtype": dtype, "tp": args.tp, "requests": len(greedy),
-                  "output_tokens": args.output_tokens}
-        for index, kind in enumerate(("greedy", "sampled")):
-            one, many = results[1][index], results[args.tp][index]
-            same_tokens = sum(a == b for i in one for a, b in zip(one[i], many[i]))
-            total = sum(len(one[i]) for i in one)
-            record[f"{kind}_equal"] = one == many
-            record[f"{kind}_token_match"] = same_tokens / total
-            record[f"{kind}_distinct_sequences"] = len({tuple(v) for v in one.values()})
-        emit(record, args.out)
-
-
 def throughput(args) -> None:
     import torch
 
     from batchllm.perf.runner import graph_replay_counts, graph_replays_since
+    from batchllm.perf.workload import make_workload, prepared_requests, split_workload_spec
     from batchllm.engine.factory import create_engine
     from batchllm.engine.llm_engine import RunStats
 
-    requests = workload_requests(args, 0.0)
+    spec, num_requests = split_workload_spec(args.workload, 1024)
+    requests = prepared_requests(make_workload(spec, num_requests, args.output_tokens, args.vocab_size, 0))
     started = time.perf_counter()
-    engine = create_engine(engine_config(args, "bfloat16"), tensor_parallel_size=args.tp)
+    engine = create_engine(engine_config(args), tensor_parallel_size=args.tp)
     load_s = time.perf_counter() - started
     cuda = torch.cuda.is_available()
     run_tokens(engine, requests)  # warm-up: the same batch, so every kernel and graph exists
@@ -219,25 +168,20 @@ def throughput(args) -> None:
         engine.shutdown()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["check", "throughput"])
     parser.add_argument("--model", required=True)
     parser.add_argument("--tp", type=int, default=2)
-    parser.add_argument("--workload", default="micro:2000:200:16",
-                        help="micro:P:D:SD or industrial, optionally #REQUESTS (as in batchllm bench)")
-    parser.add_argument("--requests", type=int, default=1024, help="requests when the workload names no count")
+    parser.add_argument("--workload", default="micro:2000:200:16#1024",
+                        help="micro:P:D:SD or industrial, optionally #REQUESTS (as in batchllm bench; default 1024)")
     parser.add_argument("--output-tokens", type=int, default=100)
     parser.add_argument("--kv-cache-tokens", type=int, default=None, help="default: fill the free GPU memory")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
     parser.add_argument("--vocab-size", type=int, default=32000, help="prompt token ids drawn below this")
     parser.add_argument("--profile-requests", type=int, default=256,
-                        help="throughput on CUDA: profile a run of the first N requests for the collectives' time "
-                             "(0: none)")
-    parser.add_argument("--dtypes", default="float32,bfloat16", help="check mode: dtypes to compare in")
-    parser.add_argument("--out", default=None, help="also append the JSON lines here")
-    args = parser.parse_args()
-    check(args) if args.mode == "check" else throughput(args)
+                        help="on CUDA: profile a run of the first N requests for the collectives' time (0: none)")
+    parser.add_argument("--out", default=None, help="also append the JSON line here")
+    throughput(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

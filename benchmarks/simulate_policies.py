@@ -1,7 +1,7 @@
 """Scheduler simulation table for the paper's workloads: batchllm vs vllm vs sglang.
 
     python benchmarks/simulate_policies.py [--num-requests 6400] [--kv-cache-tokens 430000]
-        [--max-num-batched-tokens 2048] [--markdown OUT.md] [--plots benchmarks/results]
+        [--max-num-batched-tokens 2048] [--markdown OUT.md]
 
 No model, no GPU: each policy is driven by the simulator's fake sampling (every request
 runs to its max_tokens = 100) and linear cost model (batchllm/sched/simulator.py). The KV
@@ -12,7 +12,6 @@ the paper's A100 setting (BatchLLM 6.3.1). vllm runs with its defaults (max_num_
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
@@ -35,7 +34,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-cache-tokens", type=int, default=430_000)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--markdown", default=None, help="also write the table to this file")
-    parser.add_argument("--plots", default=None, help="folder for the industrial-like timeline PNG")
     args = parser.parse_args(argv)
 
     workloads = [micro_workload(p, d, sd, num_requests=args.num_requests) for p, d, sd in MICRO]
@@ -45,32 +43,17 @@ def main(argv: list[str] | None = None) -> int:
     lines = [header, "|" + "---|" * 9]
     for workload in workloads:
         requests = _requests(workload)
-        traces = []
         for policy in POLICIES:
             config = SchedulerConfig(policy=policy, num_kv_blocks=args.kv_cache_tokens // 16, block_size=16,
                                      max_num_batched_tokens=args.max_num_batched_tokens)
             started = time.perf_counter()
-            label = workload.name if workload.name.startswith("industrial") else None
-            result, trace, _ = simulate(requests, config, trace_label=label)
-            if trace is not None:
-                traces.append(trace)
+            result, _, _ = simulate(requests, config)
             lines.append(
                 f"| {workload.name} | {policy} | {result.steps} | {result.mean_tokens_per_step:.0f} | "
                 f"{result.valley_steps} | {100 * result.saving_ratio:.1f}% | {result.peak_kv_tokens} | "
                 f"{result.preemptions} | {result.estimated_time_s:.1f} |"
             )
             print(lines[-1], f"({time.perf_counter() - started:.0f} s wall)", file=sys.stderr, flush=True)
-        if traces and args.plots:
-            from batchllm.perf.plot import plot_timelines
-            from batchllm.sched.trace import write_trace
-
-            os.makedirs(args.plots, exist_ok=True)
-            for trace in traces:
-                write_trace(trace, os.path.join(args.plots, f"timeline-industrial-{trace.policy}.json"))
-            shown = [t for t in traces if t.policy in ("batchllm", "vllm")]
-            plot_timelines(shown, os.path.join(args.plots, "timeline-industrial-batchllm-vs-vllm.png"),
-                           f"Tokens per iteration, {workload.name}, N_chunk {args.max_num_batched_tokens}, "
-                           f"KV {args.kv_cache_tokens} tokens")
     table = "\n".join(lines)
     print(table)
     if args.markdown:

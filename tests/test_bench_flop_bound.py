@@ -30,3 +30,11 @@ def test_flop_bound_against_a_given_peak():
     assert peak_flops_for("fp8") == H200_FP8_PEAK_FLOPS and peak_flops_for(None) == H200_BF16_PEAK_FLOPS
     with pytest.raises(ValueError, match="positive"):
         flop_bound_seconds(_Arch, groups, output_num_tokens, peak_flops=0)
+
+
+def test_plan_groups_give_each_groups_prefix_distinct_lengths_and_members():
+    from batchllm.perf.flop_bound import plan_groups
+    from batchllm.prefix.planner import plan_prefix_groups
+
+    plan = plan_prefix_groups([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6, 7], [9, 9], [1, 2, 3, 8]])
+    assert plan_groups(plan) == [(3, [2, 3, 1], (0, 1, 3)), (0, [2], (2,))]

@@ -138,9 +138,9 @@ def test_sweep_bisects_up_to_the_memory_limit_while_throughput_rises(monkeypatch
     assert tried == [64, 128, 256, 192, 224, 208]
     assert row["batch_size"] == 208
     assert [e.get("refined", False) for e in row["sweep"]] == [False, False, False, True, True, True]
-    from batchllm.perf.markdown import _sweep_note
+    from batchllm.perf.markdown import sweep_note
 
-    note = _sweep_note(row)
+    note = sweep_note(row)
     assert "batch 128: " in note and "batch 224 (bisected): failed" in note
     assert "batch 208 (bisected): 832.00 req/s over 4 requests (reported)" in note
 

@@ -94,3 +94,18 @@ def test_best_variant_is_the_fastest_valid_one():
     assert (tag, err) == ("right", 0.0) and not notes
     only_wrong = attention._time_impls({"peer": impls["peer"][:1]}, ref, notes, "test")["peer"]
     assert only_wrong[2] == "wrong" and only_wrong[1] == 1.0  # reported, and marked invalid by its row
+
+
+def _shared_row(impl, us, **extra):
+    return {"scenario": "decode", "prefix": 64, "distinct": 8, "group": 4, "impl": impl, "us": us, "valid": True,
+            "speedup_vs_plain": round(400.0 / us, 3), "kv_tb_per_s": 1.5, "prefix_tflop_per_s": 20.0, **extra}
+
+
+def test_shared_table_has_flashinfer_columns_only_with_flashinfer_rows():
+    rows = [_shared_row("fused", 100.0), _shared_row("fused_auto", 80.0), _shared_row("plain", 400.0)]
+    table = attention.markdown_table({"rows": rows}).splitlines()
+    assert "flashinfer" not in table[0] and table[1] == "|" + "---|" * 13
+    assert table[2] == "| 64/8/4 | decode | 100.0 | - | 80.0 | 400.0 | - | - | 4.00x | - | 5.00x | 1.50 | 20.0 |"
+    with_peer = attention.markdown_table({"rows": rows + [_shared_row("flashinfer", 250.0)]}).splitlines()
+    assert "flashinfer us" in with_peer[0] and "fused vs flashinfer" in with_peer[0]
+    assert with_peer[2].endswith("| 4.00x | - | 5.00x | 2.50x | 1.50 | 20.0 |")

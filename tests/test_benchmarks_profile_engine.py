@@ -1,11 +1,16 @@
-"""benchmarks/profile_engine.py: kernel names land in the right category. cuDNN's attention
-kernels hold "sm90" as the GEMMs' names do, and once counted as GEMMs."""
+"""benchmarks/profile_engine.py: kernel names land in the right category (cuDNN's attention
+kernels hold "sm90" as the GEMMs' names do, and once counted as GEMMs), steps split by kind, and
+the host mode runs end to end on a tiny model."""
 
+import json
+
+import torch
 from script_loader import load_benchmark_script
+
+profile_engine = load_benchmark_script("profile_engine.py")
 
 
 def test_kernel_categories():
-    category = load_benchmark_script("profile_engine.py")._category
     names = {
         "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_cga1x1": "attention",
         "work_list_attention_kernel": "attention",
@@ -16,13 +21,11 @@ def test_kernel_categories():
         "_rms_norm_kernel": "norm_rope_silu",
         "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::Tenso": "other",
     }
-    assert {name: category(name) for name in names} == names
+    assert {name: profile_engine.kernel_category(name) for name in names} == names
 
 
 def test_steps_split_by_kind_and_their_means():
     from types import SimpleNamespace
-
-    profile_engine = load_benchmark_script("profile_engine.py")
 
     def step(distinct, prefix, launch_s):
         return SimpleNamespace(num_distinct_tokens=distinct, num_prefix_tokens=prefix, launch_time_s=launch_s)
@@ -34,3 +37,34 @@ def test_steps_split_by_kind_and_their_means():
     assert profile_engine.mean_ms(kinds["with_prefill"], "launch_time_s") == 25.0
     assert profile_engine.mean_ms(kinds["decode_only"], "launch_time_s") == 3.0
     assert list(profile_engine.steps_by_kind(steps[:1])) == ["decode_only"]  # an empty kind is left out
+
+
+def test_host_mode_on_a_tiny_model_profiles_every_step(tmp_path):
+    out = tmp_path / "host_profile.json"
+    argv = ["host", "--model", "random:tiny?vocab_size=4096", "--workload", "micro:64:8:4", "--requests", "8",
+            "--output-tokens", "3", "--top", "5", "--out", str(out)]
+    assert profile_engine.main(argv) == 0
+    result = json.loads(out.read_text())
+    steps = result["profiled_run"]["all"]["steps"]
+    assert steps == result["plain_run"]["all"]["steps"] > 0
+    kinds = result["execute_profile"]
+    assert sum(kind["steps"] for kind in kinds.values()) == steps  # one execute call a step
+    if not torch.cuda.is_available():  # no CUDA graphs: every step is eager
+        assert list(kinds) == ["eager"]
+    eager = kinds["eager"]  # the first step has prefill chunks
+    assert eager["profiled_ms_per_step"] > 0 and len(eager["top_functions"]) == 5
+    assert result["requests"] == 8 and result["quantization"] is None
+
+
+def test_gpu_mode_summarises_each_window(tmp_path):
+    """On the CPU no kernel is recorded, but the windows and their steps are those asked for."""
+    out = tmp_path / "profile.json"
+    argv = ["gpu", "--model", "random:tiny?vocab_size=4096", "--workload", "micro:64:8:4", "--requests", "16",
+            "--output-tokens", "4", "--windows", "1:2,2:4", "--out", str(out)]
+    assert profile_engine.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["phases"]["all"]["steps"] == 4 and result["phases"]["decode_only"]["steps"] == 3
+    windows = result["windows"]
+    assert [w["steps"] for w in windows] == [[1, 2], [2, 4]]
+    assert [(w["mean_tokens"], w["mean_decode_rows"]) for w in windows] == [(16.0, 16.0), (16.0, 16.0)]
+    assert all(w["wall_ms_per_step"] > 0 for w in windows)

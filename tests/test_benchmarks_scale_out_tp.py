@@ -32,3 +32,18 @@ def test_phase_times_split_decode_only_steps_from_prompt_steps():
     assert phases["decode_only_step_ms"] == 150.0
     assert phases["prompt_step_ms"] == 300.0
     assert phases["step_ms"] == 200.0
+
+
+def test_throughput_row_on_a_tiny_model(tmp_path, capsys):
+    import json
+
+    out = tmp_path / "tp.jsonl"
+    load_benchmark_script("scale_out_tp.py").main(
+        ["--model", "random:tiny?vocab_size=32000", "--tp", "1", "--workload", "micro:64:8:4#8", "--output-tokens", "4",
+         "--kv-cache-tokens", "4096", "--out", str(out)])
+    row = json.loads(out.read_text())
+    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == row
+    assert (row["what"], row["tp"], row["workload"]) == ("tp_throughput", 1, "micro:64:8:4#8")
+    assert (row["requests"], row["prompt_tokens"], row["output_tokens"]) == (8, 8 * 72, 8 * 4)
+    assert (row["steps"], row["decode_only_steps"], row["kv_cache_tokens"]) == (4, 3, 4096)
+    assert row["seconds"] > 0 and row["time_over_bound"] > 1  # the tiny model's bound is microseconds

@@ -374,12 +374,12 @@ def test_a_step_of_fresh_prompts_is_one_call_whose_output_is_the_steps(device, d
     so its output is the step's (no tiles, no merge); with a decode row beside them it is not."""
     from dataclasses import replace
 
-    from batchllm.ops.prefix_attention import _whole_step_call
+    from batchllm.ops.prefix_attention import whole_step_call
 
     tile = replace(_dense_tile(min_rows=4, min_tokens=8), dense_causal_min_rows=12)
     b, plan, ref = _merge_case([SeqSpec(6, 6)] * 4, HEADS["gqa3_d64"], dtype, device, tile, 16)
     device_plan = plan.to(device)
-    call = _whole_step_call(device_plan)
+    call = whole_step_call(device_plan)
     assert (call.q_start, call.q_count, call.batch, call.causal, call.partial_base) == (0, 24, 4, True, -1)
     assert plan.work.shape[0] == 0 and plan.merge_tokens.shape[0] == 0
     out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, device_plan, 64 ** -0.5)
@@ -387,7 +387,7 @@ def test_a_step_of_fresh_prompts_is_one_call_whose_output_is_the_steps(device, d
     torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
     _, mixed, _ = _merge_case([SeqSpec(6, 6)] * 4 + [SeqSpec(1, 30)], HEADS["gqa3_d64"], dtype, device, tile, 16)
     mixed = mixed.to(device)
-    assert len(mixed.dense) == 1 and mixed.dense[0].batch == 4 and _whole_step_call(mixed) is None
+    assert len(mixed.dense) == 1 and mixed.dense[0].batch == 4 and whole_step_call(mixed) is None
 
 
 def test_dense_call_writes_rows_that_have_no_other_part(device):
@@ -395,7 +395,7 @@ def test_dense_call_writes_rows_that_have_no_other_part(device):
     import dataclasses
 
     from batchllm.ops.dense_attention import dense_attention_lse
-    from batchllm.ops.prefix_attention import _dense_calls
+    from batchllm.ops.prefix_attention import run_dense_calls
 
     b, plan, _ = _merge_case(SCENARIOS["prefill_only"], HEADS["gqa3_d64"], torch.float32, device, _dense_tile(), 16)
     q_start, rows, seq, first_block, offset, kv_len, _, causal, _ = (int(x) for x in plan.dense[0])
@@ -405,7 +405,7 @@ def test_dense_call_writes_rows_that_have_no_other_part(device):
     device_plan = dataclasses.replace(plan, dense=only_part).to(device)
     out = torch.zeros_like(b.query)
     untouched = torch.full((1, 9, 64), 7.0)
-    _dense_calls(device_plan, b.query, b.k_cache, b.v_cache, out, untouched, untouched, 64 ** -0.5)
+    run_dense_calls(device_plan, b.query, b.k_cache, b.v_cache, out, untouched, untouched, 64 ** -0.5)
     positions = torch.arange(offset, offset + kv_len)
     blocks = b.block_tables[seq, first_block + positions // 16].long()
     key, value = b.k_cache[blocks, positions % 16], b.v_cache[blocks, positions % 16]
@@ -554,7 +554,7 @@ def test_a_step_of_fresh_prompts_on_cudnn_gpu():
     the tiles' and the reference."""
     from dataclasses import replace
 
-    from batchllm.ops.prefix_attention import _whole_step_call
+    from batchllm.ops.prefix_attention import whole_step_call
     from batchllm.ops.tile_config import default_tile_config
 
     num_heads, num_kv_heads, head_dim = 32, 8, 128
@@ -565,7 +565,7 @@ def test_a_step_of_fresh_prompts_on_cudnn_gpu():
         plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=num_kv_heads,
                                         num_heads=num_heads, head_dim=head_dim, tile=config,
                                         num_sms=device_num_sms("cuda")).to("cuda")
-        assert (_whole_step_call(plan) is not None) == bool(config.dense_min_rows)
+        assert (whole_step_call(plan) is not None) == bool(config.dense_min_rows)
         outs.append(prefix_shared_attention(query, k_cache, v_cache, plan, head_dim ** -0.5))
     assert outs[0].is_contiguous() and outs[0].dtype == torch.bfloat16
     ref = paged_attention_reference(b.query.float(), k_cache.float(), v_cache.float(), b.query_start_loc,

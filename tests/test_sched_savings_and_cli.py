@@ -36,8 +36,8 @@ def test_batchllm_achieves_planner_optimum():
 
 
 def test_simulate_hands_every_step_to_on_output():
-    """benchmarks/engine_steps.py rebuilds real steps from these outputs: one per step, in order,
-    with the step's tokens."""
+    """Replays of real steps (perf/schedule_replay.py) rebuild them from these outputs: one per
+    step, in order, with the step's tokens."""
     workload = micro_workload(64, 8, 4, num_requests=16, output_num_tokens=3, seed=1)
     seen = []
     result, _, _ = simulate(_sim_requests(workload), SchedulerConfig(policy="batchllm", num_kv_blocks=400,

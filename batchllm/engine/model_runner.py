@@ -13,6 +13,7 @@ from batchllm.engine.kv_cache import KVCache
 from batchllm.engine.placeholders import placeholder_source, resolve_placeholders_
 from batchllm.engine.sampler import SamplerOutput, SamplingBatch, sample
 from batchllm.engine.step_inputs import StepInputs, build_step_inputs
+from batchllm.engine.step_observer import StepObserver
 from batchllm.ops.transfer import to_device, upload_arrays
 from batchllm.sched.interface import SchedulerOutput
 
@@ -52,16 +53,30 @@ class ModelRunner:
             from batchllm.engine.cuda_graphs import DecodeGraphRunner
 
             self.graphs = DecodeGraphRunner(model, kv_cache, self.backend, self.scale, device)
+        # A profiler's hook around every execute (StepObserver); None: no cost but this check.
+        self.observer: StepObserver | None = None
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         return to_device(array, self.device)
 
-    @torch.inference_mode()
     def execute(self, output: SchedulerOutput, sampling_rows: list[tuple],
                 previous_token_ids: torch.Tensor | None = None, allow_graph: bool = True) -> StepResult:
         """sampling_rows: one SamplingBatch.build row per sampled chunk, in chunk order.
         previous_token_ids: the previous step's sampled ids on the device, for placeholder input ids.
         allow_graph: False runs a decode step eagerly even when a CUDA graph could replay it."""
+        observer = self.observer
+        if observer is None:
+            return self._execute(output, sampling_rows, previous_token_ids, allow_graph)
+        replays = self.graphs.num_replays if self.graphs is not None else 0
+        observer.step_started(output)
+        try:
+            return self._execute(output, sampling_rows, previous_token_ids, allow_graph)
+        finally:
+            observer.step_launched(output, self.graphs is not None and self.graphs.num_replays > replays)
+
+    @torch.inference_mode()
+    def _execute(self, output: SchedulerOutput, sampling_rows: list[tuple],
+                 previous_token_ids: torch.Tensor | None, allow_graph: bool) -> StepResult:
         inputs = self.step_inputs(output)
         # Sampling settings go to the device before the forward is queued (no wait behind it).
         batch = SamplingBatch.build(sampling_rows, self.device) if sampling_rows else None

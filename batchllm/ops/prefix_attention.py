@@ -105,7 +105,7 @@ def _dense_output(call, query, k_cache, v_cache, scale, k_scale: float = 1.0, v_
     return o, lse
 
 
-def _whole_step_call(plan):
+def whole_step_call(plan):
     """The plan's dense call when it alone computes every row's output (a step of fresh prompts'
     causal squares and nothing else), else None. Its output is then the step's, with no copy."""
     if len(plan.dense) != 1:
@@ -115,7 +115,7 @@ def _whole_step_call(plan):
     return call if whole else None
 
 
-def _dense_calls(plan, query, k_cache, v_cache, out, part_out, part_lse, scale, k_scale: float = 1.0,
+def run_dense_calls(plan, query, k_cache, v_cache, out, part_out, part_lse, scale, k_scale: float = 1.0,
                  v_scale: float = 1.0) -> None:
     """The plan's dense calls: each writes its rows' outputs and base-2 log-sum-exps to their
     partial slots (or the output, for rows with no other part)."""
@@ -173,7 +173,7 @@ def prefix_shared_attention(
               f"sliding_window must be an integer >= 1, got {sliding_window!r}")
         check(positions is not None and positions.shape == (query.shape[0],) and positions.dtype == torch.int64,
               "a sliding window needs positions: [num_tokens] int64")
-    whole = _whole_step_call(plan)
+    whole = whole_step_call(plan)
     if whole is not None:  # a view of cuDNN's output ([B, L, H, D] in memory, as the query's rows)
         o, _ = _dense_output(whole, query, k_cache, v_cache, scale, k_scale, v_scale)
         return o.reshape(query.shape).to(query.dtype)
@@ -197,6 +197,6 @@ def prefix_shared_attention(
     else:
         for work, classes, num_items in launches:
             _launch_items(work, *args, classes, num_items, *tail)
-    _dense_calls(plan, query, k_cache, v_cache, out, part_out, part_lse, scale, k_scale, v_scale)
+    run_dense_calls(plan, query, k_cache, v_cache, out, part_out, part_lse, scale, k_scale, v_scale)
     _merge(plan, out, part_out, part_lse)
     return out

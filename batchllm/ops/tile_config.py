@@ -61,20 +61,12 @@ def default_tile_config(head_dim: int, group_size: int, interpret: bool | None =
     if head_dim <= 64:
         return TileConfig(small_m=packed_min, small_n=64, big_m=max(64, packed_min), big_n=64,
                           num_warps=4, num_stages=3, min_kv_split_tokens=256)
-    # H200, Llama-3.1-8B heads, bf16: best of the candidate configs of benchmarks/attention.py on
-    # every one of its settings (benchmarks/results/attention.json, config "cfg1"). Tiles of
-    # 128 x 128 over 8 warps and 3 stages run dense causal attention 3-14% faster, but not the
-    # engine (BENCHMARKS.md, "Dense causal attention against cuDNN"): as every BIG tile they made
-    # micro 2000/200 sd16 5% slower and the 16000-token set 4% faster; for prefill chunks only,
-    # in a launch of their own, 0.7% slower and 0.7% faster.
-    # Dense calls (cuDNN through PyTorch) from 512 rows x 1024 fully visible KV positions. On the
-    # H200 a 2000-token prefix seen by 2000 rows took 13 us of gather + 123 us of cuDNN against
-    # about 240 us as BIG tiles; from 128 rows, calls of 272 rows x 2048 positions made a mixed
-    # step's attention slower (docs/design.md, "Dense calls").
-    # Causal calls from 4096 rows: a cuDNN call costs the host 100-190 us, more than the GPU time
-    # it saves on one 2048-row square (8 x 2048 as eight calls: 1409 us against 1033 us as tiles,
-    # host bound; as one batched call: 599 us); 8192 rows ran 972 us against 1757 us as tiles
-    # (docs/design.md, "Dense calls").
+    # H200, Llama-3.1-8B heads, bf16, tuned on the settings of benchmarks/attention.py: no other
+    # tile size, warp or stage count tried was faster on all of them; bigger BIG tiles run dense
+    # causal attention faster but made the engine's mixed steps slower. Dense calls (cuDNN through
+    # PyTorch) from 512 rows x 1024 fully visible KV positions, causal calls from 4096 rows: below
+    # that a call's host cost (about six launches, 100-120 us for a cuDNN call) exceeds the GPU
+    # time it saves (docs/design.md, "Dense calls").
     return TileConfig(small_m=packed_min, small_n=128, big_m=max(64, packed_min), big_n=64,
                       num_warps=4, num_stages=2, min_kv_split_tokens=512, dense_min_rows=512,
                       dense_min_tokens=1024, dense_causal_min_rows=4096)
@@ -84,11 +76,8 @@ def decode_tile_config(head_dim: int, group_size: int, interpret: bool | None = 
     """Tiles of decode-only steps (the engine's CUDA-graph steps): the default table with the BIG
     and SMALL items in two class-specialised launches, the SMALL one streaming KV in BLOCK_N 64
     steps. Made persistent for graphs, the fused kernel spills (255 registers + stack on sm_90);
-    the class-specialised variants do not. On the H200 (benchmarks/engine_steps.py, real decode
-    steps of micro 2000/200 sd16 timed inside CUDA graphs) the class-split persistent launches
-    took 4-14% less time than the persistent fused launch for batchllm's steps and 11-16% less
-    for plain paged plans. On steps with prefill chunks (eager) the split was 1% slower for
-    batchllm on geometric mean (-7% to +5%), so those keep the fused launch (default_tile_config)."""
+    the class-specialised variants do not. Steps with prefill chunks (eager) keep the fused launch
+    (default_tile_config), whose interleaved work order already shares the SMs between classes."""
     # no dense calls in graphs
     base = replace(default_tile_config(head_dim, group_size, interpret), dense_min_rows=0, dense_causal_min_rows=0)
     if base.small_n < 64:  # the interpreter's tiny config (CPU tests): only the split

@@ -22,6 +22,12 @@ def peak_flops_for(quantization: str | None) -> float:
     return H200_FP8_PEAK_FLOPS if quantization == "fp8" else H200_BF16_PEAK_FLOPS
 
 
+def plan_groups(plan) -> list[tuple[int, list[int], list[int]]]:
+    """The `groups` argument of the functions below from a PrefixPlan (prefix/planner.py): per
+    group (prefix tokens, [distinct tokens per member], [member request indices])."""
+    return [(len(g.prefix_token_ids), [len(d) for d in g.distinct_token_ids], g.request_indices) for g in plan.groups]
+
+
 def flop_bound_seconds(arch, groups, output_num_tokens: Sequence[int],
                        peak_flops: float = H200_BF16_PEAK_FLOPS) -> float:
     """work_flops(...) / peak_flops (FLOP/s)."""

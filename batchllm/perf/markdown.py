@@ -52,7 +52,7 @@ def _shows_engine(rows: list[dict]) -> bool:
     return any(engine_label(row) != "none / auto" for row in rows)
 
 
-def _sweep_note(row: dict) -> str | None:
+def sweep_note(row: dict) -> str | None:
     """'- hf-generate on W: batch 64: 8.45 req/s; batch 128: 8.49 req/s (reported)' for a peer row."""
     if not row.get("sweep"):
         return None
@@ -108,6 +108,6 @@ def render_markdown(result: dict) -> str:
         lines.append(f"- input {entry['file']}: {entry['requests']} requests, {entry['skipped_lines']} lines skipped")
     for entry in result.get("load_errors", []):
         lines.append(f"- not run: {entry['error']}")
-    lines.extend(note for note in map(_sweep_note, rows) if note)
+    lines.extend(note for note in map(sweep_note, rows) if note)
     lines.extend(errors)
     return "\n".join(lines) + "\n"

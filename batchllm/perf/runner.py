@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from batchllm.perf.engine_variants import EngineVariant
 from batchllm.perf.flop_bound import (H200_BF16_PEAK_FLOPS, WorkFlops, flop_bound_seconds, peak_flops_for,
-                                       work_flop_parts)
+                                       plan_groups, work_flop_parts)
 from batchllm.perf.policies import PolicySpec, parse_policies
 from batchllm.perf.roofline import H200_COPY_BANDWIDTH_BYTES_PER_S, TrafficModel, roofline
 from batchllm.perf.schedule_replay import replay_schedule
@@ -286,11 +286,6 @@ def _make_case(kind: str, source: str, engine, options: BenchOptions, log: Calla
     return _input_case(source, engine, options, log)
 
 
-def _prefix_groups(plan) -> list[tuple[int, list[int], list[int]]]:
-    """flop_bound's groups: (prefix tokens, [distinct tokens per member], [member request indices])."""
-    return [(len(g.prefix_token_ids), [len(d) for d in g.distinct_token_ids], g.request_indices) for g in plan.groups]
-
-
 def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print,
               on_update: ResultListener | None = None) -> dict:
     """Run every workload under every policy on `llm` (a loaded batchllm.LLM, one engine variant);
@@ -332,7 +327,7 @@ def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print,
                 log(f"{source}: no request can run, skipped")
                 continue
         plan = plan_prefix_groups(case.prompts)
-        work = work_flop_parts(arch, _prefix_groups(plan), case.max_tokens)
+        work = work_flop_parts(arch, plan_groups(plan), case.max_tokens)
         params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in case.max_tokens]
         # Decode graphs are captured per (rows bucket, block-table width), and a workload's widths
         # follow its prompt lengths: each workload gets its own untimed pass, or its first policy
@@ -374,7 +369,7 @@ def peer_job(options: BenchOptions, llm):
     if not case.prompts:
         return None
     # HF generate runs the model unquantized: its bound is at the bf16 peak whatever the engine ran
-    bound = flop_bound_seconds(engine.arch, _prefix_groups(plan_prefix_groups(case.prompts)), case.max_tokens,
+    bound = flop_bound_seconds(engine.arch, plan_groups(plan_prefix_groups(case.prompts)), case.max_tokens,
                                H200_BF16_PEAK_FLOPS)
     return PeerJob(case.label, options.model, engine.arch, engine.device, engine.dtype, case.prompts,
                    case.max_tokens, bound)

@@ -30,6 +30,17 @@ def make_workload(spec: str, num_requests: int, output_tokens: int, vocab_size: 
     raise SystemExit(f"unknown workload {spec!r}: micro:P:D:SD or industrial")
 
 
+def prepared_requests(workload: Workload) -> list:
+    """The workload's requests as an engine takes them (engine.run): request id = position, greedy,
+    EOS ignored, so every output runs to its max_tokens."""
+    from batchllm.engine.request_state import PreparedRequest
+    from batchllm.sampling_params import SamplingParams
+
+    return [PreparedRequest(index, prompt.tolist(), SamplingParams(temperature=0, max_tokens=int(max_tokens),
+                                                                  ignore_eos=True))
+            for index, (prompt, max_tokens) in enumerate(zip(workload.prompts, workload.max_tokens))]
+
+
 def split_workload_spec(text: str, default_requests: int) -> tuple[str, int]:
     """'industrial#2000' -> ('industrial', 2000); 'micro:2000:200:16' -> (..., default_requests)."""
     spec, _, count = text.partition("#")

@@ -75,7 +75,7 @@ def simulate(
 ) -> tuple[SimResult, Trace | None, dict[int, tuple[int, ...]]]:
     """Run the whole batch; returns (result, trace or None, outputs per request index).
     on_output: called with every step's SchedulerOutput before its update (replays of real
-    steps, e.g. benchmarks/engine_steps.py; block tables arrive as changes: rebuild them with
+    steps, e.g. perf/schedule_replay.py; block tables arrive as changes: rebuild them with
     sched/block_table.BlockTableTracker, fed every step)."""
     cost_model = CostModel()
     sched_requests = [SchedRequest(i, list(r.prompt_token_ids), r.max_tokens) for i, r in enumerate(requests)]

@@ -1,14 +1,16 @@
-"""benchmarks/host_profile.py: profiled functions land in the right category, and the per-step
-summary adds up."""
+"""batchllm/perf/host_profile.py: profiled functions land in the right category, the per-step
+summary adds up, and the profiler as the runner's step observer counts every step."""
 
 import cProfile
-import json
 import pstats
 
 import torch
-from script_loader import load_benchmark_script
 
-host_profile = load_benchmark_script("host_profile.py")
+from batchllm.engine.request_state import PreparedRequest, RunStats
+from batchllm.perf.host_profile import HostProfiler, category, summarize
+from batchllm.sampling_params import SamplingParams
+
+pytest_plugins = ["model_fixtures"]  # tiny_engine
 
 
 def test_categories():
@@ -26,7 +28,7 @@ def test_categories():
         ("~", "<built-in method builtins.len>"): "python_builtins",
         ("/usr/lib/python3.12/dataclasses.py", "replace"): "other",
     }
-    assert {key: host_profile.category(*key) for key in cases} == cases
+    assert {key: category(*key) for key in cases} == cases
 
 
 def test_summary_per_step_adds_up():
@@ -35,29 +37,28 @@ def test_summary_per_step_adds_up():
     for _ in range(20):
         torch.nn.functional.linear(torch.ones(64, 64), torch.ones(64, 64)).sum()
     profiler.disable()
-    summary = host_profile.summarize(pstats.Stats(profiler), num_steps=4, top=50)
+    summary = summarize(pstats.Stats(profiler), num_steps=4, top=50)
     per_category = summary["category_ms_per_step"]
     assert per_category["torch_builtin_ops"] > 0
     assert abs(sum(per_category.values()) - summary["profiled_ms_per_step"]) < 0.01 * len(per_category) + 1e-9
     linear = [f for f in summary["top_functions"] if "_nn.linear" in f["function"]]
     assert len(linear) == 1 and linear[0]["calls_per_step"] == 5.0  # 20 calls over 4 steps
     assert linear[0]["category"] == "torch_builtin_ops"
-    assert host_profile.summarize(pstats.Stats(profiler), num_steps=4, top=2)["top_functions"][1:2]
+    assert len(summarize(pstats.Stats(profiler), num_steps=4, top=2)["top_functions"]) == 2
 
 
-def test_run_on_a_tiny_model_profiles_every_step(tmp_path, monkeypatch):
-    out = tmp_path / "host_profile.json"
-    monkeypatch.setattr("sys.argv", ["host_profile.py", "--model", "random:tiny?vocab_size=4096",
-                                     "--workload", "micro:64:8:4", "--requests", "8", "--output-tokens", "3",
-                                     "--top", "5", "--out", str(out)])
-    assert host_profile.main() == 0
-    result = json.loads(out.read_text())
-    steps = result["profiled_run"]["all"]["steps"]
-    assert steps == result["plain_run"]["all"]["steps"] > 0
-    kinds = result["execute_profile"]
-    assert sum(kind["steps"] for kind in kinds.values()) == steps  # one execute call a step
-    if not torch.cuda.is_available():  # no CUDA graphs: every step is eager
-        assert list(kinds) == ["eager"]
-    eager = kinds["eager"]  # the first step has prefill chunks
-    assert eager["profiled_ms_per_step"] > 0 and len(eager["top_functions"]) == 5
-    assert result["requests"] == 8 and result["kv_cache_dtype"] == "auto"
+def test_profiler_as_step_observer_profiles_every_step(tiny_engine):
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    requests = [PreparedRequest(i, [5, 6, 7, 8, 9 + i], params) for i in range(4)]
+    profiler, stats = HostProfiler(), RunStats()
+    tiny_engine.runner.observer = profiler
+    try:
+        list(tiny_engine.run(requests, stats=stats))
+    finally:
+        tiny_engine.runner.observer = None
+    assert profiler.num_steps == {"eager": 3} == {"eager": stats.num_steps}  # no CUDA graphs on the CPU
+    summary = profiler.summary(top=5)
+    assert list(summary) == ["eager"] and summary["eager"]["steps"] == 3
+    assert summary["eager"]["profiled_ms_per_step"] > 0 and len(summary["eager"]["top_functions"]) == 5
+    functions = " ".join(f["function"] for f in summarize(profiler.stats["eager"], 3, top=10_000)["top_functions"])
+    assert "build_step_inputs" in functions  # the step's input building is inside the profiled launch

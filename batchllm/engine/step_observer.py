@@ -1,0 +1,20 @@
+"""The seam a profiler uses to watch the host's part of each step (ModelRunner.observer)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from batchllm.sched.interface import SchedulerOutput
+
+
+class StepObserver(Protocol):
+    """Called around ModelRunner.execute: building a step's inputs, launching its forward (or
+    replaying its CUDA graph) and launching the sampler. Both calls run on the host, before the
+    step's GPU work is waited for, so what happens between them is the step's host launch."""
+
+    def step_started(self, output: SchedulerOutput) -> None:
+        """Before the step's inputs are built."""
+
+    def step_launched(self, output: SchedulerOutput, graph_replayed: bool) -> None:
+        """After the step is launched (also when the launch raised); graph_replayed: the forward
+        replayed a CUDA graph, else it ran eagerly."""

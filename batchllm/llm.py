@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from batchllm.config import EngineConfig
-from batchllm.engine.factory import create_engine
-from batchllm.engine.llm_engine import FinishedOutput, PreparedRequest, RunStats
-from batchllm.engine.run_options import RunOptions
-from batchllm.outputs import CompletionOutput, RequestOutput
-from batchllm.job.progress import Progress
+from batchllm.config import engine_config
+from batchllm.engine.engine_protocol import Engine
 from batchllm.engine.request_limits import NoTokenizerError
+from batchllm.engine.request_state import FinishedOutput, PreparedRequest, RunStats
+from batchllm.engine.run_options import RunOptions
+from batchllm.engines import build_engine
+from batchllm.job.progress import Progress
+from batchllm.outputs import CompletionOutput, RequestOutput
 from batchllm.sampling_params import SamplingParams
-from batchllm.sched.config import SchedulerConfig
 
 
 class LLM:
@@ -44,15 +44,14 @@ class LLM:
         async_scheduling: bool = True,
         tensor_parallel_size: int = 1,
     ) -> None:
-        scheduler = SchedulerConfig(policy=policy, block_size=block_size,
-                                    max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
-        config = EngineConfig(model=model, dtype=dtype, quantization=quantization, kv_cache_dtype=kv_cache_dtype,
-                              device=device, max_model_len=max_model_len,
-                              kv_cache_tokens=kv_cache_tokens, gpu_memory_utilization=gpu_memory_utilization,
-                              attention_backend=attention_backend, seed=seed, fused_kernels=fused_kernels,
-                              enforce_eager=enforce_eager, async_scheduling=async_scheduling, scheduler=scheduler)
+        config = engine_config(
+            model, dtype=dtype, quantization=quantization, kv_cache_dtype=kv_cache_dtype, device=device,
+            max_model_len=max_model_len, kv_cache_tokens=kv_cache_tokens, gpu_memory_utilization=gpu_memory_utilization,
+            policy=policy, block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs, attention_backend=attention_backend, seed=seed, fused_kernels=fused_kernels,
+            enforce_eager=enforce_eager, async_scheduling=async_scheduling, tensor_parallel_size=tensor_parallel_size)
         # One process per GPU above 1 (this one is rank 0); call llm.engine.shutdown() or let exit do it.
-        self.engine = create_engine(config, tensor_parallel_size)
+        self.engine: Engine = build_engine(config)
         self.last_run_stats: RunStats | None = None
 
     def generate(

@@ -50,8 +50,9 @@ import triton
 from batchllm.ops.prefix_attention import prefix_shared_attention
 from batchllm.ops.reference import paged_attention_reference
 from batchllm.perf.runner import git_commit
-from batchllm.ops.tile_config import TileConfig, default_tile_config
-from batchllm.ops.work_list import DEFAULT_WORK_ORDER, build_prefix_shared_plan, device_num_sms
+from batchllm.attention_plan.tile_config import TileConfig, default_tile_config
+from batchllm.attention_plan.work_list import DEFAULT_WORK_ORDER, build_prefix_shared_plan
+from batchllm.ops.plan_device import device_num_sms, plan_to_device
 from tests.synthetic_batch import SeqSpec, make_batch
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16  # Llama-3.1-8B
@@ -230,10 +231,11 @@ def _main_timings(b, seqs, ref, scale, tile: TileConfig, with_flashinfer: bool, 
     meta = b.metadata_numpy()
     kw = {"block_size": BLOCK_SIZE, "num_kv_heads": NUM_KV_HEADS, "num_heads": NUM_HEADS, "head_dim": HEAD_DIM,
           "tile": tile, "num_sms": device_num_sms(dev)}
-    plans = {name: build_prefix_shared_plan(**meta, order=order, **kw).to(dev)
+    plans = {name: plan_to_device(build_prefix_shared_plan(**meta, order=order, **kw), dev)
              for name, order in (("fused", "cost"), ("fused_interleave", "interleave"), ("fused_auto", "auto"))}
-    plans["plain"] = build_prefix_shared_plan(meta["query_start_loc"], meta["seq_lens"], meta["shared_kv_lens"],
-                                              meta["block_tables"], **kw).to(dev)  # no groups: plain paged
+    plans["plain"] = plan_to_device(build_prefix_shared_plan(meta["query_start_loc"], meta["seq_lens"],
+                                                             meta["shared_kv_lens"], meta["block_tables"], **kw),
+                                    dev)  # no groups: plain paged
     impls = {name: [("default", lambda p=p: prefix_shared_attention(b.query, b.k_cache, b.v_cache, p, scale))]
              for name, p in plans.items()}
     sdpa = Sdpa(b, seqs, scale)
@@ -368,9 +370,9 @@ def run_dense(args, dev, dtype, scale, tile: TileConfig, rows: list, notes: list
         meta = b.metadata_numpy()
         impls = {"batchllm": []}
         for tag, cfg in configs.items():
-            plan = build_prefix_shared_plan(**meta, order="auto", block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS,
-                                            num_heads=NUM_HEADS, head_dim=HEAD_DIM, tile=cfg,
-                                            num_sms=device_num_sms(dev)).to(dev)
+            plan = plan_to_device(build_prefix_shared_plan(
+                **meta, order="auto", block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS, num_heads=NUM_HEADS,
+                head_dim=HEAD_DIM, tile=cfg, num_sms=device_num_sms(dev)), dev)
             impls["batchllm"].append((tag, lambda p=plan: prefix_shared_attention(b.query, b.k_cache, b.v_cache, p, scale)))
         if dev == "cuda":
             impls["sdpa_cudnn"] = sdpa_variants("CUDNN_ATTENTION", q, k, v, scale)

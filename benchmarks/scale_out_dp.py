@@ -42,7 +42,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 DEFAULT_MODEL = "random:llama-3.1-8b"
 DEFAULT_REQUESTS = 512  # of a workload without "#N"
@@ -88,7 +88,7 @@ def make_case(spec_text: str, settings: Settings, vocab_size: int) -> Case:
     """The workload's requests as `batchllm bench` makes them, and the data-parallel plans (as the
     Ray engine plans) for 1 and num_replicas replicas over one global prefix plan."""
     from batchllm.distributed.dp_plan import plan_replicas
-    from batchllm.distributed.ray_dp import RayDPConfig
+    from batchllm.config import RayDPConfig
     from batchllm.perf.workload import make_workload, prepared_requests, split_workload_spec
     from batchllm.prefix.planner import plan_prefix_arrays
 
@@ -214,15 +214,16 @@ def emit(row: dict, out: str | None) -> None:
 
 def engine_config(settings: Settings):
     """The engine `batchllm bench` loads (perf/runner.load_llm) for these settings."""
-    from batchllm.config import EngineConfig
+    from batchllm.config import engine_config as build_config
 
-    return EngineConfig(model=settings.model, kv_cache_tokens=settings.kv_cache_tokens)
+    return build_config(settings.model, kv_cache_tokens=settings.kv_cache_tokens)
 
 
 def run_shards_alone(engine, requests: list, num_replicas: int) -> dict[int, list[int]]:
     """Each shard the replicas will run, alone on this engine (untimed): what a replica computes,
     if the engine is deterministic."""
-    from batchllm.distributed.ray_dp import RayDPConfig, plan_shards
+    from batchllm.config import RayDPConfig
+    from batchllm.distributed.ray_dp import plan_shards
 
     tokens: dict[int, list[int]] = {}
     for shard in plan_shards(requests, RayDPConfig(num_replicas=num_replicas)):
@@ -280,7 +281,8 @@ def measure_on_ray(settings: Settings, cases: list[Case], references: list[Timed
     compared with the one-device run (references, in case order)."""
     import ray
 
-    from batchllm.distributed.ray_dp import RayDPConfig, plan_shards
+    from batchllm.config import ParallelConfig, RayDPConfig
+    from batchllm.distributed.ray_dp import plan_shards
     from batchllm.distributed.ray_engine import RayEngine
 
     num_gpus = visible_gpu_count()
@@ -293,7 +295,7 @@ def measure_on_ray(settings: Settings, cases: list[Case], references: list[Timed
                                  f"the Ray cluster, it has {resources.get(name, 0.0):g} (fix: fewer --replicas)")
         log(f"Ray: starting {dp.num_replicas} replicas of {settings.model} ...")
         try:
-            engine = RayEngine(engine_config(settings), dp)
+            engine = RayEngine(replace(engine_config(settings), parallel=ParallelConfig(ray=dp)))
         except ray.exceptions.RayError as error:
             raise BenchError(f"a Ray replica could not load the model: {error}") from None
         try:

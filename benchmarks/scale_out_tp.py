@@ -105,11 +105,10 @@ def phase_ms_per_step(steps) -> dict:
 
 
 def engine_config(args):
-    from batchllm.config import EngineConfig
-    from batchllm.sched.config import SchedulerConfig
+    from batchllm.config import engine_config as build_config
 
-    return EngineConfig(model=args.model, dtype="bfloat16", kv_cache_tokens=args.kv_cache_tokens, seed=0,
-                        scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens))
+    return build_config(args.model, dtype="bfloat16", kv_cache_tokens=args.kv_cache_tokens, seed=0,
+                        max_num_batched_tokens=args.max_num_batched_tokens, tensor_parallel_size=args.tp)
 
 
 def run_tokens(engine, requests, stats=None) -> dict[int, list[int]]:
@@ -129,13 +128,13 @@ def throughput(args) -> None:
 
     from batchllm.perf.runner import graph_replay_counts, graph_replays_since
     from batchllm.perf.workload import make_workload, prepared_requests, split_workload_spec
-    from batchllm.engine.factory import create_engine
+    from batchllm.engines import build_engine
     from batchllm.engine.llm_engine import RunStats
 
     spec, num_requests = split_workload_spec(args.workload, 1024)
     requests = prepared_requests(make_workload(spec, num_requests, args.output_tokens, args.vocab_size, 0))
     started = time.perf_counter()
-    engine = create_engine(engine_config(args), tensor_parallel_size=args.tp)
+    engine = build_engine(engine_config(args))
     load_s = time.perf_counter() - started
     cuda = torch.cuda.is_available()
     run_tokens(engine, requests)  # warm-up: the same batch, so every kernel and graph exists

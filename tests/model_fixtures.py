@@ -124,10 +124,10 @@ def default_engine(default_llm):
 
 @pytest.fixture(scope="session")
 def session_tiny_engine():
-    from batchllm.config import EngineConfig
+    from batchllm.config import engine_config
     from batchllm.engine.llm_engine import LLMEngine
 
-    return LLMEngine(EngineConfig(model="random:tiny", dtype="float32", device="cpu", kv_cache_tokens=4096))
+    return LLMEngine(engine_config("random:tiny", dtype="float32", device="cpu", kv_cache_tokens=4096))
 
 
 @pytest.fixture
@@ -156,25 +156,26 @@ def cli_default_engine(default_engine, monkeypatch):
     engine's settings are restored afterwards."""
     import dataclasses
 
-    import batchllm.engine.factory as factory
+    import batchllm.engines
 
-    create_engine, served = factory.create_engine, []
+    build_engine, served = batchllm.engines.build_engine, []
 
-    def create_or_share(config, tensor_parallel_size=1, **tp_options):
-        if tensor_parallel_size != 1 or not _is_default_model_on_cpu(config):
-            return create_engine(config, tensor_parallel_size, **tp_options)
-        assert config.scheduler.block_size == default_engine.scheduler_config.block_size
+    def build_or_share(config):
+        parallel = config.parallel.tensor.size > 1 or config.parallel.ray is not None
+        if parallel or not _is_default_model_on_cpu(config):
+            return build_engine(config)
+        assert config.scheduler.block_size == default_engine.config.scheduler.block_size
         default_engine.configure_scheduler(**{name: getattr(config.scheduler, name) for name in (
             "policy", "max_num_batched_tokens", "max_num_seqs")})
         default_engine.config = dataclasses.replace(default_engine.config, seed=config.seed,
                                                     async_scheduling=config.async_scheduling)
-        served.append(dataclasses.replace(config))
+        served.append(config)
         return default_engine
 
-    monkeypatch.setattr(factory, "create_engine", create_or_share)
-    saved = default_engine.scheduler_config, default_engine.config
+    monkeypatch.setattr(batchllm.engines, "build_engine", build_or_share)
+    saved = default_engine.config
     yield served
-    default_engine.scheduler_config, default_engine.config = saved  # later tests see the session's settings
+    default_engine.config = saved  # later tests see the session's settings
 
 
 @pytest.fixture

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from batchllm.ops.work_list import build_prefix_shared_plan as build_paged_plan
+from batchllm.attention_plan.checks import check
+from batchllm.attention_plan.work_list import build_prefix_shared_plan as build_paged_plan
+from batchllm.ops.plan_device import PrefixSharedPlanOnDevice, device_num_sms, plan_to_device
 from batchllm.ops.prefix_attention import prefix_shared_attention
 from batchllm.ops.reference import kv_slots_of_seq, visible_kv
-from batchllm.ops.validation import check
-from batchllm.ops.work_list import PrefixSharedPlanOnDevice, device_num_sms
 
 
 def dense_causal_attention(
@@ -167,15 +167,16 @@ def paged_attention(
     """Causal paged attention of every row over its seq's KV; out [num_tokens, num_heads, head_dim].
     With a sliding window W, a row at position p sees KV positions in (p - W, p] only.
 
-    Pass a prebuilt `plan` (build_paged_plan(...).to(device), once per step) to avoid the
+    Pass a prebuilt `plan` (plan_to_device(build_paged_plan(...), device), once per step) to avoid the
     metadata copy to the host on every layer.
     """
     if plan is None:
         check(query.dim() == 3 and k_cache.dim() == 4, "query must be [T, H, D] and k_cache [N, B, Hkv, D]")
-        plan = build_paged_plan(query_start_loc, seq_lens, shared_kv_lens, block_tables,
-                                block_size=k_cache.shape[1], num_kv_heads=k_cache.shape[2],
-                                num_heads=query.shape[1], head_dim=query.shape[2],
-                                num_sms=device_num_sms(query.device)).to(query.device)
+        host_plan = build_paged_plan(query_start_loc, seq_lens, shared_kv_lens, block_tables,
+                                     block_size=k_cache.shape[1], num_kv_heads=k_cache.shape[2],
+                                     num_heads=query.shape[1], head_dim=query.shape[2],
+                                     num_sms=device_num_sms(query.device))
+        plan = plan_to_device(host_plan, query.device)
     positions = None
     if sliding_window is not None:  # row i of seq s sits at seq_len - q_len + i
         q_lens = query_start_loc[1:] - query_start_loc[:-1]

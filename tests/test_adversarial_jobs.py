@@ -16,7 +16,7 @@ import pytest
 
 from batchllm.job.batch_job import BatchJobOptions, run_batch_file
 from batchllm.cli.main import main
-from batchllm.config import EngineConfig
+from batchllm.config import engine_config
 from batchllm.engine.llm_engine import LLMEngine
 from batchllm.io.batch_input import read_lines
 from batchllm.io.compact_set import digest64
@@ -28,7 +28,7 @@ pytest_plugins = ["model_fixtures"]
 MODEL = "random:tiny"
 KV_TOKENS = 256  # token limit 240: a chat line without max_tokens stays short
 MISSING_MODEL = "/nonexistent/model.gguf"  # a refusal must come before the model would load
-CONFIG = EngineConfig(model=MODEL, kv_cache_tokens=KV_TOKENS)
+CONFIG = engine_config(MODEL, kv_cache_tokens=KV_TOKENS)
 
 
 @pytest.fixture(scope="module")
@@ -244,8 +244,8 @@ def test_kv_cache_smaller_than_one_block_is_refused(capsys, tmp_path):
     code, _, err = _run_cli(capsys, input_path, "-o", tmp_path / "out.jsonl", "--model", MISSING_MODEL,
                             "--kv-cache-tokens", "8")
     assert code == 2 and "--kv-cache-tokens 8 is less than one KV block (--block-size 16): give at least 16" in err
-    with pytest.raises(ValueError, match="less than one block of 16 tokens"):
-        LLMEngine(EngineConfig(model=MODEL, kv_cache_tokens=8))
+    with pytest.raises(ValueError, match=r"--kv-cache-tokens 8 is less than one KV block \(--block-size 16\)"):
+        engine_config(MODEL, kv_cache_tokens=8)
 
 
 # -- bounded memory -------------------------------------------------------------------------

@@ -44,7 +44,7 @@ def test_decode_step_is_bytes_bound():
 
 def test_prefill_step_of_2048_tokens_is_flop_bound():
     # one request's first 2048 prompt tokens at positions 0..2047 (causal), its last row sampled
-    step = step_work([ScheduledChunk(seq_id=0, token_ids=tuple(range(2048)), start_position=0,
+    step = step_work([ScheduledChunk(seq_id=0, token_ids=tuple(range(2048)), start_position=0, num_tokens=2048,
                                      new_block_ids=(), sample=True)])
     assert step == StepWork(2048, 2048 * 2049 // 2, 1, 2048)
     flops = 2.0 * NUM_PARAMS * 2048 + ATTENTION * (2048 * 2049 // 2) + 2.0 * LM_HEAD
@@ -99,7 +99,8 @@ def test_serial_roofline_charges_a_mixed_steps_kv_reads_beside_its_gemms():
 
 
 def _chunk(seq_id, start, count, *, shared=0, group=-1, prefix=False, sample=False, decode=False):
-    return ScheduledChunk(seq_id=seq_id, token_ids=(7,) * count, start_position=start, new_block_ids=(),
+    return ScheduledChunk(seq_id=seq_id, token_ids=() if decode else (7,) * count, start_position=start,
+                          num_tokens=count, new_block_ids=(),
                           shared_kv_len=shared, is_prefix=prefix, sample=sample, group_id=group, is_decode=decode)
 
 

@@ -37,8 +37,8 @@ def _stand_in_load(failing: EngineVariant | None = None):
             raise ValueError("no FP8 on this device")
         llm = load_llm(options)
         engine = llm.engine
-        engine.config = dataclasses.replace(engine.config, quantization=variant.quantization,
-                                            kv_cache_dtype=variant.kv_cache_dtype)
+        cache = dataclasses.replace(engine.config.cache, kv_cache_dtype=variant.kv_cache_dtype)
+        engine.config = dataclasses.replace(engine.config, quantization=variant.quantization, cache=cache)
         return llm
 
     return load

@@ -42,7 +42,7 @@ def test_llm_tensor_parallel_size_gives_the_same_tokens():
     single = [o.outputs[0].token_ids for o in LLM(**kwargs).generate(prompts, params, use_tqdm=False)]
     llm = LLM(**kwargs, tensor_parallel_size=2)
     try:
-        assert llm.engine.tensor_parallel_size == 2
+        assert llm.engine.config.parallel.tensor.size == 2
         split = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     finally:
         llm.engine.shutdown()

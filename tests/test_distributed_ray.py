@@ -4,6 +4,7 @@ resumes like a local one."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
@@ -14,17 +15,18 @@ import pytest
 from model_helpers import normalized_records
 
 from batchllm.job.batch_job import BatchJobOptions, StopRequest, run_batch_file
-from batchllm.config import EngineConfig
-from batchllm.distributed.ray_dp import (RayDPConfig, generate_on_ray, kill_replicas, plan_shards,
-                                         start_replicas, stream_shards)
+from batchllm.config import ParallelConfig, RayDPConfig, engine_config
+from batchllm.distributed.ray_dp import (generate_on_ray, kill_replicas, plan_shards, start_replicas,
+                                         stream_shards)
 from batchllm.distributed.ray_engine import RayEngine
 from batchllm.engine.llm_engine import LLMEngine, PreparedRequest
 from batchllm.sampling_params import SamplingParams
 
 pytest_plugins = ["ray_fixtures"]  # ray_address: skips where Ray is not installed
 
-CONFIG = EngineConfig(model="random:tiny?seed=5", dtype="float32", device="cpu", kv_cache_tokens=1024)
+CONFIG = engine_config("random:tiny?seed=5", dtype="float32", device="cpu", kv_cache_tokens=1024)
 DP = RayDPConfig(num_replicas=2, cpus_per_replica=1.0)
+RAY_CONFIG = dataclasses.replace(CONFIG, parallel=ParallelConfig(ray=DP))  # what `batchllm run --ray` builds
 
 
 def _requests() -> list[PreparedRequest]:
@@ -55,7 +57,7 @@ def test_ray_replicas_equal_single_process(ray_address, tmp_path):
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps(line) + "\n" for line in lines) + "not json\n")
     options = BatchJobOptions(show_progress=False)
-    engine = RayEngine(CONFIG, DP)
+    engine = RayEngine(RAY_CONFIG)
     summary = run_batch_file(engine, str(source), str(tmp_path / "ray.jsonl"), options=options)
     engine.shutdown()
     local = run_batch_file(LLMEngine(CONFIG), str(source), str(tmp_path / "local.jsonl"), options=options)
@@ -140,7 +142,7 @@ def test_ray_job_stops_mid_run_and_resumes(ray_address, tmp_path):
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps(line) + "\n" for line in lines))
     options = BatchJobOptions(show_progress=False, window_num_requests=6)
-    engine, ray_engine = LLMEngine(CONFIG), RayEngine(CONFIG, DP)
+    engine, ray_engine = LLMEngine(CONFIG), RayEngine(RAY_CONFIG)
     run_batch_file(engine, str(source), str(tmp_path / "full.jsonl"), options=options)
     for first, second, name in ((engine, ray_engine, "a.jsonl"), (ray_engine, engine, "b.jsonl")):
         stop = StopRequest()

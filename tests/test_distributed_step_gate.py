@@ -51,7 +51,8 @@ def test_shutdown_releases_a_waiting_follower():
 
 def test_fingerprint_tells_steps_apart():
     def output(step_index, seq_ids, num_tokens):
-        chunks = tuple(ScheduledChunk(seq_id=s, token_ids=(1,) * num_tokens, start_position=0, new_block_ids=())
+        chunks = tuple(ScheduledChunk(seq_id=s, token_ids=(1,) * num_tokens, start_position=0, num_tokens=num_tokens,
+                                      new_block_ids=())
                        for s in seq_ids)
         return SchedulerOutput(step_index=step_index, chunks=chunks)
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from batchllm.config import EngineConfig
+from batchllm.config import ParallelConfig, TensorParallelConfig, engine_config
 from batchllm.distributed.sharding import UnsupportedShardingError, empty_shard, fill_shard, shard_layout
 from batchllm.distributed.tp_engine import free_tcp_port
 from batchllm.engine.llm_engine import LLMEngine, PreparedRequest
@@ -123,11 +123,12 @@ def test_tp2_engine_equals_tp1():
     """Both step loops (synchronous and asynchronous scheduling), a second batch, and a batch the
     caller abandons after its first output: every rank must end that run at the same step, or the
     next run's collectives would pair with the old run's."""
-    from batchllm.engine.factory import create_engine
+    from batchllm.engines import build_engine
 
-    config = EngineConfig(model="random:tiny?seed=3", dtype="float32", device="cpu", kv_cache_tokens=2048)
+    config = engine_config("random:tiny?seed=3", dtype="float32", device="cpu", kv_cache_tokens=2048)
     single = {o.request_id: o.output_token_ids for o in LLMEngine(config).run(_requests())}
-    with create_engine(config, tensor_parallel_size=2, timeout_s=120) as engine:
+    tensor = TensorParallelConfig(size=2, timeout_s=120)
+    with build_engine(dataclasses.replace(config, parallel=ParallelConfig(tensor=tensor))) as engine:
         assert engine.kv_cache.k.shape[3] == 1  # this rank holds 1 of the 2 KV heads
         split = {o.request_id: o.output_token_ids for o in engine.run(_requests())}
         in_step = {o.request_id: o.output_token_ids

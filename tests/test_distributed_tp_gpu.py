@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from batchllm.config import EngineConfig
+from batchllm.config import ParallelConfig, TensorParallelConfig, engine_config
 from batchllm.engine.llm_engine import PreparedRequest
 from batchllm.engine.run_options import RunOptions
 from batchllm.sampling_params import SamplingParams
@@ -29,10 +29,13 @@ def _requests() -> list[PreparedRequest]:
 
 
 def test_tp2_graphs_and_async_scheduling():
-    from batchllm.engine.factory import create_engine
+    import dataclasses
 
-    config = EngineConfig(model="random:qwen2.5-14b?num_layers=2", dtype="bfloat16", kv_cache_tokens=32768)
-    engine = create_engine(config, tensor_parallel_size=2, timeout_s=300)
+    from batchllm.engines import build_engine
+
+    config = engine_config("random:qwen2.5-14b?num_layers=2", dtype="bfloat16", kv_cache_tokens=32768)
+    tensor = TensorParallelConfig(size=2, timeout_s=300)
+    engine = build_engine(dataclasses.replace(config, parallel=ParallelConfig(tensor=tensor)))
     runs = {}
     for name, options in (("async", RunOptions()), ("sync", RunOptions(async_scheduling=False))):
         replays = engine.runner.graphs.num_replays

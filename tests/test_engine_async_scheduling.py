@@ -6,15 +6,9 @@ preemption."""
 import dataclasses
 
 import pytest
-import torch
 
-from batchllm.config import EngineConfig
+from batchllm.config import EngineConfig, engine_config
 from batchllm.engine.llm_engine import LLMEngine, PreparedRequest, RunStats
-from batchllm.engine.placeholders import (
-    placeholder_for_row,
-    placeholder_source,
-    resolve_placeholders_,
-)
 from batchllm.engine.run_options import RunOptions
 from batchllm.sampling_params import SamplingParams
 from batchllm.sched.config import SchedulerConfig
@@ -26,7 +20,7 @@ POLICIES = ["batchllm", "vllm", "sglang", "simple"]
 
 @pytest.fixture(scope="module")
 def tiny_engine():
-    config = EngineConfig(model="random:tiny", dtype="float32", device="cpu", kv_cache_tokens=4096)
+    config = engine_config("random:tiny", dtype="float32", device="cpu", kv_cache_tokens=4096)
     return LLMEngine(config)
 
 
@@ -85,19 +79,24 @@ def test_async_equals_sync_with_early_stops(tiny_engine, policy):
 
 def test_async_equals_sync_under_preemption(tiny_engine):
     # vllm policy with a KV cache too small for everyone: recompute preemption of requests whose
-    # newest token may still be a placeholder.
+    # newest token was sampled by the step before.
     requests = _requests(24, {})
-    small = dict(policy="vllm", max_num_batched_tokens=64, num_kv_blocks=24)
-    num_kv_blocks = tiny_engine.scheduler_config.num_kv_blocks
+    small = dict(policy="vllm", max_num_batched_tokens=64)
+    num_kv_blocks = tiny_engine.num_kv_blocks
+    tiny_engine.num_kv_blocks = 24  # the scheduler fills 24 of the cache's blocks
     stats = {False: RunStats(), True: RunStats()}
     try:
         sync = _run(tiny_engine, requests, False, stats[False], **small)
         asynchronous = _run(tiny_engine, requests, True, stats[True], **small)
     finally:
-        tiny_engine.configure_scheduler(num_kv_blocks=num_kv_blocks)
+        tiny_engine.num_kv_blocks = num_kv_blocks
     for mode in (False, True):
         assert sum(r.num_preempted_requests for r in stats[mode].step_records) > 0, mode
     _same(sync, asynchronous)
+    # The same steps: the scheduler counts an unread token as it counts a read one.
+    steps = {mode: [(r.num_decode_tokens, r.num_distinct_tokens, r.num_prefix_tokens, r.num_used_blocks,
+                     r.num_preempted_requests) for r in stats[mode].step_records] for mode in (False, True)}
+    assert steps[False] == steps[True]
 
 
 def test_async_counts_steps_and_tokens(tiny_engine):
@@ -128,23 +127,6 @@ def test_stop_strings_and_eos_async_equals_sync(default_llm):
         assert x.outputs[0].token_ids == y.outputs[0].token_ids
         assert x.outputs[0].text == y.outputs[0].text
         assert x.outputs[0].finish_reason == y.outputs[0].finish_reason
-
-
-def test_placeholders_resolve_on_device():
-    ids = torch.tensor([5, placeholder_for_row(2), 7, placeholder_for_row(0)])
-    resolve_placeholders_(ids, torch.tensor([11, 12, 13]))
-    assert ids.tolist() == [5, 13, 7, 11]
-    import numpy as np
-
-    assert placeholder_source(np.array([], dtype=np.int64), None) is None
-    with pytest.raises(ValueError, match="previous step"):
-        resolve_placeholders_(torch.tensor([-1]), None)
-    previous = torch.tensor([11])
-    assert placeholder_source(np.array([3, 4]), None) is None
-    assert placeholder_source(np.array([3, 4]), previous) is None
-    assert placeholder_source(np.array([3, -1]), previous) is previous
-    with pytest.raises(ValueError, match="previous step"):
-        placeholder_source(np.array([3, -1]), None)
 
 
 def test_config_default_is_async():
@@ -193,18 +175,18 @@ def test_run_options_reach_the_runner(tiny_engine, monkeypatch):
     calls = []
     execute = tiny_engine.runner.execute
 
-    def spy(output, rows, previous_token_ids=None, allow_graph=True):
-        calls.append((allow_graph, previous_token_ids is not None))
-        return execute(output, rows, previous_token_ids, allow_graph=allow_graph)
+    def spy(output, rows, allow_graph=True):
+        calls.append(allow_graph)
+        return execute(output, rows, allow_graph=allow_graph)
 
     monkeypatch.setattr(tiny_engine.runner, "execute", spy)
     requests = _requests(4, {})
     tiny_engine.configure_scheduler(policy="batchllm", max_num_batched_tokens=64)
     list(tiny_engine.run(requests, options=RunOptions(cuda_graphs=False, async_scheduling=False)))
-    assert calls and all(c == (False, False) for c in calls)
+    assert calls and not any(calls)
     calls.clear()
     list(tiny_engine.run(requests))
-    assert all(allow for allow, _ in calls) and any(previous for _, previous in calls)
+    assert calls and all(calls)
 
 
 def test_unchecked_requests_are_refused(tiny_engine):
@@ -212,37 +194,3 @@ def test_unchecked_requests_are_refused(tiny_engine):
 
     with pytest.raises(InvalidRequestError, match="limits.check"):
         list(tiny_engine.run([PreparedRequest(0, [5, 6], SamplingParams(max_tokens=None))]))
-
-
-@pytest.mark.parametrize("policy", POLICIES)
-def test_update_writes_resolved_ids_over_placeholders(policy):
-    """The scheduler learns a placeholder's real id only through update(), also for a request
-    that the step in between preempted, and skips the ids of finished requests."""
-    from batchllm.sched.factory import make_scheduler
-    from batchllm.sched.interface import SchedRequest
-
-    # 3 prompts of 2 full blocks; 7 blocks: the first decode that needs a third block preempts.
-    config = SchedulerConfig(policy=policy, num_kv_blocks=7, block_size=4, max_num_batched_tokens=64)
-    scheduler = make_scheduler(config)
-    requests = [SchedRequest(i, [10 + i] * 8, 4) for i in range(3)]
-    scheduler.add_requests(requests)
-
-    def sampled_rows(output):
-        return {c.seq_id: placeholder_for_row(row) for row, c in enumerate(c for c in output.chunks if c.sample)}
-
-    first = scheduler.schedule()
-    placeholders = sampled_rows(first)
-    scheduler.update(first, placeholders, {})
-    assert placeholders and all(requests[i].output_token_ids == [placeholders[i]] for i in placeholders)
-    second = scheduler.schedule()
-    assert {c.seq_id: c.token_ids for c in second.chunks if c.is_decode} == {
-        c.seq_id: (placeholders[c.seq_id],) for c in second.chunks if c.is_decode}  # resolved on the device
-    if policy in ("vllm", "simple"):
-        assert second.preempted_request_ids  # the path through the waiting queue is exercised
-    finishing = second.chunks[0].seq_id
-    scheduler.update(second, sampled_rows(second), {finishing: "stop"}, [(i, 0, 700 + i) for i in placeholders])
-    for i in placeholders:
-        if i != finishing:
-            assert requests[i].output_token_ids[0] == 700 + i, i
-    third = scheduler.schedule()
-    scheduler.update(third, sampled_rows(third), {}, [(finishing, 1, 5)])  # finished: skipped

@@ -19,13 +19,13 @@ def _decode_step(block_size: int) -> SchedulerOutput:
             next_block += 2
             position = 37 + 3 + member  # own tokens so far: 3 + member
             chunks.append(ScheduledChunk(seq_id=len(chunks), token_ids=(11 + member,), start_position=position,
-                                         new_block_ids=prefix_blocks + own, shared_kv_len=37, sample=True,
+                                         num_tokens=1, new_block_ids=prefix_blocks + own, shared_kv_len=37, sample=True,
                                          group_id=group, is_decode=True))
     for single in range(7):
         own = tuple(range(next_block, next_block + 4))
         next_block += 4
         chunks.append(ScheduledChunk(seq_id=len(chunks), token_ids=(5,), start_position=40 + 3 * single,
-                                     new_block_ids=own, sample=True, is_decode=True))
+                                     num_tokens=1, new_block_ids=own, sample=True, is_decode=True))
     return SchedulerOutput(0, tuple(chunks))
 
 
@@ -67,10 +67,42 @@ def test_graph_replay_matches_eager(backend, kv_cache):
     torch.testing.assert_close(graphed, eager, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("every_row", [True, False])
+def test_graph_feeds_decode_rows_from_the_last_token_column(every_row):
+    """A decode step whose rows take their ids from the runner's last-token column (gathered on
+    the device into the graph's static input ids before the replay; all rows, or every other row
+    among rows with host ids) gives the hidden states of the same step with every id on the host."""
+    import dataclasses
+
+    from batchllm import LLM
+    from batchllm.engine.step_inputs import build_step_inputs
+
+    llm = LLM(model="random:llama-3.1-8b?num_layers=2&vocab_size=4096", kv_cache_tokens=8192)
+    runner = llm.engine.runner
+    torch.manual_seed(0)
+    llm.engine.kv_cache.k.normal_(0, 1)
+    llm.engine.kv_cache.v.normal_(0, 1)
+    given = _decode_step(16)
+    fed = [i for i in range(len(given.chunks)) if every_row or i % 2]
+    fed_step = dataclasses.replace(given, chunks=tuple(
+        dataclasses.replace(c, token_ids=()) if i in fed else c for i, c in enumerate(given.chunks)))
+    inputs = build_step_inputs(fed_step, 16)  # a fresh persistent batch: chunk i has row i
+    assert inputs.decode_only and inputs.fed_batch_rows.tolist() == fed
+    runner.last_tokens.fit(len(given.chunks))
+    runner.last_tokens.token_ids[:len(given.chunks)] = torch.tensor([c.token_ids[0] for c in given.chunks])
+    with torch.inference_mode():
+        eager = runner.forward(build_step_inputs(given, 16), allow_graph=False).float().clone()
+        eager_fed = runner.forward(inputs, allow_graph=False).float().clone()
+        graphed = runner.forward(inputs).float().clone()
+    assert runner.graphs.num_replays == 1
+    torch.testing.assert_close(eager_fed, eager, atol=1e-5, rtol=1e-5)  # (a wrong id changes a row entirely)
+    torch.testing.assert_close(graphed, eager, atol=2e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("policy", ["batchllm", "vllm"])
 def test_async_scheduling_matches_sync_with_graphs(policy):
-    """Asynchronous scheduling on the GPU: decode steps replay graphs whose input ids are the
-    previous step's sampled tokens, swapped in on the device. Same schedule -> same tokens."""
+    """Asynchronous scheduling on the GPU: decode steps replay graphs whose input ids are gathered
+    on the device from the last-token column. Same schedule -> same tokens."""
     from batchllm import LLM, SamplingParams
     from batchllm.engine.run_options import RunOptions
 

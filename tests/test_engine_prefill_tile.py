@@ -6,27 +6,27 @@ from dataclasses import replace
 import pytest
 import torch
 
-from batchllm.engine.attention import FusedPrefixBackend, TritonPagedBackend
+from batchllm.attention_plan.tile_config import TileConfig, decode_tile_config, default_tile_config
+from batchllm.engine.attention.triton_backend import TritonBackend
 from batchllm.engine.step_inputs import build_step_inputs
-from batchllm.ops.tile_config import TileConfig, decode_tile_config, default_tile_config
 from batchllm.sched.interface import ScheduledChunk, SchedulerOutput
 
 
 def _step(prefill: bool) -> SchedulerOutput:
-    chunks = [ScheduledChunk(seq_id=0, token_ids=(5,), start_position=20, new_block_ids=(0, 1), sample=True,
-                             is_decode=True)]
+    chunks = [ScheduledChunk(seq_id=0, token_ids=(), start_position=20, num_tokens=1, new_block_ids=(0, 1),
+                             sample=True, is_decode=True)]
     if prefill:
-        chunks.append(ScheduledChunk(seq_id=1, token_ids=tuple(range(30)), start_position=0, new_block_ids=(2, 3),
-                                     sample=True))
+        chunks.append(ScheduledChunk(seq_id=1, token_ids=tuple(range(30)), start_position=0, num_tokens=30,
+                                     new_block_ids=(2, 3), sample=True))
     return SchedulerOutput(0, tuple(chunks))
 
 
-@pytest.mark.parametrize("backend_cls", [FusedPrefixBackend, TritonPagedBackend])
-def test_prefill_and_decode_steps_get_their_tiles(backend_cls):
-    backend = backend_cls(16, 8, 2, 64, torch.device("cpu"))
-    prefill = backend.build_host_plan(build_step_inputs(_step(True), 16)).tile
+@pytest.mark.parametrize("uses_groups", [True, False])  # fused, triton
+def test_prefill_and_decode_steps_get_their_tiles(uses_groups):
+    backend = TritonBackend(16, 8, 2, 64, torch.device("cpu"), uses_groups)
+    prefill = backend.build_plan(build_step_inputs(_step(True), 16)).tile
     assert prefill == default_tile_config(64, 4) and not prefill.split_classes
-    decode = backend.build_host_plan(build_step_inputs(_step(False), 16)).tile
+    decode = backend.build_plan(build_step_inputs(_step(False), 16)).tile
     assert decode.split_classes and not default_tile_config(64, 4).split_classes
     assert decode == decode_tile_config(64, 4)
 
@@ -54,13 +54,13 @@ def test_windowed_models_plan_without_dense_calls(monkeypatch):
     """Dense calls have no sliding-window path: a backend for a model with any windowed layer
     plans its prefill steps with dense_min_rows 0 (on the GPU table, which has them)."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # plan with the GPU table (no kernel runs here)
-    backend = FusedPrefixBackend(16, 8, 2, 128, torch.device("cpu"))
-    assert backend.build_host_plan(build_step_inputs(_step(True), 16)).tile.dense_min_rows == 512
-    backend.layer_windows = (None, 4096)
-    prefill = backend.build_host_plan(build_step_inputs(_step(True), 16)).tile
+    backend = TritonBackend(16, 8, 2, 128, torch.device("cpu"), uses_groups=True)
+    assert backend.build_plan(build_step_inputs(_step(True), 16)).tile.dense_min_rows == 512
+    backend = TritonBackend(16, 8, 2, 128, torch.device("cpu"), uses_groups=True, layer_windows=(None, 4096))
+    prefill = backend.build_plan(build_step_inputs(_step(True), 16)).tile
     assert prefill.dense_min_rows == 0 and not prefill.split_classes
 
 
 def test_cpu_backend_sizes_split_kv_for_its_stand_in_sm_count():
-    backend = FusedPrefixBackend(16, 8, 2, 64, torch.device("cpu"))
+    backend = TritonBackend(16, 8, 2, 64, torch.device("cpu"), uses_groups=True)
     assert backend.num_sms == 8  # device_num_sms's CPU stand-in (no GPU to ask)

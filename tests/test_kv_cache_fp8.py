@@ -6,14 +6,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from batchllm.engine.attention import AttentionMetadata, PagedAttention, make_backend
+from batchllm.attention_plan.work_list import build_prefix_shared_plan
+from batchllm.engine.attention.paged import PagedAttention
+from batchllm.engine.attention.protocol import AttentionMetadata
+from batchllm.engine.attention.select import make_backend
 from batchllm.engine.kv_cache import KVCache, kv_bytes_per_token
 from batchllm.ops.fp8 import FP8_MAX
 from batchllm.ops.kv_quant import dequantize_e4m3, quantize_e4m3
 from batchllm.ops.kv_store import store_kv
+from batchllm.ops.plan_device import device_num_sms, plan_to_device
 from batchllm.ops.prefix_attention import prefix_shared_attention
 from batchllm.ops.reference import paged_attention_reference, store_kv_reference
-from batchllm.ops.work_list import build_prefix_shared_plan, device_num_sms
 from synthetic_batch import SeqSpec, make_batch
 
 FP8 = torch.float8_e4m3fn
@@ -150,9 +153,9 @@ def _plan(b, heads, device, groups: bool, tile=None):
     meta = b.metadata_numpy()
     if not groups:
         meta["group_ids"], meta["is_prefix"] = None, None
-    return build_prefix_shared_plan(**meta, block_size=b.k_cache.shape[1], num_kv_heads=num_kv_heads,
-                                    num_heads=num_heads, head_dim=head_dim, tile=tile,
-                                    num_sms=device_num_sms(device)).to(device)
+    return plan_to_device(build_prefix_shared_plan(**meta, block_size=b.k_cache.shape[1], num_kv_heads=num_kv_heads,
+                                                   num_heads=num_heads, head_dim=head_dim, tile=tile,
+                                                   num_sms=device_num_sms(device)), device)
 
 
 def _reference(b, k_cache, v_cache, scale, k_scale=1.0, v_scale=1.0):
@@ -165,7 +168,7 @@ def _reference(b, k_cache, v_cache, scale, k_scale=1.0, v_scale=1.0):
 def test_attention_kernel_on_e4m3_cache_matches_reference(device, dtype, tile):
     """Fused prefix-shared attention with fp32 / fp16 queries on an e4m3 cache (one launch, or
     the class-split launches of decode steps) equals the reference on the same cache."""
-    from batchllm.ops.tile_config import decode_tile_config
+    from batchllm.attention_plan.tile_config import decode_tile_config
 
     heads = (9, 3, 64)
     b = make_batch(MIXED, num_heads=9, num_kv_heads=3, head_dim=64, block_size=16, dtype=dtype, device=device)
@@ -211,8 +214,8 @@ def test_cpu_backends_on_an_fp8_cache(backend_name):
     cache = KVCache(torch.stack([k8, k8]), torch.stack([v8, v8]), K_SCALE, V_SCALE)
     backend = make_backend(backend_name, torch.device("cpu"), 16, 6, 2, 32)
     inputs = SimpleNamespace(**b.metadata_numpy(), num_tokens=b.query.shape[0])
-    metadata = AttentionMetadata(slot_mapping=b.slot_mapping, positions=torch.zeros_like(b.slot_mapping))
-    backend.prepare(inputs, metadata)
+    plan = backend.plan_to_device(backend.build_plan(inputs), torch.device("cpu"))
+    metadata = AttentionMetadata(slot_mapping=b.slot_mapping, positions=torch.zeros_like(b.slot_mapping), plan=plan)
     out = PagedAttention(cache, metadata, backend, 0.2)(1, b.query, b.key, b.value)
     store_kv_reference(b.key, b.value, k8, v8, b.slot_mapping, K_SCALE, V_SCALE)
     assert _bytes(cache.k[1]) == _bytes(k8) and _bytes(cache.v[1]) == _bytes(v8)

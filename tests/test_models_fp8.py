@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from batchllm.config import EngineConfig
+from batchllm.config import EngineConfig, engine_config
 from batchllm.models.loader import load_model
 from batchllm.models.fp8_checkpoint import fp8_checkpoint_format
 from batchllm.models.fp8_linear import FP8_LINEAR_NAMES, Fp8Linear
@@ -187,7 +187,7 @@ def test_fp8_flags_on_cpu_name_what_works_instead():
 
     with pytest.raises(ValueError, match=r"--quantization fp8 needs .* 8\.9 .* Run without it"):
         load_model("random:tiny", quantization="fp8")
-    config = EngineConfig(model="random:tiny", device="cpu", dtype="bfloat16", kv_cache_dtype="fp8")
+    config = engine_config("random:tiny", device="cpu", dtype="bfloat16", kv_cache_dtype="fp8")
     with pytest.raises(ValueError, match=r"--kv-cache-dtype fp8 needs .* --kv-cache-dtype auto"):
         load_parts(config)
     with pytest.raises(ValueError, match="quantization must be one of fp8"):

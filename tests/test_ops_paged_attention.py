@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from batchllm.ops.work_list import build_prefix_shared_plan as build_paged_plan
+from batchllm.attention_plan.work_list import build_prefix_shared_plan as build_paged_plan
+from batchllm.ops.plan_device import plan_to_device
 from batchllm.ops.reference import paged_attention_reference
 from op_references import paged_attention
 from synthetic_batch import SeqSpec, make_batch
@@ -24,8 +25,8 @@ def _check(seqs, heads, dtype, device, block_size=16, tol=2e-5, **plan_kwargs):
     scale = head_dim ** -0.5
     meta = (b.query_start_loc, b.seq_lens, b.shared_kv_lens, b.block_tables)
     if plan_kwargs:
-        plan = build_paged_plan(*(m.cpu() for m in meta), block_size=block_size, num_kv_heads=num_kv_heads,
-                                num_heads=num_heads, head_dim=head_dim, **plan_kwargs).to(device)
+        plan = plan_to_device(build_paged_plan(*(m.cpu() for m in meta), block_size=block_size, num_kv_heads=num_kv_heads,
+                                               num_heads=num_heads, head_dim=head_dim, **plan_kwargs), device)
         out = paged_attention(b.query, b.k_cache, b.v_cache, *meta, scale, plan=plan)
     else:
         out = paged_attention(b.query, b.k_cache, b.v_cache, *meta, scale)

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 import torch
 
+from batchllm.attention_plan.work_list import build_prefix_shared_plan
+from batchllm.ops.plan_device import device_num_sms, plan_to_device
 from batchllm.ops.prefix_attention import prefix_shared_attention
 from batchllm.ops.reference import paged_attention_reference
-from batchllm.ops.work_list import build_prefix_shared_plan, device_num_sms
 from op_references import prefix_shared_attention_reference
 from synthetic_batch import SeqSpec, make_batch
 
@@ -41,7 +42,7 @@ def _run_case(seqs, heads, dtype, device, block_size=16, kv_split_tokens=16, ord
                                     num_heads=num_heads, head_dim=head_dim, kv_split_tokens=kv_split_tokens,
                                     order=order, tile=tile, num_sms=device_num_sms(device))
     scale = head_dim ** -0.5
-    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan.to(device), scale)
+    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan_to_device(plan, device), scale)
     args = (b.query.float(), b.k_cache.float(), b.v_cache.float(), b.query_start_loc, b.seq_lens,
             b.shared_kv_lens, b.block_tables)
     ref = prefix_shared_attention_reference(*args, b.group_ids, b.is_prefix, scale)
@@ -80,7 +81,7 @@ def test_unmasked_and_masked_kv_steps_match(device, scenario):
     so that some tiles hold whole unmasked steps and a masked remainder."""
     from dataclasses import replace
 
-    from batchllm.ops.tile_config import default_tile_config
+    from batchllm.attention_plan.tile_config import default_tile_config
 
     tile = replace(default_tile_config(64, 3), small_n=32, big_n=32)
     out, ref = _run_case(SCENARIOS[scenario], HEADS["gqa3_d64"], torch.float32, device, tile=tile,
@@ -119,9 +120,9 @@ def test_rejects_mismatched_plan(device):
     plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=3, num_heads=9, head_dim=64,
                                     kv_split_tokens=16)
     with pytest.raises(ValueError, match="rows"):
-        prefix_shared_attention(b.query[:-1], b.k_cache, b.v_cache, plan.to(device), 0.1)
+        prefix_shared_attention(b.query[:-1], b.k_cache, b.v_cache, plan_to_device(plan, device), 0.1)
     with pytest.raises(ValueError, match="dtypes"):
-        prefix_shared_attention(b.query.half(), b.k_cache, b.v_cache, plan.to(device), 0.1)
+        prefix_shared_attention(b.query.half(), b.k_cache, b.v_cache, plan_to_device(plan, device), 0.1)
 
 
 def _llama_seqs(rng):
@@ -167,7 +168,7 @@ def test_merge_kernel_combines_partials(device, scenario):
     equal the reference."""
     b, plan, ref = _merge_case(SCENARIOS[scenario], HEADS["gqa3_d64"], torch.float32, device, None, 16)
     assert plan.merge_tokens.shape[0] > 0  # the case has rows to merge
-    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan.to(device), 64 ** -0.5)
+    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan_to_device(plan, device), 64 ** -0.5)
     torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)
 
 
@@ -178,14 +179,14 @@ def test_persistent_launch_runs_only_the_counted_items(device, scenario):
     items that would write wrong results into the same rows and partial slots."""
     import dataclasses
 
-    from batchllm.ops.work_list import F_KV_END, F_KV_START
+    from batchllm.attention_plan.work_list import F_KV_END, F_KV_START
 
     b, plan, ref = _merge_case(SCENARIOS[scenario], HEADS["gqa3_d64"], torch.float32, device, None, 16)
     num_items = plan.work.shape[0]
     poison = plan.work.copy()
     poison[:, F_KV_END] = poison[:, F_KV_START] + 1  # one KV position instead of the item's range
     padded = torch.from_numpy(np.concatenate([plan.work, poison])).to(device)
-    device_plan = plan.to(device)
+    device_plan = plan_to_device(plan, device)
     results = []
     for count in (num_items, 2 * num_items):
         persistent = dataclasses.replace(device_plan, work=padded, persistent_programs=3,
@@ -201,11 +202,11 @@ def test_class_split_launches_match_reference(device, scenario):
     variant with its own warps / stages; the same results as the single fused launch."""
     from dataclasses import replace
 
-    from batchllm.ops.tile_config import default_tile_config
+    from batchllm.attention_plan.tile_config import default_tile_config
 
     tile = replace(default_tile_config(64, 3), split_classes=True, small_num_warps=2, small_num_stages=1)
     b, plan, ref = _merge_case(SCENARIOS[scenario], HEADS["gqa3_d64"], torch.float32, device, tile, 16)
-    device_plan = plan.to(device)
+    device_plan = plan_to_device(plan, device)
     assert device_plan.work_big.shape[0] + device_plan.work_small.shape[0] == plan.work.shape[0]
     out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, device_plan, 64 ** -0.5)
     torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)
@@ -217,8 +218,8 @@ def test_persistent_class_split_launches_match_reference(device, scenario):
     device ([BIG, SMALL]), one persistent class-specialised launch each."""
     import dataclasses
 
-    from batchllm.ops.tile_config import decode_tile_config
-    from batchllm.ops.work_list import F_KV_END, F_KV_START
+    from batchllm.attention_plan.tile_config import decode_tile_config
+    from batchllm.attention_plan.work_list import F_KV_END, F_KV_START
 
     tile = decode_tile_config(64, 3)
     assert tile.split_classes
@@ -231,7 +232,7 @@ def test_persistent_class_split_launches_match_reference(device, scenario):
         poison[:, F_KV_END] = poison[:, F_KV_START] + 1  # padding that would corrupt rows if run
         padded.append(torch.from_numpy(np.concatenate([items, poison, poison])).to(device))
     counts = torch.tensor([big.shape[0], small.shape[0]], dtype=torch.int32, device=device)
-    persistent = dataclasses.replace(plan.to(device), work_big=padded[0], work_small=padded[1], num_items=counts,
+    persistent = dataclasses.replace(plan_to_device(plan, device), work_big=padded[0], work_small=padded[1], num_items=counts,
                                      persistent_programs=2)
     out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, persistent, 64 ** -0.5)
     torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)
@@ -242,7 +243,7 @@ def test_overlapped_class_split_launches_match_serial_inside_a_cuda_graph():
     """The engine's decode path: the BIG launch on a side stream, concurrent with the SMALL one,
     captured into a CUDA graph. The launches write disjoint rows and partial slots, so the
     replayed output equals the serial launches' bit for bit."""
-    from batchllm.ops.tile_config import decode_tile_config
+    from batchllm.attention_plan.tile_config import decode_tile_config
 
     rng = np.random.default_rng(3)
     seqs = [SeqSpec(1, 2048 + int(rng.integers(1, 300)), 2048, g) for g in range(4) for _ in range(16)]
@@ -251,9 +252,9 @@ def test_overlapped_class_split_launches_match_serial_inside_a_cuda_graph():
     b = make_batch(seqs, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=16,
                    dtype=torch.bfloat16, device="cuda")
     tile = decode_tile_config(head_dim, num_heads // num_kv_heads)
-    plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=num_kv_heads,
-                                    num_heads=num_heads, head_dim=head_dim, tile=tile,
-                                    num_sms=device_num_sms("cuda")).to("cuda")
+    plan = plan_to_device(build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=num_kv_heads,
+                                                   num_heads=num_heads, head_dim=head_dim, tile=tile,
+                                                   num_sms=device_num_sms("cuda")), "cuda")
     assert plan.work_big.shape[0] > 0 and plan.work_small.shape[0] > 0
     scale = head_dim ** -0.5
     serial = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan, scale)
@@ -280,7 +281,7 @@ def test_overlapped_class_split_launches_match_serial_inside_a_cuda_graph():
 def _dense_tile(min_rows=2, min_tokens=8):
     from dataclasses import replace
 
-    from batchllm.ops.tile_config import default_tile_config
+    from batchllm.attention_plan.tile_config import default_tile_config
 
     return replace(default_tile_config(64, 3), dense_min_rows=min_rows, dense_min_tokens=min_tokens)
 
@@ -292,7 +293,7 @@ def test_dense_calls_match_reference(device, scenario, dtype):
     log-sum-exps merged with the rows' other parts), gives the reference's attention."""
     b, plan, ref = _merge_case(SCENARIOS[scenario], HEADS["gqa3_d64"], dtype, device, _dense_tile(), 16)
     assert plan.dense.shape[0] > 0 and plan.dense[:, 7].any()  # unmasked and causal calls
-    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan.to(device), 64 ** -0.5)
+    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan_to_device(plan, device), 64 ** -0.5)
     torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
 
 
@@ -308,8 +309,8 @@ def test_dense_calls_random_batches_match_without(device, seed):
     without = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=3, num_heads=9, head_dim=64,
                                        kv_split_tokens=16, tile=replace(tile, dense_min_rows=0))
     scale = 64 ** -0.5
-    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan.to(device), scale)
-    torch.testing.assert_close(out, prefix_shared_attention(b.query, b.k_cache, b.v_cache, without.to(device), scale),
+    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan_to_device(plan, device), scale)
+    torch.testing.assert_close(out, prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan_to_device(without, device), scale),
                                atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)
 
@@ -346,7 +347,7 @@ def test_dense_calls_random_steps_with_squares_match_reference(device, seed):
     tile = replace(_dense_tile(min_rows=int(rng.integers(1, 8)), min_tokens=int(rng.integers(1, 24))),
                    dense_causal_min_rows=int(rng.integers(0, 30)))
     b, plan, ref = _merge_case(seqs, HEADS["gqa3_d64"], torch.float32, device, tile, [16, 32][seed % 2])
-    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan.to(device), 64 ** -0.5)
+    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan_to_device(plan, device), 64 ** -0.5)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
 
 
@@ -364,7 +365,7 @@ def test_batched_causal_calls_match_reference(device, dtype):
     causal = plan.dense[plan.dense[:, 7] == 1]
     assert causal[:, 8].tolist() == [3, 0, 0, 3, 0, 0]  # two batches of three
     assert causal[:3, 6].tolist() == [-1] * 3 and causal[3:, 6].tolist() == [causal[3, 6] + 6 * i for i in range(3)]
-    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan.to(device), 64 ** -0.5)
+    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan_to_device(plan, device), 64 ** -0.5)
     torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
 
 
@@ -378,7 +379,7 @@ def test_a_step_of_fresh_prompts_is_one_call_whose_output_is_the_steps(device, d
 
     tile = replace(_dense_tile(min_rows=4, min_tokens=8), dense_causal_min_rows=12)
     b, plan, ref = _merge_case([SeqSpec(6, 6)] * 4, HEADS["gqa3_d64"], dtype, device, tile, 16)
-    device_plan = plan.to(device)
+    device_plan = plan_to_device(plan, device)
     call = whole_step_call(device_plan)
     assert (call.q_start, call.q_count, call.batch, call.causal, call.partial_base) == (0, 24, 4, True, -1)
     assert plan.work.shape[0] == 0 and plan.merge_tokens.shape[0] == 0
@@ -386,7 +387,7 @@ def test_a_step_of_fresh_prompts_is_one_call_whose_output_is_the_steps(device, d
     assert out.shape == b.query.shape and out.dtype == dtype
     torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
     _, mixed, _ = _merge_case([SeqSpec(6, 6)] * 4 + [SeqSpec(1, 30)], HEADS["gqa3_d64"], dtype, device, tile, 16)
-    mixed = mixed.to(device)
+    mixed = plan_to_device(mixed, device)
     assert len(mixed.dense) == 1 and mixed.dense[0].batch == 4 and whole_step_call(mixed) is None
 
 
@@ -402,7 +403,7 @@ def test_dense_call_writes_rows_that_have_no_other_part(device):
     assert not causal
     only_part = plan.dense[:1].copy()
     only_part[0, 6] = -1  # no partial slot
-    device_plan = dataclasses.replace(plan, dense=only_part).to(device)
+    device_plan = plan_to_device(dataclasses.replace(plan, dense=only_part), device)
     out = torch.zeros_like(b.query)
     untouched = torch.full((1, 9, 64), 7.0)
     run_dense_calls(device_plan, b.query, b.k_cache, b.v_cache, out, untouched, untouched, 64 ** -0.5)
@@ -446,7 +447,7 @@ def test_dense_attention_reference_causal():
 def test_dense_plan_refuses_a_sliding_window(device):
     b, plan, _ = _merge_case(SCENARIOS["prefill_only"], HEADS["gqa3_d64"], torch.float32, device, _dense_tile(), 16)
     with pytest.raises(ValueError, match="sliding-window"):
-        prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan.to(device), 0.1, sliding_window=8,
+        prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan_to_device(plan, device), 0.1, sliding_window=8,
                                 positions=torch.zeros(b.query.shape[0], dtype=torch.int64, device=device))
 
 
@@ -479,7 +480,7 @@ def test_dense_calls_on_cudnn_gpu(kv_fp8):
     from dataclasses import replace
 
     from batchllm.ops.dense_attention import uses_cudnn
-    from batchllm.ops.tile_config import default_tile_config
+    from batchllm.attention_plan.tile_config import default_tile_config
 
     seqs = [SeqSpec(512, 2048, 0, 0, True), SeqSpec(200, 2048 + 200, 2048, 0), SeqSpec(300, 2048 + 300, 2048, 0)]
     seqs += [SeqSpec(1, 2048 + 40, 2048, 0) for _ in range(16)] + [SeqSpec(640, 3000)] + [SeqSpec(1, 900)]
@@ -505,7 +506,7 @@ def test_dense_calls_on_cudnn_gpu(kv_fp8):
                                         num_heads=num_heads, head_dim=head_dim, tile=config,
                                         num_sms=device_num_sms("cuda"))
         assert plan.dense[:, [5, 7]].tolist() == calls
-        outs.append(prefix_shared_attention(query, k_cache, v_cache, plan.to("cuda"), head_dim ** -0.5,
+        outs.append(prefix_shared_attention(query, k_cache, v_cache, plan_to_device(plan, "cuda"), head_dim ** -0.5,
                                             k_scale=k_scale, v_scale=v_scale).float())
     ref = paged_attention_reference(b.query.float(), k_cache.float() * k_scale, v_cache.float() * v_scale,
                                     b.query_start_loc, b.seq_lens, b.shared_kv_lens, b.block_tables, head_dim ** -0.5)
@@ -524,7 +525,7 @@ def test_batched_causal_calls_on_cudnn_gpu(kv_fp8):
     Equal to the plan without dense calls and to the reference."""
     from dataclasses import replace
 
-    from batchllm.ops.tile_config import default_tile_config
+    from batchllm.attention_plan.tile_config import default_tile_config
 
     seqs = [SeqSpec(640, 640)] * 3 + [SeqSpec(640, 2000)] * 2 + [SeqSpec(1, 900)]
     num_heads, num_kv_heads, head_dim = 32, 8, 128
@@ -535,7 +536,7 @@ def test_batched_causal_calls_on_cudnn_gpu(kv_fp8):
         plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=num_kv_heads,
                                         num_heads=num_heads, head_dim=head_dim, tile=config,
                                         num_sms=device_num_sms("cuda"))
-        device_plan = plan.to("cuda")
+        device_plan = plan_to_device(plan, "cuda")
         if config.dense_min_rows:
             assert [(c.q_count, c.batch, c.causal, c.partial_base < 0) for c in device_plan.dense] == [
                 (640, 1, False, False), (640, 1, False, False), (1920, 3, True, True), (1280, 2, True, False)]
@@ -554,17 +555,17 @@ def test_a_step_of_fresh_prompts_on_cudnn_gpu():
     the tiles' and the reference."""
     from dataclasses import replace
 
+    from batchllm.attention_plan.tile_config import default_tile_config
     from batchllm.ops.prefix_attention import whole_step_call
-    from batchllm.ops.tile_config import default_tile_config
 
     num_heads, num_kv_heads, head_dim = 32, 8, 128
     b, query, k_cache, v_cache, _, _ = _llama_case_gpu([SeqSpec(1024, 1024)] * 4, kv_fp8=False)
     tile = default_tile_config(head_dim, num_heads // num_kv_heads)
     outs = []
     for config in (tile, replace(tile, dense_min_rows=0)):
-        plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=num_kv_heads,
-                                        num_heads=num_heads, head_dim=head_dim, tile=config,
-                                        num_sms=device_num_sms("cuda")).to("cuda")
+        plan = plan_to_device(build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=num_kv_heads,
+                                                       num_heads=num_heads, head_dim=head_dim, tile=config,
+                                                       num_sms=device_num_sms("cuda")), "cuda")
         assert (whole_step_call(plan) is not None) == bool(config.dense_min_rows)
         outs.append(prefix_shared_attention(query, k_cache, v_cache, plan, head_dim ** -0.5))
     assert outs[0].is_contiguous() and outs[0].dtype == torch.bfloat16

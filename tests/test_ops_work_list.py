@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from batchllm.ops.tile_config import default_tile_config
-from batchllm.ops.work_list import (
+from batchllm.attention_plan.tile_config import default_tile_config
+from batchllm.attention_plan.work_list import (
     F_KIND,
     F_KV_END,
     F_KV_START,
@@ -171,7 +171,7 @@ def test_device_plan_views_start_16_byte_aligned():
 
     import torch
 
-    from batchllm.ops.work_list import PrefixSharedPlanOnDevice
+    from batchllm.ops.plan_device import PrefixSharedPlanOnDevice, plan_to_device
 
     for num_groups, members, prefix, distinct in [(3, 5, 37, 9), (1, 7, 16, 1), (2, 3, 33, 17)]:
         args = list(_decode_groups(num_groups, members, prefix, distinct))
@@ -179,7 +179,7 @@ def test_device_plan_views_start_16_byte_aligned():
         plan = build_prefix_shared_plan(*args, block_size=16, num_kv_heads=1, num_heads=3,
                                         tile=replace(default_tile_config(64, 3, interpret=False), split_classes=True),
                                         num_sms=H200_SMS)
-        device_plan = plan.to("cpu")
+        device_plan = plan_to_device(plan, "cpu")
         base = device_plan.work.data_ptr()
         views = [getattr(device_plan, f.name) for f in fields(PrefixSharedPlanOnDevice)]
         views = [v for v in views if isinstance(v, torch.Tensor)]
@@ -213,7 +213,7 @@ def test_split_kv_pieces_fill_the_given_sm_count():
 def test_graph_layout_cuts_the_buffer_like_a_step_plan():
     """The decode CUDA graphs' static buffer and a step plan's buffer share one layout class: the
     same arrays in the same order, every view 16-byte aligned, shapes as declared."""
-    from batchllm.ops.plan_layout import PLAN_ARRAYS, graph_layout, step_layout
+    from batchllm.attention_plan.layout import PLAN_ARRAYS, graph_layout, step_layout
 
     layout = graph_layout(num_rows=16, num_blocks=32, items_capacity=1088, slots_capacity=1152, work_fields=12)
     views = layout.views(np.zeros(layout.num_int32, np.int32))
@@ -246,7 +246,7 @@ def test_dense_calls_take_the_kv_every_row_of_a_segment_sees():
     call for its own positions. A one-row decode is below the row threshold."""
     from dataclasses import replace
 
-    from batchllm.ops.work_list import F_MASK_MODE, MASK_ROW_LIMIT, build_prefix_shared_plan
+    from batchllm.attention_plan.work_list import F_MASK_MODE, MASK_ROW_LIMIT, build_prefix_shared_plan
 
     b = _group_and_chunks_batch()
     tile = replace(default_tile_config(64, 4, interpret=True), dense_min_rows=6, dense_min_tokens=8)
@@ -288,7 +288,7 @@ def test_long_prefix_chunks_leave_their_group_segment():
     is left for group 0 or the ungrouped chunk; the prefix chunk's rows have no row-limit tile."""
     from dataclasses import replace
 
-    from batchllm.ops.work_list import build_prefix_shared_plan
+    from batchllm.attention_plan.work_list import build_prefix_shared_plan
 
     b = _group_and_chunks_batch()
     tile = replace(default_tile_config(64, 4, interpret=True), dense_min_rows=4, dense_min_tokens=8)
@@ -308,7 +308,8 @@ def test_equal_causal_squares_on_consecutive_rows_run_as_one_batched_call():
     calls from 19 rows, the batch of 18 rows is too small as well."""
     from dataclasses import replace
 
-    from batchllm.ops.work_list import build_prefix_shared_plan
+    from batchllm.attention_plan.work_list import build_prefix_shared_plan
+    from batchllm.ops.plan_device import plan_to_device
     from synthetic_batch import SeqSpec, make_batch
 
     seqs = [SeqSpec(6, 6), SeqSpec(6, 6), SeqSpec(6, 6), SeqSpec(5, 5), SeqSpec(6, 10)]
@@ -321,7 +322,7 @@ def test_equal_causal_squares_on_consecutive_rows_run_as_one_batched_call():
     assert plan.dense.tolist() == [[0, 6, 0, 0, 0, 6, -1, 1, 3], [6, 6, 1, 0, 0, 6, -1, 1, 0],
                                    [12, 6, 2, 0, 0, 6, -1, 1, 0]]
     assert sorted(set(plan.work[:, F_SEQ].tolist())) == [3, 4]
-    calls = plan.to("cpu").dense
+    calls = plan_to_device(plan, "cpu").dense
     assert [(c.q_start, c.q_count, c.batch, c.kv_len, c.causal) for c in calls] == [(0, 18, 3, 6, True)]
     assert calls[0].blocks.tolist() == [int(b.block_tables[s, 0]) for s in range(3)]
     fewer = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8,

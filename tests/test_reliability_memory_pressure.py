@@ -5,7 +5,7 @@ outputs equal the unconstrained run token for token, under every policy."""
 import numpy as np
 import pytest
 
-from batchllm.config import EngineConfig
+from batchllm.config import engine_config
 from batchllm.engine.llm_engine import LLMEngine, PreparedRequest, RunStats
 from batchllm.sampling_params import SamplingParams
 from batchllm.sched.block_table import BlockTableTracker
@@ -22,7 +22,7 @@ def engines(tiny_engine):
     """The session's random:tiny engine (4096 KV tokens: nothing is ever preempted) and one whose
     KV cache holds less than the requests need. Preemption and recompute do not depend on the
     weights, so the tiny model keeps the many small steps of this test cheap."""
-    return tiny_engine, LLMEngine(EngineConfig(model="random:tiny", dtype="float32", device="cpu",
+    return tiny_engine, LLMEngine(engine_config("random:tiny", dtype="float32", device="cpu",
                                                kv_cache_tokens=SMALL_KV_TOKENS))
 
 

@@ -33,9 +33,13 @@ def _steps(policy: str, spec, on_step=None, **config):
         if on_step is not None:
             on_step(scheduler, output, tables)
         yield output, tables
-        sampled = {c.seq_id: 7 for c in output.chunks if c.sample}
-        finish = {i: "length" for i in sampled if len(requests[i].output_token_ids) + 1 >= requests[i].max_tokens}
-        scheduler.update(output, sampled, finish)
+        finish = {}
+        for c in output.chunks:
+            if c.sample:
+                requests[c.seq_id].output_token_ids.append(7)
+                if len(requests[c.seq_id].output_token_ids) >= requests[c.seq_id].max_tokens:
+                    finish[c.seq_id] = "length"
+        scheduler.update(output, finish)
 
 
 def _changes(output) -> list:
@@ -84,9 +88,10 @@ def _internal_tables(scheduler, output) -> list[tuple[int, ...]]:
     """Each chunk's whole block table as the scheduler holds it."""
     if hasattr(scheduler, "active_groups"):  # batchllm: prefix blocks, then the member's own
         tables = []
+        groups = {group.prefix_id: group for group in scheduler.active_groups}
         for chunk in output.chunks:
             if chunk.is_prefix:
-                tables.append(tuple(scheduler._groups_by_prefix_id[chunk.seq_id].prefix_block_ids))
+                tables.append(tuple(groups[chunk.seq_id].prefix_block_ids))
             else:
                 member = scheduler._seqs[chunk.seq_id]
                 tables.append(tuple(member.group.prefix_block_ids) + tuple(member.block_ids))
@@ -126,7 +131,8 @@ def _output(step_index, *chunks, preempted=(), finished=()):
 
 
 def _chunk(seq_id, start, new):
-    return ScheduledChunk(seq_id=seq_id, token_ids=(1,), start_position=0, new_block_ids=new, block_ids_start=start)
+    return ScheduledChunk(seq_id=seq_id, token_ids=(1,), start_position=0, num_tokens=1, new_block_ids=new,
+                          block_ids_start=start)
 
 
 def test_tracker_rules():

@@ -54,13 +54,15 @@ def run(spec, config: SchedulerConfig, stop_mod: int | None = None, max_steps: i
             num_out = len(checker.outputs[rid]) + 1
             if num_out >= requests[rid].max_tokens or (stop_mod and token % stop_mod == 0):
                 finish[rid] = "length" if num_out >= requests[rid].max_tokens else "stop"
-        finished = sched.update(out, sampled, finish)
+        for rid, token in sampled.items():
+            requests[rid].output_token_ids.append(token)  # read: the caller's list
+        finished = sched.update(out, finish)
         checker.record(sampled, [f.request_id for f in finished])
         assert {f.request_id for f in finished} == set(finish)
         for item in finished:
             assert item.request_id not in outputs, "finished twice"
-            outputs[item.request_id] = item.output_token_ids
-            assert list(item.output_token_ids) == checker.outputs[item.request_id]
+            outputs[item.request_id] = tuple(requests[item.request_id].output_token_ids)
+            assert list(outputs[item.request_id]) == checker.outputs[item.request_id]
         # BatchLLM 4.3.1: a group's prefix blocks are freed when its last member ends.
         for group, block_ids in groups_before.values():
             if all(m.finished for m in group.members):
@@ -185,9 +187,13 @@ def test_prefix_chunk_before_members_and_groups_adjacent():
         out = sched.schedule()
         groups_with_prefix = {c.group_id for c in out.chunks if c.is_prefix}
         saw_same_step |= any(not c.is_prefix and c.group_id in groups_with_prefix for c in out.chunks)
-        sampled = {c.seq_id: 7 for c in out.chunks if c.sample}
-        finish = {rid: "length" for rid in sampled if len(requests[rid].output_token_ids) + 1 >= requests[rid].max_tokens}
-        sched.update(out, sampled, finish)
+        finish = {}
+        for c in out.chunks:
+            if c.sample:
+                requests[c.seq_id].output_token_ids.append(7)
+                if len(requests[c.seq_id].output_token_ids) >= requests[c.seq_id].max_tokens:
+                    finish[c.seq_id] = "length"
+        sched.update(out, finish)
     # The checker (other tests) proves the ordering; here: a prefix and its first distinct
     # chunks do share a step (prefix processed no later than its first distinct chunk).
     assert saw_same_step
@@ -210,12 +216,12 @@ def test_checker_rejects_a_row_whose_fixed_fields_change():
     from batchllm.sched.interface import ScheduledChunk, SchedulerOutput
 
     checker = ChunkStreamChecker([SchedRequest(0, [1, 2, 3, 4, 5], 4)], block_size=4)
-    first = ScheduledChunk(seq_id=0, token_ids=(1, 2, 3, 4), start_position=0, new_block_ids=(7,))
+    first = ScheduledChunk(seq_id=0, token_ids=(1, 2, 3, 4), start_position=0, num_tokens=4, new_block_ids=(7,))
     checker.check_step(SchedulerOutput(0, (first,)))
-    moved = ScheduledChunk(seq_id=0, token_ids=(5,), start_position=4, new_block_ids=(8,), block_ids_start=1,
+    moved = ScheduledChunk(seq_id=0, token_ids=(5,), start_position=4, num_tokens=1, new_block_ids=(8,), block_ids_start=1,
                            group_id=3, sample=True)
     with pytest.raises(ContractError, match="changed from"):
         checker.check_step(SchedulerOutput(1, (moved,)))
-    again = ScheduledChunk(seq_id=0, token_ids=(1, 2, 3, 4, 5), start_position=0, new_block_ids=(8, 9),
+    again = ScheduledChunk(seq_id=0, token_ids=(1, 2, 3, 4, 5), start_position=0, num_tokens=5, new_block_ids=(8, 9),
                            group_id=3, sample=True)
     checker.check_step(SchedulerOutput(2, (again,), preempted_request_ids=(0,)))  # a new row: accepted

@@ -89,16 +89,16 @@ def test_torch_backend_equals_the_reference_with_a_window():
 
     import numpy as np
 
-    from batchllm.engine.cpu_attention import BatchedTorchBackend
+    from batchllm.engine.attention.batched_torch import BatchedTorchBackend
 
     generator = torch.Generator().manual_seed(3)
     case = _paged_case(generator, [45, 30, 60, 9, 17], [1, 30, 5, 9, 1], [24, 24, 24, 0, 0])
     query, k_cache, v_cache, starts, lens, shared, tables = case
     inputs = SimpleNamespace(query_start_loc=starts.numpy(), seq_lens=lens.numpy(), shared_kv_lens=shared.numpy(),
                              block_tables=tables.numpy())
-    metadata = SimpleNamespace(slot_mapping=torch.zeros(1, dtype=torch.int64))
     backend = BatchedTorchBackend(block_size=4)
-    backend.prepare(inputs, metadata)
+    plan = backend.plan_to_device(backend.build_plan(inputs), torch.device("cpu"))
+    metadata = SimpleNamespace(slot_mapping=torch.zeros(1, dtype=torch.int64), plan=plan)
     assert len(metadata.plan) > 1  # decode rows and prefill chunks in separate padded batches
     for window in (None, WINDOW, 1):
         ours = backend.attend(query, k_cache, v_cache, metadata, 0.3, window)
@@ -177,8 +177,9 @@ KERNEL_SCENARIOS = {
 
 
 def _kernel_case(name, dtype, window, device, tile=None, kv_split_tokens=16):
+    from batchllm.attention_plan.work_list import build_prefix_shared_plan
+    from batchllm.ops.plan_device import device_num_sms, plan_to_device
     from batchllm.ops.prefix_attention import prefix_shared_attention
-    from batchllm.ops.work_list import build_prefix_shared_plan, device_num_sms
     from synthetic_batch import SeqSpec, make_batch
 
     seqs = []
@@ -190,7 +191,7 @@ def _kernel_case(name, dtype, window, device, tile=None, kv_split_tokens=16):
                                     kv_split_tokens=kv_split_tokens, tile=tile, num_sms=device_num_sms(device))
     q_lens = b.query_start_loc[1:] - b.query_start_loc[:-1]
     positions = torch.cat([torch.arange(int(n) - int(q), int(n)) for q, n in zip(q_lens, b.seq_lens)]).to(device)
-    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan.to(device), 0.125, window, positions)
+    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan_to_device(plan, device), 0.125, window, positions)
     args = (b.query.float(), b.k_cache.float(), b.v_cache.float(), b.query_start_loc, b.seq_lens, b.shared_kv_lens,
             b.block_tables)
     ref = paged_attention_reference(*args, 0.125, sliding_window=window)
@@ -215,7 +216,7 @@ def test_window_with_unmasked_kv_steps(name, device):
     see (masked) and steps every row sees (unmasked)."""
     from dataclasses import replace
 
-    from batchllm.ops.tile_config import default_tile_config
+    from batchllm.attention_plan.tile_config import default_tile_config
 
     tile = replace(default_tile_config(64, 3), small_n=16, big_n=16)
     out, ref, _ = _kernel_case(name, torch.float32, 17, device, tile=tile, kv_split_tokens=None)

@@ -241,12 +241,18 @@ def bench_command(args) -> int:
     if model is None:
         return 2
     options = options_from_args(args, model)
+    from batchllm.perf.markdown import render_markdown
+    from batchllm.perf.runner import check_engines, run_variants
+
+    try:
+        check_engines(options)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     problem = fp8_problem(options)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    from batchllm.perf.markdown import render_markdown
-    from batchllm.perf.runner import run_variants
 
     files = output_files(args)
     try:

@@ -99,20 +99,21 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_config_from_args(args):
-    from batchllm.config import EngineConfig
-    from batchllm.sched.config import SchedulerConfig
+    """The engine configuration the options ask for, validated, also against this machine (its
+    GPU, Triton): ValueError naming the fix, before anything loads."""
+    from batchllm.config import engine_config
+    from batchllm.engine.host_check import check_host
 
-    if args.kv_cache_tokens is not None and args.kv_cache_tokens < args.block_size:
-        raise ValueError(f"--kv-cache-tokens {args.kv_cache_tokens} is less than one KV block "
-                         f"(--block-size {args.block_size}): give at least {args.block_size}")
-    scheduler = SchedulerConfig(policy=args.policy, block_size=args.block_size,
-                                max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
-    return EngineConfig(model=args.model, dtype=args.dtype, quantization=args.quantization,
-                        kv_cache_dtype=args.kv_cache_dtype, device=args.device, max_model_len=args.max_model_len,
-                        kv_cache_tokens=args.kv_cache_tokens, gpu_memory_utilization=args.gpu_memory_utilization,
-                        attention_backend=args.attention_backend, seed=args.seed,
-                        enforce_eager=args.enforce_eager,
-                        async_scheduling=args.async_scheduling, scheduler=scheduler)
+    config = engine_config(
+        args.model, dtype=args.dtype, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+        device=args.device, max_model_len=args.max_model_len, kv_cache_tokens=args.kv_cache_tokens,
+        gpu_memory_utilization=args.gpu_memory_utilization, policy=args.policy, block_size=args.block_size,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        attention_backend=args.attention_backend, seed=args.seed, enforce_eager=args.enforce_eager,
+        async_scheduling=args.async_scheduling, tensor_parallel_size=args.tensor_parallel_size,
+        ray_num_replicas=args.num_replicas if args.ray else None)
+    check_host(config)
+    return config
 
 
 def run_command(args) -> int:
@@ -122,7 +123,7 @@ def run_command(args) -> int:
     from batchllm.io.journal import JournalMismatchError
     from batchllm.job.stop_signals import StopSignals
 
-    problem = _ray_problem(args) or _input_problem(args.input)
+    problem = _input_problem(args.input)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -137,7 +138,7 @@ def run_command(args) -> int:
     stop = StopRequest()
     try:
         with StopSignals(stop):
-            summary = run_batch_file(LazyEngine(config, lambda: _load_engine(args, config)), args.input, args.output,
+            summary = run_batch_file(LazyEngine(config, lambda: _load_engine(config)), args.input, args.output,
                                      options=options, stop=stop)
     except (JobFilesError, JobLockedError, JournalMismatchError, ModelLoadError) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -153,48 +154,20 @@ def run_command(args) -> int:
     return 0
 
 
-def _load_engine(args, config):
-    """The engine (local, tensor parallel or Ray); ModelLoadError with the fix if it cannot load."""
-    from batchllm.engine.factory import create_engine
+def _load_engine(config):
+    """The engine the configuration asks for (batchllm.engines.build_engine); ModelLoadError with
+    the fix if it cannot load."""
+    from batchllm import engines
+    from batchllm.engine.errors import EngineConfigError
 
-    print(f"loading model {args.model or 'SmolLM2-135M-Instruct (default)'} ...", file=sys.stderr)
+    print(f"loading model {config.model or 'SmolLM2-135M-Instruct (default)'} ...", file=sys.stderr)
     try:
-        return _ray_engine(args, config) if args.ray else create_engine(config, args.tensor_parallel_size)
+        return engines.build_engine(config)
+    except (EngineConfigError, engines.EngineStartError) as error:
+        raise ModelLoadError(str(error)) from None
     except (FileNotFoundError, ValueError, OSError) as error:
-        raise ModelLoadError(f"cannot load the model {args.model or '(default)'}: {error} "
+        raise ModelLoadError(f"cannot load the model {config.model or '(default)'}: {error} "
                              "(fix: pass --model a .gguf file, a HF model directory or random:PRESET)") from None
-
-
-def _ray_engine(args, config):
-    """The engine for --ray: replicas on the Ray cluster (RAY_ADDRESS, else a local one)."""
-    import signal
-
-    import torch
-
-    from batchllm.distributed.ray_dp import RAY_MISSING, RayDPConfig
-    from batchllm.distributed.ray_engine import RayEngine
-
-    try:
-        import ray
-    except ImportError:
-        raise ModelLoadError(RAY_MISSING) from None
-    job_handler = signal.getsignal(signal.SIGTERM)
-    ray.init(ignore_reinit_error=True, configure_logging=False)
-    signal.signal(signal.SIGTERM, job_handler)  # ray.init's handler exits at once; the job's saves first
-    gpus = 1 if torch.cuda.is_available() else 0
-    try:
-        return RayEngine(config, RayDPConfig(num_replicas=args.num_replicas, gpus_per_replica=gpus))
-    except ray.exceptions.RayError as error:
-        raise ModelLoadError(f"a Ray replica could not load the model: {error}") from None
-
-
-def _ray_problem(args) -> str | None:
-    if args.ray and args.tensor_parallel_size > 1:
-        return ("--tensor-parallel-size > 1 does not work with --ray (each replica runs one unsplit engine): "
-                "drop one of them")
-    if args.ray and args.num_replicas < 1:
-        return f"--num-replicas must be >= 1, got {args.num_replicas}"
-    return None
 
 
 def _input_problem(path: str) -> str | None:

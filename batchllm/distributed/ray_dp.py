@@ -16,24 +16,11 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from batchllm.config import EngineConfig, ParallelConfig, RayDPConfig
 from batchllm.distributed.dp_plan import plan_replicas
 
 RAY_MISSING = "Ray is not installed: pip install 'batchllm[ray]'"
 DEFAULT_COST_MAX_TOKENS = 256  # decode tokens assumed for cost when a request has no max_tokens
-
-
-@dataclass(frozen=True)
-class RayDPConfig:
-    num_replicas: int = 2
-    gpus_per_replica: float = 0.0  # 1 per replica on GPU clusters
-    cpus_per_replica: float = 1.0
-    shards_per_replica: int = 1  # >1: smaller shards, handed to whichever replica is idle (dynamic balance)
-    decode_token_weight: float = 1.0  # cost of a decode token relative to a prefill token
-    stop_poll_s: float = 0.5  # with nothing arriving, the driver checks for a stop this often
-
-    def __post_init__(self) -> None:
-        if self.num_replicas < 1 or self.shards_per_replica < 1 or self.stop_poll_s <= 0:
-            raise ValueError("num_replicas and shards_per_replica must be >= 1, stop_poll_s > 0")
 
 
 @dataclass(frozen=True)
@@ -49,7 +36,8 @@ class ShardUpdate:
 class EngineReplica:
     """A Ray actor: one LLMEngine; run_shard streams one shard's results step by step."""
 
-    def __init__(self, engine_config) -> None:
+    def __init__(self, engine_config: EngineConfig) -> None:
+        """engine_config: the replica's own engine (one process, no Ray)."""
         from batchllm.engine.llm_engine import LLMEngine
 
         self.engine = LLMEngine(engine_config)
@@ -58,7 +46,7 @@ class EngineReplica:
         """This replica's RequestLimits (its context and KV cache)."""
         return self.engine.limits
 
-    def run_shard(self, requests: list) -> Iterator[ShardUpdate]:
+    def run_shard(self, requests: list, options=None) -> Iterator[ShardUpdate]:
         """The engine runs in a thread: an update is complete in its on_step callback (after each
         step's finished requests), and a callback cannot yield."""
         from batchllm.engine.request_state import FinishedOutput
@@ -83,7 +71,7 @@ class EngineReplica:
 
         def run() -> None:
             try:
-                for done in self.engine.run(runnable, on_step=on_step):
+                for done in self.engine.run(runnable, on_step=on_step, options=options):
                     finished.append(done)
                 if finished:  # rejected requests, and no step ran
                     updates.put(ShardUpdate(finished, 0, 0, time.time()))
@@ -110,17 +98,30 @@ def plan_shards(requests: Sequence, dp: RayDPConfig) -> list[list]:
     return [[requests[i] for i in shard] for shard in shards if shard]
 
 
-def start_replicas(engine_config, dp: RayDPConfig) -> list:
-    """num_replicas actors on the connected Ray cluster (each loads the model when it starts)."""
+def replica_gpus(engine_config: EngineConfig, dp: RayDPConfig) -> float:
+    """GPUs each replica asks Ray for: dp.gpus_per_replica, or (None) 1 when the engine's device
+    is CUDA, else 0."""
+    if dp.gpus_per_replica is not None:
+        return dp.gpus_per_replica
+    from batchllm.engine.loading import resolve_device
+
+    return 1.0 if resolve_device(engine_config.device).type == "cuda" else 0.0
+
+
+def start_replicas(engine_config: EngineConfig, dp: RayDPConfig) -> list:
+    """num_replicas actors on the connected Ray cluster (each loads the model when it starts);
+    each replica's engine is engine_config in one process."""
     import ray
 
-    actor = ray.remote(EngineReplica).options(num_gpus=dp.gpus_per_replica, num_cpus=dp.cpus_per_replica)
-    return [actor.remote(engine_config) for _ in range(dp.num_replicas)]
+    actor = ray.remote(EngineReplica).options(num_gpus=replica_gpus(engine_config, dp), num_cpus=dp.cpus_per_replica)
+    replica_config = dataclasses.replace(engine_config, parallel=ParallelConfig())
+    return [actor.remote(replica_config) for _ in range(dp.num_replicas)]
 
 
-def stream_shards(replicas: list, shards: list[list], stop_poll_s: float) -> Iterator[ShardUpdate]:
+def stream_shards(replicas: list, shards: list[list], stop_poll_s: float, options=None) -> Iterator[ShardUpdate]:
     """Runs the shards on the replicas (an idle replica takes the next shard) and yields every
-    update as it arrives, or an empty one after stop_poll_s with nothing arriving (a chance to stop)."""
+    update as it arrives, or an empty one after stop_poll_s with nothing arriving (a chance to stop).
+    options: the RunOptions every replica runs its shards with (None: the defaults)."""
     import ray
 
     waiting = deque(shards)
@@ -128,7 +129,7 @@ def stream_shards(replicas: list, shards: list[list], stop_poll_s: float) -> Ite
 
     def start(replica) -> None:
         if waiting:
-            running[replica.run_shard.remote(waiting.popleft())] = replica
+            running[replica.run_shard.remote(waiting.popleft(), options)] = replica
 
     for replica in replicas:
         start(replica)
@@ -152,7 +153,7 @@ def kill_replicas(replicas: list) -> None:
         ray.kill(replica)
 
 
-def generate_on_ray(engine_config, requests: Sequence, dp: RayDPConfig) -> list[object]:
+def generate_on_ray(engine_config: EngineConfig, requests: Sequence, dp: RayDPConfig) -> list[object]:
     """Python helper: every request's FinishedOutput (or ReplicaError), in request order.
     requests: PreparedRequest with request_id = position in the list. Ray must be initialised by
     the caller (ray.init(...) or an existing cluster)."""

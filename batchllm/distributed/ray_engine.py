@@ -1,4 +1,4 @@
-"""The batch job's engine interface, backed by Ray replicas (`batchllm run --ray`).
+"""An Engine (engine/engine_protocol.py) backed by Ray replicas (`batchllm run --ray`).
 
 The job itself is the single-process one, so a Ray run resumes like a local one and either can
 resume the other's journal (docs/scale-out.md). Only the engine differs: the driver tokenizes and
@@ -13,26 +13,30 @@ import time
 from collections.abc import Callable, Iterator
 
 from batchllm.config import EngineConfig
-from batchllm.distributed.ray_dp import RayDPConfig, kill_replicas, plan_shards, start_replicas, stream_shards
-from batchllm.engine.request_state import FinishedOutput, PreparedRequest, RunStats
+from batchllm.distributed.ray_dp import kill_replicas, plan_shards, start_replicas, stream_shards
 from batchllm.engine.request_limits import RequestLimits
+from batchllm.engine.request_state import FinishedOutput, PreparedRequest, RunStats
+from batchllm.engine.run_options import RunOptions
 
 
 class RayEngine:
-    """Duck-types the parts of LLMEngine that the batch job uses (run, limits, tokenizer)."""
+    """The Engine of config.parallel.ray: the driver holds the tokenizer and the requests'
+    limits, the replicas each an LLMEngine."""
 
-    def __init__(self, config: EngineConfig, dp: RayDPConfig) -> None:
+    def __init__(self, config: EngineConfig) -> None:
         """Starts the replicas and waits for their models: a replica that cannot load fails here."""
         import ray
 
         from batchllm.models.loader import describe_model
         from batchllm.models.tokenizer import load_tokenizer
 
+        if config.parallel.ray is None:
+            raise ValueError("a RayEngine needs config.parallel.ray (the data parallel settings)")
         description = describe_model(config.model)
-        self.config, self.dp = config, dp
+        self.config, self.dp = config, config.parallel.ray
         self.arch, self.model_name = description.config, description.name
         self.tokenizer = load_tokenizer(description.tokenizer_source)
-        self.replicas: list | None = start_replicas(config, dp)  # None after a stop or a failure
+        self.replicas: list | None = start_replicas(config, self.dp)  # None after a stop or a failure
         # Requests are checked against the smallest replica KV cache (each replica checks again).
         try:
             replica_limits = ray.get([replica.limits.remote() for replica in self.replicas])
@@ -46,10 +50,12 @@ class RayEngine:
         requests: list[PreparedRequest],
         on_step: Callable[[int, int], None] | None = None,
         stats: RunStats | None = None,
+        options: RunOptions | None = None,
     ) -> Iterator[FinishedOutput]:
         """Yields each request as a replica finishes it (a request a replica rejected comes back as
         a FinishedOutput with `error` set). on_step(num_finished, num_new_tokens) after each update,
-        at least every stop_poll_s, so that the caller can stop by raising there."""
+        at least every stop_poll_s, so that the caller can stop by raising there. options: every
+        replica runs its shards with them."""
         stats = stats if stats is not None else RunStats()
         stats.num_requests += len(requests)
         stats.num_prompt_tokens += sum(len(request.prompt_token_ids) for request in requests)
@@ -59,7 +65,8 @@ class RayEngine:
         if self.replicas is None:
             self.replicas = start_replicas(self.config, self.dp)
         try:
-            for update in stream_shards(self.replicas, plan_shards(requests, self.dp), self.dp.stop_poll_s):
+            shards = plan_shards(requests, self.dp)
+            for update in stream_shards(self.replicas, shards, self.dp.stop_poll_s, options):
                 stats.num_steps += update.num_steps
                 stats.num_output_tokens += update.num_new_tokens
                 yield from update.finished
@@ -72,6 +79,7 @@ class RayEngine:
             stats.seconds += time.perf_counter() - started
 
     def shutdown(self) -> None:
+        """Kill the replicas (a later run starts new ones)."""
         if self.replicas is not None:
             kill_replicas(self.replicas)
             self.replicas = None

@@ -40,7 +40,7 @@ class ScheduleDivergedError(RuntimeError):
 def step_fingerprint(run_id: int, output) -> int:
     """A number that differs, almost surely, between two different scheduled steps."""
     chunks = output.chunks
-    num_tokens = sum(len(chunk.token_ids) for chunk in chunks)
+    num_tokens = sum(chunk.num_tokens for chunk in chunks)
     return hash((run_id, output.step_index, len(chunks), num_tokens, sum(chunk.seq_id for chunk in chunks))) & _MASK
 
 

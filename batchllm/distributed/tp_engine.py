@@ -1,5 +1,5 @@
 """Tensor-parallel engine: one process per GPU on one host; this process is rank 0
-(docs/scale-out.md). Build it with `engine.factory.create_engine(config, tensor_parallel_size=N)`.
+(docs/scale-out.md). batchllm.engines.build_engine builds it for config.parallel.tensor.size > 1.
 
 A script that builds a TPEngine must guard its top level with `if __name__ == "__main__":`
 (spawned workers import the main module).
@@ -23,7 +23,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from batchllm.config import EngineConfig
-from batchllm.distributed.config import TensorParallelConfig
 from batchllm.distributed.sharding import LoadedShard, load_shard
 from batchllm.distributed.step_gate import RunAborted, StepGate, new_shared_words
 from batchllm.distributed.tp_runner import TPModelRunner
@@ -34,7 +33,6 @@ from batchllm.engine.run_options import RunOptions
 from batchllm.engine.loading import (
     EngineParts, activation_reserve_bytes, model_len_limit, prepare_model, resolve_device, resolve_dtype,
 )
-from batchllm.sched.config import SchedulerConfig
 
 
 def free_tcp_port() -> int:
@@ -65,9 +63,10 @@ class RankState:
     control_group: object  # None: the default group (gloo)
 
 
-def start_rank(config: EngineConfig, tp: TensorParallelConfig, rank: int, port: int) -> RankState:
+def start_rank(config: EngineConfig, rank: int, port: int) -> RankState:
     """Every rank, in the same order: join the group, load the shard, agree on the KV size."""
-    world_size = tp.tensor_parallel_size
+    tp = config.parallel.tensor
+    world_size = tp.size
     device = rank_device(config, rank)
     dtype = resolve_dtype(config.dtype, device)
     backend = tp.resolve_backend(device.type)
@@ -82,8 +81,7 @@ def start_rank(config: EngineConfig, tp: TensorParallelConfig, rank: int, port: 
     # The same reserve as LLMEngine, on the full widths (conservative for a shard).
     reserve = activation_reserve_bytes(config, full, dtype)
     bytes_per_token = kv_bytes_per_token(local.num_layers, local.num_kv_heads, local.head_dim, dtype)
-    num_kv_tokens = choose_num_kv_tokens(device, bytes_per_token, config.kv_cache_tokens,
-                                         config.gpu_memory_utilization, reserve)
+    num_kv_tokens = choose_num_kv_tokens(device, bytes_per_token, config.cache, reserve)
     # Every rank schedules the same steps: all must hold the same number of blocks (the smallest).
     agreed = torch.tensor([num_kv_tokens], dtype=torch.int64)
     dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=control_group)
@@ -106,11 +104,13 @@ def engine_parts(state: RankState, runner: TPModelRunner) -> EngineParts:
 
 @dataclass(frozen=True)
 class RunCommand:
-    """Rank 0 -> each worker, once per run: what to run and with which settings."""
+    """Rank 0 -> each worker, once per run: what to run and with which settings (rank 0's
+    configuration and KV blocks, so that every rank schedules the same steps)."""
 
     run_id: int
     requests: list[PreparedRequest]
-    scheduler_config: SchedulerConfig
+    config: EngineConfig
+    num_kv_blocks: int
     options: RunOptions
 
 
@@ -125,14 +125,14 @@ def _next_command(commands, poll_s: float = 1.0) -> RunCommand | None:
                 return None
 
 
-def _worker_main(rank: int, port: int, config: EngineConfig, tp: TensorParallelConfig, gate_words,
-                 commands) -> None:
+def _worker_main(rank: int, port: int, config: EngineConfig, gate_words, commands) -> None:
     try:
-        state = start_rank(config, tp, rank, port)
-        runner = make_runner(state, config, StepGate(gate_words, leader=False, timeout_s=tp.timeout_s))
+        state = start_rank(config, rank, port)
+        timeout_s = config.parallel.tensor.timeout_s
+        runner = make_runner(state, config, StepGate(gate_words, leader=False, timeout_s=timeout_s))
         engine = LLMEngine(config, engine_parts(state, runner))
         while (command := _next_command(commands)) is not None:
-            engine.scheduler_config = command.scheduler_config
+            engine.config, engine.num_kv_blocks = command.config, command.num_kv_blocks
             runner.run_id = command.run_id
             try:
                 for _ in engine.run(command.requests, options=command.options):
@@ -168,29 +168,26 @@ class TPEngine(LLMEngine):
     """LLMEngine whose model is split over tensor_parallel_size processes (this one is rank 0).
     Every rank runs the same step loop; rank 0 alone yields the outputs."""
 
-    def __init__(self, config: EngineConfig, tp: TensorParallelConfig) -> None:
+    def __init__(self, config: EngineConfig) -> None:
+        """config.parallel.tensor: how many processes, their backend and rendezvous."""
         if dist.is_initialized():
             raise RuntimeError("a torch.distributed process group already exists in this process: "
                                "one TPEngine per process")
-        self.tp = tp
+        tp = config.parallel.tensor
         port = tp.master_port or free_tcp_port()
         context = mp.get_context("spawn")
         gate_words = new_shared_words(context)
-        self._commands = [context.Queue() for _ in range(1, tp.tensor_parallel_size)]
-        self._workers = [context.Process(target=_worker_main, args=(rank, port, config, tp, gate_words, channel),
+        self._commands = [context.Queue() for _ in range(1, tp.size)]
+        self._workers = [context.Process(target=_worker_main, args=(rank, port, config, gate_words, channel),
                                          daemon=True, name=f"batchllm-tp-rank{rank}")
                          for rank, channel in enumerate(self._commands, start=1)]
         for process in self._workers:
             process.start()
-        state = start_rank(config, tp, 0, port)
+        state = start_rank(config, 0, port)
         self.gate = StepGate(gate_words, leader=True, timeout_s=tp.timeout_s)
         super().__init__(config, engine_parts(state, make_runner(state, config, self.gate)))
         self._run_ids = itertools.count()
         self._finalizer = weakref.finalize(self, _stop, self.gate, self.runner, self._commands, self._workers, 60.0)
-
-    @property
-    def tensor_parallel_size(self) -> int:
-        return self.tp.tensor_parallel_size
 
     def run(
         self,
@@ -203,7 +200,7 @@ class TPEngine(LLMEngine):
         self.runner.raise_if_broken()  # before the workers get a run they could not finish
         options = options if options is not None else RunOptions()
         run_id = next(self._run_ids)
-        command = RunCommand(run_id, list(requests), self.scheduler_config, options)
+        command = RunCommand(run_id, list(requests), self.config, self.num_kv_blocks, options)
         for channel in self._commands:
             channel.put(command)
         self.runner.run_id = run_id

@@ -14,6 +14,7 @@ from batchllm.sched.interface import ScheduledChunk, SchedulerOutput
 class StepRows:
     """The rows of one step's chunks, in chunk order (copies)."""
 
+    batch_rows: np.ndarray  # [num_chunks] int64: each chunk's row in the persistent batch
     block_tables: np.ndarray  # [num_chunks, max_blocks] int32, zero-padded
     shared_kv_lens: np.ndarray  # [num_chunks] int64
     group_ids: np.ndarray  # [num_chunks] int32
@@ -25,6 +26,11 @@ class BatchRows:
 
     def __init__(self, num_rows: int = 256, num_cols: int = 64) -> None:
         self._reset(num_rows, num_cols)
+
+    @property
+    def num_rows(self) -> int:
+        """Rows the batch has room for (a row index is below it)."""
+        return self.table.shape[0]
 
     def _reset(self, num_rows: int, num_cols: int) -> None:
         self.table = np.zeros((num_rows, num_cols), dtype=np.int32)
@@ -45,7 +51,7 @@ class BatchRows:
                 self.table[row, :self._num_blocks[row]] = 0
                 self._num_blocks[row] = 0
                 self._free_rows.append(row)
-        rows = np.empty(len(output.chunks), dtype=np.intp)
+        rows = np.empty(len(output.chunks), dtype=np.int64)
         for index, chunk in enumerate(output.chunks):
             row = self._row_of.get(chunk.seq_id)
             if row is None:
@@ -54,7 +60,7 @@ class BatchRows:
                 self._set(row, chunk.block_ids_start, chunk.new_block_ids)
             rows[index] = row
         max_blocks = int(self._num_blocks[rows].max()) if rows.size else 0
-        return StepRows(self.table[rows, :max(max_blocks, 1)], self.shared_kv_lens[rows], self.group_ids[rows],
+        return StepRows(rows, self.table[rows, :max(max_blocks, 1)], self.shared_kv_lens[rows], self.group_ids[rows],
                         self.is_prefix[rows])
 
     def _set(self, row: int, start: int, new_block_ids: tuple[int, ...]) -> None:

@@ -3,16 +3,19 @@ width, each with static buffers (docs/design.md, "CUDA graphs")."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from batchllm.engine.attention import AttentionMetadata, PagedAttention
-from batchllm.engine.placeholders import resolve_placeholders_
+from batchllm.attention_plan.layout import graph_layout
+from batchllm.attention_plan.work_list import WORK_FIELDS, PrefixSharedPlan
+from batchllm.engine.attention.paged import PagedAttention
+from batchllm.engine.attention.protocol import AttentionMetadata, GraphAttentionBackend
+from batchllm.engine.kv_cache import KVCache
 from batchllm.engine.step_inputs import StepInputs
-from batchllm.ops.plan_layout import graph_layout
-from batchllm.ops.work_list import WORK_FIELDS, PrefixSharedPlanOnDevice
+from batchllm.ops.plan_device import PrefixSharedPlanOnDevice
 
 TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
 
@@ -29,7 +32,7 @@ def rows_bucket(num_tokens: int) -> int | None:
 
 
 def graph_items_capacity(num_rows: int) -> int:
-    """Work items a graph of num_rows rows holds per list: tiles x KV pieces, see work_list.py."""
+    """Work items a graph of num_rows rows holds per list: tiles x KV pieces, see attention_plan/work_list.py."""
     return 4 * num_rows + 1024
 
 
@@ -41,7 +44,7 @@ class _Graph:
         self.slots_cap = 8 * rows + 1024  # partial results to merge
         # int64 part: input_ids, positions, slot_mapping
         self.dev64 = torch.zeros(3 * rows, dtype=torch.int64, device=device)
-        # int32 part: the plan's arrays (plan_layout.graph_layout). The attention launches are
+        # int32 part: the plan's arrays (attention_plan.layout.graph_layout). The attention launches are
         # persistent: each runs the first num_items[i] items of its padded list.
         self.layout = graph_layout(rows, key.num_blocks, self.items_cap, self.slots_cap, WORK_FIELDS)
         self.dev32 = torch.zeros(self.layout.num_int32, dtype=torch.int32, device=device)
@@ -58,13 +61,13 @@ class _Graph:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.hidden: torch.Tensor | None = None
 
-    def fits(self, plan, lists: tuple[np.ndarray, np.ndarray]) -> bool:
+    def fits(self, plan: PrefixSharedPlan, lists: tuple[np.ndarray, np.ndarray]) -> bool:
         """lists: plan.class_lists()."""
         return (max(items.shape[0] for items in lists) <= self.items_cap
                 and plan.num_partial_slots <= self.slots_cap and plan.merge_tokens.shape[0] < self.key.num_rows
                 and plan.dense.shape[0] == 0)  # dense calls are host-launched per step (none in decode plans)
 
-    def fill(self, plan, lists: tuple[np.ndarray, np.ndarray], inputs: StepInputs) -> None:
+    def fill(self, plan: PrefixSharedPlan, lists: tuple[np.ndarray, np.ndarray], inputs: StepInputs) -> None:
         """lists: plan.class_lists(), the work list(s) as the graph's launches take them."""
         turn = self._turn
         self._turn = 1 - turn
@@ -100,7 +103,7 @@ class _Graph:
         event.record()
         self._copied[turn] = event
 
-    def device_plan(self, template, num_sms: int) -> PrefixSharedPlanOnDevice:
+    def device_plan(self, template: PrefixSharedPlan, num_sms: int) -> PrefixSharedPlanOnDevice:
         """A PrefixSharedPlanOnDevice over the static buffers, shaped like the graph; its attention
         launch is persistent (the grid is frozen at capture, the step's item count is not)."""
         views = self.layout.views(self.dev32)
@@ -116,7 +119,8 @@ class _Graph:
 
 
 class DecodeGraphRunner:
-    def __init__(self, model, kv_cache, backend, scale: float, device: torch.device) -> None:
+    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, backend: GraphAttentionBackend, scale: float,
+                 device: torch.device) -> None:
         self.model, self.kv_cache, self.backend, self.scale, self.device = model, kv_cache, backend, scale, device
         self.graphs: dict[GraphKey, _Graph] = {}
         self.num_replays = 0
@@ -133,8 +137,7 @@ class DecodeGraphRunner:
 
     def key_for(self, inputs: StepInputs) -> GraphKey | None:
         """The graph of a decode step (None: not a decode step, or too many rows)."""
-        q_lens = np.diff(inputs.query_start_loc)
-        if inputs.num_tokens == 0 or q_lens.max() != 1:
+        if inputs.num_tokens == 0 or not inputs.decode_only:
             return None
         rows = rows_bucket(inputs.num_tokens)
         if rows is None:
@@ -142,9 +145,11 @@ class DecodeGraphRunner:
         width = 1 << max(int(inputs.block_tables.shape[1]) - 1, 0).bit_length()
         return GraphKey(rows, max(width, 16))
 
-    def run(self, inputs: StepInputs, plan, placeholders: torch.Tensor | None = None) -> torch.Tensor | None:
+    def run(self, inputs: StepInputs, plan: PrefixSharedPlan,
+            feed: Callable[[torch.Tensor], None]) -> torch.Tensor | None:
         """Hidden states [num_tokens, hidden] of a decode step via a graph, or None (run eagerly).
-        placeholders: the previous step's sampled ids on the device, for placeholder input ids."""
+        feed(input_ids): writes the rows fed on the device (the last-token column) into the
+        graph's static input ids, after the host's copy and before the replay, on the stream."""
         key = self.key_for(inputs)
         if key is None:
             return None
@@ -155,15 +160,14 @@ class DecodeGraphRunner:
         if not graph.fits(plan, lists):
             return None
         graph.fill(plan, lists, inputs)
-        if placeholders is not None:
-            resolve_placeholders_(graph.dev64[:inputs.num_tokens], placeholders)
+        feed(graph.dev64[:graph.key.num_rows])
         if graph.graph is None:
             self._capture(graph, plan)
         graph.graph.replay()
         self.num_replays += 1
         return graph.hidden[:inputs.num_tokens]
 
-    def _capture(self, graph: _Graph, template_plan) -> None:
+    def _capture(self, graph: _Graph, template_plan: PrefixSharedPlan) -> None:
         rows = graph.key.num_rows
         input_ids, positions, slot_mapping = graph.dev64[:rows], graph.dev64[rows:2 * rows], graph.dev64[2 * rows:]
         metadata = AttentionMetadata(slot_mapping=slot_mapping, positions=positions,

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from batchllm.config import CacheConfig
+from batchllm.engine.errors import EngineConfigError
 from batchllm.ops.kv_quant import check_kv_scales, is_fp8
 
 CPU_DEFAULT_KV_TOKENS = 32768
@@ -60,20 +62,49 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype:
     return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
 
 
-def choose_num_kv_tokens(device: torch.device, bytes_per_token: int, requested_tokens: int | None,
-                         gpu_memory_utilization: float, activation_reserve_bytes: int) -> int:
-    """KV capacity in tokens: the user's number, else what fits in free GPU memory after the
-    weights and an activation reserve, else a CPU default."""
+def choose_num_kv_tokens(device: torch.device, bytes_per_token: int, cache: CacheConfig,
+                         activation_reserve_bytes: int) -> int:
+    """KV capacity in tokens: the user's number (if the device's free memory holds it), else what
+    fits in free GPU memory after the weights and an activation reserve, else a CPU default."""
+    requested_tokens = cache.kv_cache_tokens
     if requested_tokens is not None:
+        _check_fits(device, requested_tokens, bytes_per_token)
         return requested_tokens
     if device.type != "cuda":
         return CPU_DEFAULT_KV_TOKENS
     free_bytes, total_bytes = torch.cuda.mem_get_info(device)
     used_elsewhere = total_bytes - free_bytes
-    budget = int(total_bytes * gpu_memory_utilization) - used_elsewhere - activation_reserve_bytes
+    budget = int(total_bytes * cache.gpu_memory_utilization) - used_elsewhere - activation_reserve_bytes
     if budget < bytes_per_token * 256:
         raise RuntimeError(
             f"not enough GPU memory for a KV cache ({budget / 2**30:.1f} GiB left after the weights): "
             "lower --max-num-batched-tokens, raise --gpu-memory-utilization or use a smaller model"
         )
     return budget // bytes_per_token
+
+
+def free_memory_bytes(device: torch.device) -> int | None:
+    """Memory a new allocation on the device can take: free GPU memory, or the host's available
+    memory (MemAvailable of /proc/meminfo); None where the host does not say."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _check_fits(device: torch.device, num_tokens: int, bytes_per_token: int) -> None:
+    """Refuse a requested KV cache that the device's free memory cannot hold (rather than an
+    allocator's traceback, or the host's out-of-memory killer)."""
+    free_bytes = free_memory_bytes(device)
+    if free_bytes is None or num_tokens * bytes_per_token <= free_bytes:
+        return
+    raise EngineConfigError(
+        f"--kv-cache-tokens {num_tokens} needs {num_tokens * bytes_per_token / 2**30:.1f} GiB of KV cache and "
+        f"{device.type} has {free_bytes / 2**30:.1f} GiB free: give at most {free_bytes // bytes_per_token} "
+        "(or leave it out for the default size)")

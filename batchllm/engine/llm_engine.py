@@ -14,17 +14,23 @@ from batchllm.engine.sampler import mix_seed
 from batchllm.engine.step_loop import StepLoop
 from batchllm.engine.stop_checker import StopChecker
 from batchllm.engine.request_limits import InvalidRequestError, RequestLimits
+from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.factory import make_scheduler
-from batchllm.sched.interface import SchedRequest
 
 __all__ = ["FinishedOutput", "LLMEngine", "PreparedRequest", "RunStats"]
 
 
 class LLMEngine:
+    """The Engine (and LocalEngine) of one device (engine/engine_protocol.py)."""
+
     def __init__(self, config: EngineConfig, parts: EngineParts | None = None) -> None:
-        """parts: what the engine runs on; None loads the model on one device (load_parts)."""
+        """parts: what the engine runs on; None loads the model on one device (load_parts). Build
+        engines with batchllm.engines.build_engine, which picks the kind the config asks for."""
         from batchllm.models.tokenizer import load_tokenizer
 
+        if parts is None and (config.parallel.tensor.size > 1 or config.parallel.ray is not None):
+            raise ValueError("this configuration asks for tensor or data parallelism: build its engine with "
+                             "batchllm.engines.build_engine")
         parts = parts if parts is not None else load_parts(config)
         self.config = config
         self.device, self.dtype = parts.device, parts.dtype
@@ -36,12 +42,23 @@ class LLMEngine:
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
-        self.scheduler_config = dataclasses.replace(config.scheduler, num_kv_blocks=parts.kv_cache.num_blocks)
+        # The KV blocks the scheduler may fill: the cache's, found when it was sized (state, not
+        # configuration; set lower, the scheduler fills only part of the cache).
+        self.num_kv_blocks = parts.kv_cache.num_blocks
+
+    @property
+    def scheduler_config(self) -> SchedulerConfig:
+        """The scheduling settings of the next run: the configuration's, with the KV blocks."""
+        return dataclasses.replace(self.config.scheduler, num_kv_blocks=self.num_kv_blocks)
 
     def configure_scheduler(self, **changes) -> None:
-        """Change scheduling settings between runs (policy, token budget, ...); the model and
-        the KV cache stay as they are."""
-        self.scheduler_config = dataclasses.replace(self.scheduler_config, **changes)
+        """Change scheduling settings between runs (policy, token budget, ...): a new frozen
+        configuration; the model and the KV cache stay as they are."""
+        if "num_kv_blocks" in changes or "block_size" in changes:
+            raise ValueError("num_kv_blocks and block_size belong to the KV cache the engine holds; "
+                             "they change with a new engine")
+        scheduler = dataclasses.replace(self.config.scheduler, **changes)
+        self.config = dataclasses.replace(self.config, scheduler=scheduler)
 
     @property
     def limits(self) -> RequestLimits:
@@ -52,7 +69,10 @@ class LLMEngine:
 
     @property
     def num_kv_tokens(self) -> int:
-        return self.kv_cache.num_blocks * self.scheduler_config.block_size
+        return self.kv_cache.num_blocks * self.config.scheduler.block_size
+
+    def shutdown(self) -> None:
+        """Nothing outside this process to release."""
 
     def run(
         self,
@@ -69,8 +89,7 @@ class LLMEngine:
         states = {request.request_id: self._request_state(request) for request in requests}
         stats.num_requests += len(requests)
         stats.num_prompt_tokens += sum(len(request.prompt_token_ids) for request in requests)
-        scheduler.add_requests([SchedRequest(r.request_id, list(r.prompt_token_ids), r.params.max_tokens)
-                                for r in requests])
+        scheduler.add_requests([states[request.request_id].sched_request() for request in requests])
         asynchronous = options.async_scheduling and self.config.async_scheduling
         loop = StepLoop(scheduler, self.runner, states, depth=1 if asynchronous else 0,
                         allow_graph=options.cuda_graphs, decode=self._decode, stats=stats, on_step=on_step)

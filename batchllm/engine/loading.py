@@ -10,6 +10,7 @@ import torch
 from batchllm.config import EngineConfig
 from batchllm.engine.kv_cache import KVCache, choose_num_kv_tokens, kv_bytes_per_token, num_kv_blocks
 from batchllm.engine.model_runner import ModelRunner
+from batchllm.models.config import ModelArchConfig
 from batchllm.models.fp8_linear import require_fp8_device
 from batchllm.ops.fp8 import FP8_DTYPE
 
@@ -20,7 +21,7 @@ class EngineParts:
 
     device: torch.device
     dtype: torch.dtype
-    arch: object  # the full model's architecture (ModelConfig)
+    arch: ModelArchConfig  # the full model's architecture
     model_name: str
     tokenizer_source: dict | None
     max_model_len: int
@@ -44,7 +45,7 @@ def kv_cache_dtype(config: EngineConfig, dtype: torch.dtype, device: torch.devic
     """The KV cache's element type; checks up front (before any weight loads) that FP8 can run."""
     if config.quantization == "fp8" and dtype != torch.bfloat16:
         raise ValueError(f"--quantization fp8 computes in bfloat16; got --dtype {config.dtype}")
-    if config.kv_cache_dtype != "fp8":
+    if config.cache.kv_cache_dtype != "fp8":
         return dtype
     require_fp8_device(device, "--kv-cache-dtype fp8", "Use --kv-cache-dtype auto: the cache in the model dtype.")
     return FP8_DTYPE
@@ -85,8 +86,7 @@ def load_parts(config: EngineConfig) -> EngineParts:
     prepare_model(loaded.model, config, max_model_len, device)
     block_size = config.scheduler.block_size
     bytes_per_token = kv_bytes_per_token(arch.num_layers, arch.num_kv_heads, arch.head_dim, kv_dtype)
-    num_kv_tokens = choose_num_kv_tokens(device, bytes_per_token, config.kv_cache_tokens,
-                                         config.gpu_memory_utilization,
+    num_kv_tokens = choose_num_kv_tokens(device, bytes_per_token, config.cache,
                                          activation_reserve_bytes(config, arch, dtype))
     kv_cache = KVCache.allocate(arch.num_layers, num_kv_blocks(num_kv_tokens, block_size), block_size,
                                 arch.num_kv_heads, arch.head_dim, kv_dtype, device)

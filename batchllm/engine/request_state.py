@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from batchllm.engine.sampler import sampling_row
 from batchllm.engine.stop_checker import StopChecker
 from batchllm.sampling_params import SamplingParams
-from batchllm.sched.interface import FinishedRequest
+from batchllm.sched.interface import FinishedRequest, SchedRequest
 from batchllm.sched.trace import StepRecord
 
 # The sampling row of a request whose row could not be built: greedy, no logprobs (the row's
@@ -49,22 +49,33 @@ class RunStats:
 
 @dataclass
 class RequestState:
-    """One running request as the engine sees it. output_token_ids holds the real ids known so
-    far; the scheduler may hold one more (a placeholder) while a step is in flight."""
+    """One running request as the engine sees it. output_token_ids, the ids read so far, is the
+    one list of the request's generated tokens: its SchedRequest holds the same list (the
+    scheduler reads it, only this state appends to it)."""
 
     request: PreparedRequest
     stop: StopChecker
     seed: int
     logprobs: list[dict[int, float]] | None
     output_token_ids: list[int] = field(default_factory=list)
-    num_scheduled_outputs: int = 0  # tokens the scheduler holds (placeholders included)
     finish_reason: str | None = None  # set once the last real token is known
     error: str | None = None
 
-    def sampling_row(self) -> tuple:
+    def sched_request(self) -> SchedRequest:
+        """The request as the scheduler sees it, sharing output_token_ids."""
+        request = self.request
+        return SchedRequest(request.request_id, list(request.prompt_token_ids), request.params.max_tokens,
+                            self.output_token_ids)
+
+    def output_index(self, num_positions: int) -> int:
+        """The output index of the token sampled after the first num_positions positions (a sampling
+        chunk's kv_len): prompt, then generated tokens."""
+        return num_positions - len(self.request.prompt_token_ids)
+
+    def sampling_row(self, output_index: int) -> tuple:
         """This request's SamplingBatch.build row; a neutral row if building it fails."""
         try:
-            return sampling_row(self.request.params, self.seed, self.num_scheduled_outputs)
+            return sampling_row(self.request.params, self.seed, output_index)
         except Exception as error:  # noqa: BLE001 - finish this request only
             self.fail(error)
             return _NEUTRAL_SAMPLING_ROW

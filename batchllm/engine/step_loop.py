@@ -7,12 +7,12 @@ import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
-from batchllm.engine.model_runner import StepResult
-from batchllm.engine.placeholders import placeholder_for_row
 from batchllm.engine.request_state import FinishedOutput, RequestState, RunStats
+from batchllm.engine.step_result import StepResult
+from batchllm.engine.step_runner import StepRunner
 from batchllm.sched.interface import FinishedRequest, Scheduler, SchedulerOutput
 from batchllm.sched.trace import StepRecord
 
@@ -25,8 +25,7 @@ class _Step:
     result: StepResult
     schedule_time_s: float
     launch_time_s: float
-    token_ids: list[int] | None = None  # per sampled row, once read
-    token_index: list[int] | None = None  # per sampled row: its index in the request's outputs
+    read: bool = False  # its sampled ids are read (appended to the requests' outputs)
     finished: list[FinishedRequest] | None = None  # set by the update
     num_new_tokens: int = 0
     wait_time_s: float = 0.0
@@ -35,15 +34,13 @@ class _Step:
 @dataclass
 class StepLoop:
     scheduler: Scheduler
-    runner: object  # ModelRunner or a subclass: execute(output, rows, previous_token_ids, allow_graph)
+    runner: StepRunner
     states: dict[int, RequestState]
     depth: int  # 0: synchronous, 1: asynchronous
     allow_graph: bool
     decode: Callable[[list[int]], str]
     stats: RunStats
     on_step: Callable[[int, int], None] | None = None
-    # (request id, output index, token id) of placeholders read since the last update.
-    _resolved: list[tuple[int, int, int]] = field(default_factory=list)
     _last_completed_s: float = 0.0
 
     def run(self) -> Iterator[FinishedOutput]:
@@ -53,45 +50,47 @@ class StepLoop:
         while self.scheduler.has_unfinished() or inflight:
             launched = None
             if self.scheduler.has_unfinished():
-                launched = self._launch(inflight[-1] if inflight else None)
+                launched = self._launch()
                 inflight.append(launched)
             num_unread = self.depth if launched is not None else 0
             for step in list(inflight)[:len(inflight) - num_unread]:
-                if step.token_ids is None:
+                if not step.read:
                     self._read(step)
             if launched is not None:
                 self._update(launched)
-            while inflight and inflight[0].token_ids is not None and inflight[0].finished is not None:
+            while inflight and inflight[0].read and inflight[0].finished is not None:
                 yield from self._complete(inflight.popleft())
 
-    def _launch(self, previous: _Step | None) -> _Step:
+    def _launch(self) -> _Step:
         started = time.perf_counter()
         output = self.scheduler.schedule()
         if output.is_empty:
             raise RuntimeError("the scheduler returned an empty step with requests left: a scheduler bug")
         scheduled = time.perf_counter()
-        rows = [self.states[chunk.seq_id].sampling_row() for chunk in output.chunks if chunk.sample]
-        previous_sampled = previous.result.sampled if previous is not None else None
-        previous_token_ids = previous_sampled.token_ids if previous_sampled is not None else None
-        result = self.runner.execute(output, rows, previous_token_ids, allow_graph=self.allow_graph)
+        rows = []
+        for chunk in output.chunks:
+            if chunk.sample:
+                state = self.states[chunk.seq_id]
+                rows.append(state.sampling_row(state.output_index(chunk.kv_len)))
+        result = self.runner.execute(output, rows, allow_graph=self.allow_graph)
         return _Step(output, result, scheduled - started, time.perf_counter() - scheduled)
 
     def _read(self, step: _Step) -> None:
-        """Wait for the step's tokens (its only device sync); record them, run the stop checks."""
+        """Wait for the step's tokens (its only device sync); append them to the requests' outputs
+        (where the scheduler sees them too), run the stop checks."""
         waiting = time.perf_counter()
         sampled = step.result.host_output()
         step.wait_time_s = time.perf_counter() - waiting
-        step.token_ids = sampled.token_ids.tolist() if sampled is not None else []
+        step.read = True
         if sampled is None:
             return
+        token_ids = sampled.token_ids.tolist()
         chosen, top_ids, top_values = (t.tolist() if t is not None else None
                                        for t in (sampled.logprobs, sampled.top_token_ids, sampled.top_logprobs))
-        for row, (seq_id, token_id) in enumerate(zip(step.result.seq_ids, step.token_ids)):
+        for row, (seq_id, token_id) in enumerate(zip(step.result.seq_ids, token_ids)):
             state = self.states[seq_id]
             if state.finish_reason is not None:
                 continue  # the row after an early stop (or a failure): dropped
-            if step.token_index is not None:  # the scheduler holds a placeholder for it
-                self._resolved.append((seq_id, step.token_index[row], token_id))
             entry = None
             if state.logprobs is not None:
                 entry = partial(_logprob_entry, state.request.params.logprobs, row, token_id, chosen, top_ids,
@@ -100,24 +99,18 @@ class StepLoop:
             step.num_new_tokens += 1
 
     def _update(self, step: _Step) -> None:
-        """scheduler.update for the newest step: real ids if read, else placeholders; finish the
-        requests at max_tokens with this token and those whose end is already known."""
-        sampled: dict[int, int] = {}
+        """scheduler.update for the newest step (read or not): finish the requests whose end is
+        known and those whose token of this step is their max_tokens-th."""
         reasons: dict[int, str] = {}
-        token_index: list[int] = []
-        for row, seq_id in enumerate(step.result.seq_ids):
-            state = self.states[seq_id]
-            token_index.append(state.num_scheduled_outputs)
-            sampled[seq_id] = step.token_ids[row] if step.token_ids is not None else placeholder_for_row(row)
-            state.num_scheduled_outputs += 1
-            if state.num_scheduled_outputs >= state.stop.max_tokens:
-                reasons[seq_id] = "length"  # the real reason is set once the token is read
         for chunk in step.output.chunks:
-            if not chunk.is_prefix and self.states[chunk.seq_id].finish_reason is not None:
-                reasons[chunk.seq_id] = self.states[chunk.seq_id].finish_reason
-        step.token_index = token_index  # the placeholders' output indices, for a read after this update
-        step.finished = self.scheduler.update(step.output, sampled, reasons, self._resolved)
-        self._resolved = []
+            if chunk.is_prefix:
+                continue
+            state = self.states[chunk.seq_id]
+            if state.finish_reason is not None:
+                reasons[chunk.seq_id] = state.finish_reason
+            elif chunk.sample and state.output_index(chunk.kv_len) + 1 >= state.stop.max_tokens:
+                reasons[chunk.seq_id] = "length"  # the real reason is set once the token is read
+        step.finished = self.scheduler.update(step.output, reasons)
 
     def _complete(self, step: _Step) -> Iterator[FinishedOutput]:
         now = time.perf_counter()

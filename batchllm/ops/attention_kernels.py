@@ -1,8 +1,8 @@
 """Triton kernels of the paged attention family (BatchLLM section 5).
 
-One program = one work item (see work_list.py) x one KV head. The tile packs rows x the GQA
-query heads of that KV head into the M dimension (m -> row m // GROUP, head m % GROUP, so a
-group of 3 wastes at most one padded slot), streams the item's KV range from the paged cache
+One program = one work item (see attention_plan/work_list.py) x one KV head. The tile packs
+rows x the GQA query heads of that KV head into the M dimension (m -> row m // GROUP, head
+m % GROUP, so a group of 3 wastes at most one padded slot), streams the item's KV range from the paged cache
 in BLOCK_N steps and runs online softmax with tl.dot (base-2 exponentials; the stored
 partial LSE is base 2, converted only where it leaves the package).
 

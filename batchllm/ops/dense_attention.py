@@ -1,6 +1,6 @@
 """Dense attention with its log-sum-exp: the block of KV that every row of a segment sees whole
-(dense_plan.cut_dense_calls), rows x KV positions with no mask, or a prefill chunk's causal square
-over its own positions, on a library kernel.
+(attention_plan.dense_calls.cut_dense_calls), rows x KV positions with no mask, or a prefill
+chunk's causal square over its own positions, on a library kernel.
 
 On float16 / bfloat16 CUDA tensors this is cuDNN's fused attention through PyTorch's SDPA op
 that also returns the log-sum-exp, with grouped-query heads as they are (no repeated KV);

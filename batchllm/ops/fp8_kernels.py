@@ -6,8 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from batchllm.attention_plan.checks import check
 from batchllm.ops.fp8 import FP8_DTYPE, QuantizedActivation
-from batchllm.ops.validation import check
 
 
 @triton.jit

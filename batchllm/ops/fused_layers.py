@@ -18,9 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
+from batchllm.attention_plan.checks import check, next_power_of_2
 from batchllm.ops.fp8 import FP8_DTYPE, QuantizedActivation
 from batchllm.ops.fp8_kernels import quantize_block
-from batchllm.ops.validation import check, next_power_of_2
 
 
 @triton.jit

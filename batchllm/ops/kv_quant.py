@@ -12,8 +12,8 @@ import math
 
 import torch
 
+from batchllm.attention_plan.checks import check
 from batchllm.ops.fp8 import FP8_DTYPE, FP8_MAX
-from batchllm.ops.validation import check
 
 
 def is_fp8(dtype: torch.dtype) -> bool:

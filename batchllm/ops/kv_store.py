@@ -12,9 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
+from batchllm.attention_plan.checks import check, next_power_of_2
 from batchllm.ops.fp8 import FP8_MAX
 from batchllm.ops.kv_quant import check_kv_scales, is_fp8
-from batchllm.ops.validation import check, next_power_of_2
 
 
 _QUANTIZABLE = (torch.float16, torch.bfloat16, torch.float32)

@@ -1,7 +1,7 @@
 """Horizontally fused prefix-shared attention over a paged KV cache (BatchLLM section 5).
 
 `prefix_shared_attention` runs ONE launch of heterogeneous work (prefix MatMul tiles of every
-group + distinct tiles of every request, see work_list.py). Rows that get several partial
+group + distinct tiles of every request, see attention_plan/work_list.py). Rows that get several partial
 results are merged by a tiny second merge kernel. The cache is in the query dtype, or
 float8_e4m3fn with its scales (dequantized in the kernel's registers, attention_kernels.py).
 """
@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import torch
 
+from batchllm.attention_plan.checks import check, next_power_of_2
+from batchllm.attention_plan.work_list import WORK_FIELDS
 from batchllm.ops.attention_kernels import merge_partials_kernel, work_list_attention_kernel
 from batchllm.ops.dense_attention import dense_attention_lse
 from batchllm.ops.kv_quant import check_kv_scales, is_fp8
-from batchllm.ops.validation import check, next_power_of_2
-from batchllm.ops.work_list import WORK_FIELDS, PrefixSharedPlanOnDevice
+from batchllm.ops.plan_device import PrefixSharedPlanOnDevice
 
 LOG2_E = 1.4426950408889634
 
 
 def _validate(query, k_cache, v_cache, plan: PrefixSharedPlanOnDevice, k_scale: float = 1.0,
               v_scale: float = 1.0) -> None:
-    check(isinstance(plan, PrefixSharedPlanOnDevice), "plan must be a PrefixSharedPlan moved with .to(device)")
+    check(isinstance(plan, PrefixSharedPlanOnDevice), "plan must be a PrefixSharedPlan on the device (ops.plan_device.plan_to_device)")
     check(query.dim() == 3, f"query must be [num_tokens, num_heads, head_dim], got {tuple(query.shape)}")
     check(k_cache.dim() == 4 and v_cache.shape == k_cache.shape,
           f"caches must be [num_blocks, block_size, num_kv_heads, head_dim], got {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
@@ -89,7 +90,7 @@ def _work_lists(plan) -> list[tuple]:
 
 
 def _dense_output(call, query, k_cache, v_cache, scale, k_scale: float = 1.0, v_scale: float = 1.0):
-    """One dense call (dense_plan.cut_dense_calls): gather its blocks and attend on the library
+    """One dense call (attention_plan.dense_calls.cut_dense_calls): gather its blocks and attend on the library
     kernel (with its causal mask for a chunk's own positions; a batch of equal squares in one
     call). Returns (out [batch, rows, heads, head_dim], lse [batch, rows, heads] natural log)."""
     positions = slice(call.offset, call.offset + call.kv_len)

@@ -58,7 +58,8 @@ def prefill_steps(token_ids: Sequence[int], chunk_tokens: int, block_size: int) 
         end = min(start + chunk_tokens, len(token_ids))
         needed = -(-end // block_size)
         chunk = ScheduledChunk(seq_id=SEQ_ID, token_ids=tuple(int(t) for t in token_ids[start:end]),
-                               start_position=start, new_block_ids=tuple(range(num_blocks, needed)),
+                               start_position=start, num_tokens=end - start,
+                               new_block_ids=tuple(range(num_blocks, needed)),
                                block_ids_start=num_blocks)
         steps.append(SchedulerOutput.from_chunks(step_index, [chunk], num_running_requests=1, num_used_blocks=needed))
         num_blocks = needed
@@ -89,19 +90,20 @@ def sequence_logits(parts, token_ids: Sequence[int], chunk_tokens: int) -> torch
 
 def engine_config(options: AccuracyOptions, variant: Variant, num_tokens: int):
     """The EngineConfig of one variant: a KV cache of just enough whole blocks, no CUDA graphs."""
-    from batchllm.config import EngineConfig
+    from batchllm.config import CacheConfig, EngineConfig
 
     config = EngineConfig(model=options.model, dtype=options.dtype, device=options.device,
-                          quantization=variant.quantization, kv_cache_dtype=variant.kv_cache_dtype,
-                          attention_backend=options.attention_backend, enforce_eager=True)
+                          quantization=variant.quantization, attention_backend=options.attention_backend,
+                          enforce_eager=True)
     block_size = config.scheduler.block_size
-    return dataclasses.replace(config, kv_cache_tokens=-(-num_tokens // block_size) * block_size)
+    cache = CacheConfig(kv_cache_tokens=-(-num_tokens // block_size) * block_size, kv_cache_dtype=variant.kv_cache_dtype)
+    return dataclasses.replace(config, cache=cache)
 
 
 def variant_logits(options: AccuracyOptions, variant: Variant, token_ids: Sequence[int]) -> tuple[str, torch.Tensor]:
     """(the model's name, logits of every position) of one variant; its model and KV cache are
     freed before returning (one variant on the device at a time)."""
-    from batchllm.perf.runner import free_device_memory
+    from batchllm.perf.device_memory import free_device_memory
     from batchllm.engine.loading import load_parts
 
     parts = load_parts(engine_config(options, variant, len(token_ids)))

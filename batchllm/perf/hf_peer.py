@@ -174,7 +174,7 @@ def hf_peer_row(job: PeerJob, batch_sizes: tuple[int, ...], num_requests: int,
     bisected (next_refinement; their entries are marked "refined")."""
     import torch
 
-    from batchllm.perf.runner import free_device_memory
+    from batchllm.perf.device_memory import free_device_memory
 
     cuda = job.device.type == "cuda"
     in_use_gib = torch.cuda.memory_allocated(job.device) / GIB if cuda else 0.0

@@ -15,8 +15,7 @@ CATEGORIES = (
     ("triton_launcher", lambda path, name: "/triton/" in path or "cuda_utils" in path or "__triton_launcher" in path),
     ("torch_builtin_ops", lambda path, name: path == "~" and "torch" in name),
     ("torch_python", lambda path, name: "/torch/" in path),
-    ("attention_plan", lambda path, name: any(f"batchllm/ops/{m}.py" in path for m in
-                                              ("work_list", "dense_plan", "plan_layout", "plan_segments"))),
+    ("attention_plan", lambda path, name: "batchllm/attention_plan/" in path),
     ("batchllm_ops", lambda path, name: "batchllm/ops/" in path),
     ("batchllm_models", lambda path, name: "batchllm/models/" in path),
     ("batchllm_engine", lambda path, name: "batchllm/engine/" in path),

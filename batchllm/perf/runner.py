@@ -6,7 +6,6 @@ with the whole result so far (the command line rewrites its output files with it
 from __future__ import annotations
 
 import datetime
-import gc
 import json
 import os
 import subprocess
@@ -15,6 +14,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from batchllm.perf.device_memory import free_device_memory
 from batchllm.perf.engine_variants import EngineVariant
 from batchllm.perf.flop_bound import (H200_BF16_PEAK_FLOPS, WorkFlops, flop_bound_seconds, peak_flops_for,
                                        plan_groups, work_flop_parts)
@@ -91,7 +91,7 @@ def engine_kv_bytes_per_token(engine) -> int:
     from batchllm.engine.kv_cache import kv_bytes_per_token
 
     arch = engine.arch
-    dtype = torch.float8_e4m3fn if engine.config.kv_cache_dtype == "fp8" else engine.dtype
+    dtype = torch.float8_e4m3fn if engine.config.cache.kv_cache_dtype == "fp8" else engine.dtype
     return kv_bytes_per_token(arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype)
 
 
@@ -104,8 +104,8 @@ def engine_traffic(engine) -> TrafficModel:
 
 def engine_tags(engine) -> dict:
     """What every row says about the engine that produced it."""
-    return {"quantization": engine.config.quantization, "kv_cache_dtype": engine.config.kv_cache_dtype,
-            "tensor_parallel_size": getattr(engine, "tensor_parallel_size", 1),
+    return {"quantization": engine.config.quantization, "kv_cache_dtype": engine.config.cache.kv_cache_dtype,
+            "tensor_parallel_size": engine.config.parallel.tensor.size,
             "kv_cache_tokens": engine.num_kv_tokens}
 
 
@@ -150,15 +150,30 @@ def compiled_kernel_variants() -> dict[str, int]:
     return counts
 
 
+def engine_options(options: BenchOptions, variant: EngineVariant = EngineVariant()) -> dict:
+    """The LLM(...) (and engine_config) options of one engine variant; every setting the bench does
+    not name keeps LLM's default."""
+    return dict(model=options.model, dtype=options.dtype, device=options.device, quantization=variant.quantization,
+                kv_cache_dtype=variant.kv_cache_dtype, kv_cache_tokens=options.kv_cache_tokens,
+                attention_backend=options.attention_backend, seed=options.seed,
+                max_num_batched_tokens=options.max_num_batched_tokens)
+
+
+def check_engines(options: BenchOptions) -> None:
+    """Every variant's engine configuration, checked against this machine before any model loads
+    (ValueError naming the fix)."""
+    from batchllm.config import engine_config
+    from batchllm.engine.host_check import check_host
+
+    for variant in options.variants:
+        check_host(engine_config(**engine_options(options, variant)))
+
+
 def load_llm(options: BenchOptions, variant: EngineVariant = EngineVariant()):
-    """A batchllm.LLM for one engine variant; every setting the bench does not name keeps LLM's
-    default."""
+    """A batchllm.LLM for one engine variant."""
     from batchllm import LLM
 
-    return LLM(model=options.model, dtype=options.dtype, device=options.device, quantization=variant.quantization,
-               kv_cache_dtype=variant.kv_cache_dtype, kv_cache_tokens=options.kv_cache_tokens,
-               attention_backend=options.attention_backend, seed=options.seed,
-               max_num_batched_tokens=options.max_num_batched_tokens)
+    return LLM(**engine_options(options, variant))
 
 
 def _generated_case(spec_text: str, options: BenchOptions, vocab_size: int) -> _Case:
@@ -301,7 +316,7 @@ def run_bench(options: BenchOptions, llm, log: Callable[[str], None] = print,
     arch = engine.arch
     log(f"model {options.model}: {arch.num_layers} layers, hidden {arch.hidden_size}, "
         f"KV cache {engine.num_kv_tokens} tokens, device {engine.device}, "
-        f"{EngineVariant(engine.config.quantization, engine.config.kv_cache_dtype).label}")
+        f"{EngineVariant(engine.config.quantization, engine.config.cache.kv_cache_dtype).label}")
     base_settings = {name: getattr(engine.scheduler_config, name) for name in SCHEDULER_SETTINGS}
     device = torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else engine.device.type
     result = {"device": device, "date": datetime.date.today().isoformat(),
@@ -391,16 +406,6 @@ def run_peer(job, options: BenchOptions, log: Callable[[str], None]) -> dict:
 LOAD_ERRORS = (FileNotFoundError, ValueError, OSError)  # a model or setting that cannot load: a note, not a crash
 
 
-def free_device_memory() -> None:
-    """Collect dropped engines and hand their cached GPU memory back, so the next engine sizes its
-    KV cache from all of it (and the HF peer runs with none of it held)."""
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 def merge_results(results: list[dict]) -> dict:
     """One result of several variants' run_bench results: the first's header, every row in order,
     the last count of compiled kernels (they add up in the process). kv_bytes_per_token stays at the
@@ -447,9 +452,7 @@ def run_variants(options: BenchOptions, load: Callable = load_llm, log: Callable
             if options.hf_peer and job is None:
                 job = peer_job(options, llm)
         finally:
-            shutdown = getattr(llm.engine, "shutdown", None)  # tensor parallel workers
-            if shutdown is not None:
-                shutdown()
+            llm.engine.shutdown()  # tensor parallel workers
             del llm
             free_device_memory()
     peer_rows: list[dict] = []

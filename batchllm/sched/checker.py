@@ -24,6 +24,8 @@ class ChunkStreamChecker:
         self.finished: set[int] = set()
         self.tables = BlockTableTracker()
         self.fixed_fields: dict[int, tuple[int, int, bool]] = {}  # seq id -> fields fixed while it has a row
+        # The runner's last-token column: the token a seq's latest chunk sampled, while it keeps its row.
+        self.last_sampled: dict[int, int] = {}
 
     def check_step(self, output: SchedulerOutput) -> dict[int, tuple[int, ...]]:
         """Validate one step; returns, for each sampling chunk, the token sequence it sees."""
@@ -31,6 +33,7 @@ class ChunkStreamChecker:
             self.stored[request_id] = None
         for seq_id in output.dropped_seq_ids:
             self.fixed_fields.pop(seq_id, None)
+            self.last_sampled.pop(seq_id, None)
         for chunk in output.chunks:
             fields = (chunk.shared_kv_len, chunk.group_id, chunk.is_prefix)
             if self.fixed_fields.setdefault(chunk.seq_id, fields) != fields:
@@ -42,7 +45,7 @@ class ChunkStreamChecker:
         except ValueError as error:
             raise ContractError(f"step {output.step_index}: {error}") from error
         for chunk, table in zip(output.chunks, tables):
-            self._write(chunk, table)
+            self._write(chunk, self._input_ids(chunk), table)
         seen: dict[int, tuple[int, ...]] = {}
         for chunk, table in zip(output.chunks, tables):
             visible = self._read(chunk, table)
@@ -64,6 +67,7 @@ class ChunkStreamChecker:
     def record(self, sampled_token_ids: dict[int, int], finished_ids: list[int]) -> None:
         for request_id, token in sampled_token_ids.items():
             self.outputs[request_id].append(token)
+            self.last_sampled[request_id] = token
         for request_id in finished_ids:
             if request_id in self.finished:
                 raise ContractError(f"request {request_id} finished twice")
@@ -94,7 +98,19 @@ class ChunkStreamChecker:
                 if chunk.seq_id not in self.prompts or chunk.seq_id in self.finished:
                     raise ContractError(f"chunk for unknown or finished request {chunk.seq_id}")
 
-    def _write(self, chunk: ScheduledChunk, table: tuple[int, ...]) -> None:
+    def _input_ids(self, chunk: ScheduledChunk) -> tuple[int, ...]:
+        """The chunk's input ids as the runner sees them; a decode row's from the last-token column."""
+        last_sampled = self.last_sampled.pop(chunk.seq_id, None)
+        if chunk.token_ids:
+            if len(chunk.token_ids) != chunk.num_tokens:
+                raise ContractError(f"seq {chunk.seq_id}: {len(chunk.token_ids)} ids for {chunk.num_tokens} rows")
+            return chunk.token_ids
+        if chunk.num_tokens != 1 or chunk.is_prefix or last_sampled is None:
+            raise ContractError(f"seq {chunk.seq_id}: a chunk without ids must be one row right after a chunk "
+                                "of the same row that sampled")
+        return (last_sampled,)
+
+    def _write(self, chunk: ScheduledChunk, token_ids: tuple[int, ...], table: tuple[int, ...]) -> None:
         if chunk.is_prefix:
             content = self.prefix_contents.setdefault(chunk.seq_id, [])
             if chunk.shared_kv_len != 0:
@@ -103,7 +119,7 @@ class ChunkStreamChecker:
                 del content[:]  # a prefix recomputed after its group was preempted
             if chunk.start_position != len(content):
                 raise ContractError(f"prefix {chunk.seq_id}: start {chunk.start_position}, stored {len(content)}")
-            content.extend(chunk.token_ids)
+            content.extend(token_ids)
         else:
             stored = self.stored[chunk.seq_id]
             if chunk.shared_kv_len:
@@ -118,7 +134,7 @@ class ChunkStreamChecker:
             if chunk.start_position < chunk.shared_kv_len:
                 raise ContractError(f"request {chunk.seq_id} writes into shared prefix blocks")
             self.stored[chunk.seq_id] = chunk.kv_len
-        for offset, token in enumerate(chunk.token_ids):
+        for offset, token in enumerate(token_ids):
             block_id, slot = self._address(chunk, table, chunk.start_position + offset)
             self.blocks.setdefault(block_id, [None] * self.block_size)[slot] = token
 

@@ -3,7 +3,6 @@ step, their KV addressing and block-table changes are specified in docs/design.m
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -16,24 +15,23 @@ class ScheduledChunk:
     same for a seq id from its first chunk until the step that drops its row."""
 
     seq_id: int  # request id, or a group prefix id when is_prefix
-    token_ids: tuple[int, ...]  # input ids of the rows
+    # Input ids of the rows, num_tokens of them; () for a decode row fed on the device: its input
+    # is the token its seq's previous chunk sampled, which the runner keeps (docs/design.md).
+    token_ids: tuple[int, ...]
     start_position: int  # position of the first row
+    num_tokens: int  # rows
     new_block_ids: tuple[int, ...]  # block-table change: row[block_ids_start:] = new_block_ids
     block_ids_start: int = 0
     shared_kv_len: int = 0  # leading KV positions held in shared (read-only) prefix blocks
     is_prefix: bool = False  # rows are a group's common-prefix tokens: nothing is sampled
     sample: bool = False  # sample the next token from the last row
     group_id: int = NO_GROUP  # prefix-sharing group, NO_GROUP when the chunk shares nothing
-    is_decode: bool = False  # a single generated token being fed back
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
+    is_decode: bool = False  # one generated token fed back (its id carried only when recomputed)
 
     @property
     def kv_len(self) -> int:
         """KV positions visible to the last row after this step's KV is stored."""
-        return self.start_position + len(self.token_ids)
+        return self.start_position + self.num_tokens
 
 
 @dataclass(frozen=True)
@@ -57,7 +55,7 @@ class SchedulerOutput:
 
     @property
     def num_tokens(self) -> int:
-        return sum(len(c.token_ids) for c in self.chunks)
+        return sum(c.num_tokens for c in self.chunks)
 
     @classmethod
     def from_chunks(cls, step_index: int, chunks: list[ScheduledChunk], num_running_requests: int,
@@ -82,13 +80,20 @@ class SchedulerOutput:
 @dataclass(frozen=True)
 class FinishedRequest:
     request_id: int
-    output_token_ids: tuple[int, ...]
     finish_reason: str  # "stop" | "length" | "error"
     num_cached_prompt_tokens: int = 0  # prompt tokens whose KV was reused, not computed
 
 
 class Scheduler(Protocol):
-    """What every policy (batchllm, vllm, sglang, simple) implements."""
+    """What every policy (batchllm, vllm, sglang, simple) implements. The caller runs, per step,
+    schedule() -> launch the step -> update(); at most one step's samples are unread at a
+    schedule() (docs/design.md, "The step loop and asynchronous scheduling").
+
+    The scheduler keeps counts, not tokens: schedule() counts the step's KV as stored and one
+    output for each chunk that samples. The ids are the caller's: each SchedRequest's
+    output_token_ids is appended by the caller, once per token, when the id is read. The
+    scheduler reads ids only where it needs them (a recompute's input, the prefix-cache keys of
+    full blocks), and only ids already read: a decode row's input stays on the device."""
 
     def add_requests(self, requests: list["SchedRequest"]) -> None:
         """Hand over a batch. Policies that plan globally (batchllm) plan over each batch."""
@@ -96,29 +101,24 @@ class Scheduler(Protocol):
 
     def has_unfinished(self) -> bool: ...
 
-    def schedule(self) -> SchedulerOutput: ...
+    def schedule(self) -> SchedulerOutput:
+        """The next step; from here on the scheduler counts it as run."""
+        ...
 
-    def update(
-        self,
-        output: SchedulerOutput,
-        sampled_token_ids: dict[int, int],
-        finish_reasons: dict[int, str],
-        resolved_token_ids: Sequence[tuple[int, int, int]] = (),
-    ) -> list[FinishedRequest]:
-        """The one way a step's results reach the scheduler, after each schedule():
-        1. resolved_token_ids: (request_id, output index, token id) of tokens whose ids were not
-           known at their own update: write each over the placeholder the request holds at
-           that index (skip requests that have finished);
-        2. append each sampled token of a chunk that samples: a real id, or a placeholder
-           -(row + 1) while the id is still on the device (engine/placeholders.py);
-        3. finish the requests named in finish_reasons (decided by the engine: EOS, stop
-           ids/strings, max_tokens, "error"), free their blocks, return them."""
+    def update(self, output: SchedulerOutput, finish_reasons: dict[int, str]) -> list[FinishedRequest]:
+        """After each schedule(), once its step is launched and every sample of the steps before it
+        has been read (appended to output_token_ids): the blocks the step filled may enter the
+        prefix cache, then the requests named in finish_reasons finish (decided by the engine:
+        EOS, stop ids/strings, max_tokens, "error"; only requests with a chunk in this step), their
+        blocks are freed, and they are returned."""
         ...
 
 
 @dataclass
 class SchedRequest:
-    """A request as the scheduler sees it: ints only."""
+    """A request as the scheduler sees it: ints only. output_token_ids holds the generated ids read
+    so far, in order: the caller's list (the engine's RequestState owns it), appended by the
+    caller only; the scheduler reads it and never writes it."""
 
     request_id: int
     prompt_token_ids: list[int]
@@ -128,7 +128,3 @@ class SchedRequest:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
-
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids

@@ -18,13 +18,21 @@ class SeqState:
     shared prefix blocks; 0 when the request shares nothing), then the generated tokens. A
     prefix-cache hit of the baselines counts as own: its blocks lead the request's own blocks.
     The runner's row for the request is `prefix blocks (if any) + block_ids`.
+
+    Counts advance when a chunk is scheduled (chunk()): its KV counts as stored, and a chunk that
+    samples adds an output, whose id the caller appends to request.output_token_ids once it is
+    read (the outputs past those are in flight).
     """
 
     request: SchedRequest
     prompt_offset: int = 0
     block_ids: list[int] = field(default_factory=list)  # own KV blocks
-    num_computed_tokens: int = 0  # own tokens whose KV is stored
+    num_computed_tokens: int = 0  # own tokens whose KV the scheduled steps store
+    num_outputs: int = 0  # generated tokens: read, or sampled by a scheduled step and in flight
     num_table_blocks_sent: int = 0  # leading entries of the runner's row that are up to date
+    # The one pending token is the one this row's previous chunk sampled: the next chunk is a
+    # decode row fed on the device (the runner's last-token column), no id needed.
+    pending_is_last_sampled: bool = False
     num_own_prompt_tokens: int = field(init=False)  # the prompt after prompt_offset (fixed)
 
     def __post_init__(self) -> None:
@@ -32,7 +40,7 @@ class SeqState:
 
     @property
     def num_own_tokens(self) -> int:
-        return self.num_own_prompt_tokens + len(self.request.output_token_ids)
+        return self.num_own_prompt_tokens + self.num_outputs
 
     @property
     def num_pending_tokens(self) -> int:
@@ -40,7 +48,7 @@ class SeqState:
 
     @property
     def is_decoding(self) -> bool:
-        return bool(self.request.output_token_ids) and self.num_pending_tokens == 1
+        return self.num_outputs > 0 and self.num_pending_tokens == 1
 
     def drop_blocks(self) -> list[int]:
         """The KV is gone (preempted or finished): returns the own blocks for the caller to
@@ -49,7 +57,22 @@ class SeqState:
         self.block_ids = []
         self.num_computed_tokens = 0
         self.num_table_blocks_sent = 0
+        self.pending_is_last_sampled = False
         return block_ids
+
+    def token_ids(self, start: int, end: int) -> tuple[int, ...]:
+        """Ids of the request's positions [start, end) (prompt, then generated): only ids already read."""
+        request = self.request
+        num_prompt = len(request.prompt_token_ids)
+        if start >= num_prompt:
+            output_token_ids = request.output_token_ids
+            if end - num_prompt > len(output_token_ids):
+                raise AssertionError(f"request {request.request_id}: position {end - 1} scheduled as an input "
+                                     f"before its id was read")
+            return tuple(output_token_ids[start - num_prompt:end - num_prompt])
+        if end <= num_prompt:
+            return tuple(request.prompt_token_ids[start:end])
+        return tuple(request.prompt_token_ids[start:]) + self.token_ids(num_prompt, end)
 
     def replace_block(self, index: int, block_id: int) -> None:
         """Own block `index` becomes `block_id` (same content); the runner's row is re-sent from there."""
@@ -59,7 +82,7 @@ class SeqState:
     def chunk(self, num_tokens: int, prefix_block_ids: Sequence[int] = (), group_id: int = NO_GROUP
               ) -> ScheduledChunk:
         """The next num_tokens own tokens as a chunk, with the change that brings the runner's row
-        (prefix_block_ids, then the own blocks) up to date (docs/design.md)."""
+        (prefix_block_ids, then the own blocks) up to date (docs/design.md); counts it as run."""
         start = self.num_computed_tokens
         first = self.prompt_offset + start
         block_ids_start = self.num_table_blocks_sent
@@ -69,17 +92,24 @@ class SeqState:
         else:
             new_block_ids = tuple(prefix_block_ids[block_ids_start:]) + tuple(self.block_ids)
         self.num_table_blocks_sent = num_prefix_blocks + len(self.block_ids)
-        return ScheduledChunk(
+        sample = start + num_tokens == self.num_own_tokens
+        chunk = ScheduledChunk(
             seq_id=self.request.request_id,
-            token_ids=_token_slice(self.request, first, first + num_tokens),
+            token_ids=() if self.pending_is_last_sampled else self.token_ids(first, first + num_tokens),
             start_position=first,
+            num_tokens=num_tokens,
             new_block_ids=new_block_ids,
             block_ids_start=block_ids_start,
             shared_kv_len=self.prompt_offset,
-            sample=start + num_tokens == self.num_own_tokens,
+            sample=sample,
             group_id=group_id,
             is_decode=self.is_decoding,
         )
+        self.num_computed_tokens += num_tokens
+        if sample:
+            self.num_outputs += 1
+        self.pending_is_last_sampled = sample
+        return chunk
 
 
 class PolicyBase:
@@ -95,48 +125,25 @@ class PolicyBase:
     def has_unfinished(self) -> bool:
         return bool(self._seqs)
 
-    def update(self, output: SchedulerOutput, sampled_token_ids: dict[int, int],
-               finish_reasons: dict[int, str],
-               resolved_token_ids: Sequence[tuple[int, int, int]] = ()) -> list[FinishedRequest]:
+    def update(self, output: SchedulerOutput, finish_reasons: dict[int, str]) -> list[FinishedRequest]:
         """Scheduler.update (interface.py)."""
-        for request_id, index, token_id in resolved_token_ids:
-            if request_id in self._seqs:
-                self._seqs[request_id].request.output_token_ids[index] = token_id
         finished: list[FinishedRequest] = []
         for chunk in output.chunks:
             if chunk.is_prefix:
-                self._prefix_stored(chunk)
                 continue
             seq = self._seqs[chunk.seq_id]
-            seq.num_computed_tokens += chunk.num_tokens
-            if chunk.sample:
-                seq.request.output_token_ids.append(sampled_token_ids[chunk.seq_id])
             self._stored(seq)
             reason = finish_reasons.get(chunk.seq_id)
             if reason is not None:
                 del self._seqs[chunk.seq_id]
                 self.finished_seq_ids.append(chunk.seq_id)
-                output_token_ids = tuple(seq.request.output_token_ids)
-                finished.append(FinishedRequest(chunk.seq_id, output_token_ids, reason, self._finish(seq)))
+                finished.append(FinishedRequest(chunk.seq_id, reason, self._finish(seq)))
         self.step_index += 1
         return finished
 
-    def _prefix_stored(self, chunk: ScheduledChunk) -> None:
-        raise AssertionError(f"prefix chunk {chunk.seq_id} from a policy without group prefixes")
-
     def _stored(self, seq: SeqState) -> None:
-        """After a chunk of seq's tokens is stored in the KV cache."""
+        """After a step with a chunk of seq's tokens is launched (the ids of its inputs are read)."""
 
     def _finish(self, seq: SeqState) -> int:
         """Free a finished request's blocks; returns its prompt tokens whose KV was reused."""
         raise NotImplementedError
-
-
-def _token_slice(request: SchedRequest, start: int, end: int) -> tuple[int, ...]:
-    """request.all_token_ids[start:end] without building the whole list."""
-    num_prompt = len(request.prompt_token_ids)
-    if start >= num_prompt:
-        return tuple(request.output_token_ids[start - num_prompt:end - num_prompt])
-    if end <= num_prompt:
-        return tuple(request.prompt_token_ids[start:end])
-    return tuple(request.prompt_token_ids[start:]) + tuple(request.output_token_ids[:end - num_prompt])

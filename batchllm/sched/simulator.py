@@ -95,13 +95,15 @@ def simulate(
             on_output(output)
         seen = checker.check_step(output) if checker is not None else None
         sampled, finish = _fake_sample(output, seen, sched_requests)
-        finished = scheduler.update(output, sampled, finish)
+        for request_id, token_id in sampled.items():  # read at once: the simulator runs at depth 0
+            sched_requests[request_id].output_token_ids.append(token_id)
+        finished = scheduler.update(output, finish)
         if checker is not None:
             checker.record(sampled, [f.request_id for f in finished])
         for item in finished:
             if item.request_id in outputs:
                 raise RuntimeError(f"request {item.request_id} finished twice")
-            outputs[item.request_id] = item.output_token_ids
+            outputs[item.request_id] = tuple(sched_requests[item.request_id].output_token_ids)
         records.append(StepRecord.from_output(output, cost_model.step_time_s(output)))
     steps = [record for record in records if record.num_tokens]
     trace = None
@@ -121,7 +123,7 @@ def _fake_sample(output: SchedulerOutput, seen: dict | None, requests: list[Sche
         if not chunk.sample:
             continue
         rid = chunk.seq_id
-        index = len(requests[rid].output_token_ids)  # the scheduler appends each sampled token
+        index = len(requests[rid].output_token_ids)  # every earlier token was read (appended)
         sampled[rid] = hash(seen[rid]) % FAKE_VOCAB_SIZE if seen is not None else fake_token(rid, index)
         if index + 1 >= requests[rid].max_tokens:
             finish[rid] = "length"

@@ -58,7 +58,6 @@ class BatchLLMScheduler(PolicyBase):
         self.threshold_blocks = max(1, int(threshold * config.num_kv_blocks))  # M_threshold (BatchLLM 4.3.3)
         self.pending_groups: deque[_Group] = deque()  # not admitted, best R_group first
         self.active_groups: list[_Group] = []  # admitted, in admission order
-        self._groups_by_prefix_id: dict[int, _Group] = {}
         self._next_group_id = 0
 
     def add_requests(self, requests: list[SchedRequest]) -> None:
@@ -85,8 +84,6 @@ class BatchLLMScheduler(PolicyBase):
             prefill = len(group.prefix_token_ids) + sum(m.num_own_prompt_tokens for m in group.members)
             group.r_group = sum(m.request.max_tokens for m in group.members) / prefill  # Eq. 3 per group
             groups.append(group)
-            if group.prefix_token_ids:
-                self._groups_by_prefix_id[group.prefix_id] = group
         # BatchLLM 4.3.2: larger R_group first (decode-heavy groups early, so that later long
         # prefills mix with their decodes). Stable: input order among equals.
         groups.sort(key=lambda g: -g.r_group)
@@ -123,9 +120,6 @@ class BatchLLMScheduler(PolicyBase):
             group = self.pending_groups.popleft()
             self._schedule_prefix(group, step)
         return self._build_output(step)
-
-    def _prefix_stored(self, chunk: ScheduledChunk) -> None:
-        self._groups_by_prefix_id[chunk.seq_id].prefix_num_computed += chunk.num_tokens
 
     # -- admission and reservation ----------------------------------------------------
 
@@ -296,7 +290,6 @@ class BatchLLMScheduler(PolicyBase):
         if all(m.finished for m in group.members):
             # BatchLLM 4.3.1: the prefix's memory is released as soon as its group is done.
             self._free_prefix(group)
-            self._groups_by_prefix_id.pop(group.prefix_id, None)
         return num_cached
 
     def _free_prefix(self, group: _Group) -> None:
@@ -323,12 +316,14 @@ class BatchLLMScheduler(PolicyBase):
                         seq_id=group.prefix_id,
                         token_ids=group.prefix_token_ids[start:start + prefix_tokens],
                         start_position=start,
+                        num_tokens=prefix_tokens,
                         new_block_ids=tuple(group.prefix_block_ids[blocks_sent:]),
                         block_ids_start=blocks_sent,
                         is_prefix=True,
                         group_id=group.group_id,
                     )
                 )
+                group.prefix_num_computed += prefix_tokens  # counted as stored from this step on
             group_id = group.group_id if group.prefix_token_ids else NO_GROUP
             for member, num_tokens in step.member_tokens.get(group.group_id, ()):
                 chunks.append(member.chunk(num_tokens, group.prefix_block_ids, group_id))

@@ -59,9 +59,10 @@ class CachedPolicyBase(PolicyBase):
             seq.first_block_token_ids = tuple(request.prompt_token_ids[: self.pool.block_size])
         if not self.cache.has_first_block(seq.first_block_token_ids):
             return []  # most waiting requests of a big batch: one dict lookup, no slicing
-        token_ids = request.all_token_ids if request.output_token_ids else request.prompt_token_ids
+        # The ids read so far (a waiting request has none in flight: it was not in the last step).
+        token_ids = request.prompt_token_ids + request.output_token_ids if seq.num_outputs else request.prompt_token_ids
         # Keep >= 1 token to compute: its logits give the next token.
-        return self.cache.match(token_ids, (len(token_ids) - 1) // self.pool.block_size)
+        return self.cache.match(token_ids, (seq.num_own_tokens - 1) // self.pool.block_size)
 
     def start_with_cached(self, seq: CachedSeq, nodes: list[CacheNode]) -> None:
         """(Re)admit: take references on the cached prefix blocks, skip their tokens."""
@@ -149,14 +150,8 @@ class CachedPolicyBase(PolicyBase):
         num_full = seq.num_computed_tokens // size
         if len(seq.nodes) >= num_full:
             return
-        token_ids = seq.request.all_token_ids
         for index in range(len(seq.nodes), num_full):
-            block_token_ids = tuple(token_ids[index * size:(index + 1) * size])
-            if min(block_token_ids) < 0:
-                # A placeholder id (asynchronous scheduling: a token still on the device). Only
-                # the newest token can be one, and it has no KV yet, so this is a safety net:
-                # never key the cache on it; the block is cached at a later update instead.
-                break
+            block_token_ids = seq.token_ids(index * size, (index + 1) * size)
             parent = seq.nodes[index - 1] if index else None
             own_block_id = seq.block_ids[index]
             node = self.cache.insert(parent, block_token_ids, own_block_id)

@@ -35,7 +35,7 @@ class SglangScheduler(CachedPolicyBase):
         scheduled: list[tuple[CachedSeq, int]] = []
         decoding = [s for s in self.running if s is not self.chunked]
         reserved_tokens = sum(
-            (s.request.max_tokens - len(s.request.output_token_ids)) * self.new_token_ratio for s in decoding
+            (s.request.max_tokens - s.num_outputs) * self.new_token_ratio for s in decoding
         )
         if self.chunked is not None:
             seq = self.chunked
@@ -62,7 +62,7 @@ class SglangScheduler(CachedPolicyBase):
                 break
             nodes = self.match_cached(seq)
             extend_tokens = seq.num_own_tokens - len(nodes) * size
-            remaining_new = seq.request.max_tokens - len(seq.request.output_token_ids)
+            remaining_new = seq.request.max_tokens - seq.num_outputs
             need_tokens = extend_tokens + min(max(remaining_new, 0), CLIP_MAX_NEW_TOKENS)
             available = self.num_available_blocks(nodes)
             if need_tokens > available * size - reserved_tokens and (self.running or admitted):
@@ -94,12 +94,12 @@ class SglangScheduler(CachedPolicyBase):
         )
         if needed > self.num_available_blocks() and len(batch) > 1:
             # SGLang retract_decode: drop the requests with the fewest outputs first.
-            batch.sort(key=lambda s: (len(s.request.output_token_ids), -s.request.num_prompt_tokens), reverse=True)
+            batch.sort(key=lambda s: (s.num_outputs, -s.request.num_prompt_tokens), reverse=True)
             while needed > self.num_available_blocks() and len(batch) > 1:
                 victim = batch.pop()
                 needed -= self.pool.blocks_for_tokens(victim.num_own_tokens) - len(victim.block_ids)
                 self.preempt(victim, preempted)
-            total_decoded = sum(len(s.request.output_token_ids) for s in batch)
+            total_decoded = sum(s.num_outputs for s in batch)
             total_max_new = sum(s.request.max_tokens for s in batch) or 1
             self.new_token_ratio = min(1.0, (total_decoded + RETRACT_DECODE_STEPS * len(batch)) / total_max_new)
             position = {id(s): i for i, s in enumerate(self.running)}

@@ -1,4 +1,4 @@
-"""Small helpers shared by the op wrappers: argument checks with clear errors."""
+"""Argument checks with clear errors, shared by the planner and the op wrappers (torch-free)."""
 
 from __future__ import annotations
 

@@ -1,39 +1,19 @@
 """Dense calls of a step's attention plan (docs/design.md, "Dense calls"): the blocks of KV that
 every row of a segment sees, and the causal squares of prefill chunks, which a library kernel
-(ops/dense_attention.py) runs faster than the work list's tiles. Host side, numpy."""
+(ops/dense_attention.py) runs faster than the work list's tiles. Host side, numpy; on the
+device they are ops/plan_device.py's DenseCalls."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
 import numpy as np
-import torch
 
-from batchllm.ops.plan_segments import (KIND_PREFIX, MASK_CAUSAL, MASK_ROW_LIMIT, Columns, Segments, Step,
-                                        ceil_div, flat_ranges)
-from batchllm.ops.tile_config import TileConfig
+from batchllm.attention_plan.segments import (KIND_PREFIX, MASK_CAUSAL, MASK_ROW_LIMIT, Columns, Segments, Step,
+                                              flat_ranges)
+from batchllm.attention_plan.tile_config import TileConfig
 
 DENSE_FIELDS = 9  # columns of a plan's dense calls (PrefixSharedPlan.dense)
-
-
-@dataclass(frozen=True)
-class DenseCall:
-    """One dense call of a plan on the device (cut_dense_calls): rows [q_start, q_start +
-    q_count) x the kv_len positions that start `offset` into the cache blocks `blocks` (a view of
-    the plan's block tables); its rows' outputs go to partial slots from partial_base (-1: to
-    the output itself). causal: row i sees the first i + 1 positions (q_count == kv_len). A
-    batch of `batch` causal squares: rows [q_start, q_start + q_count) are batch squares of kv_len
-    rows each, whose blocks (each its own `offset`-shifted run of blocks) follow one another in
-    `blocks`."""
-
-    q_start: int
-    q_count: int
-    blocks: torch.Tensor
-    offset: int
-    kv_len: int
-    partial_base: int
-    causal: bool = False
-    batch: int = 1
 
 
 def square_seqs(step: Step, tile: TileConfig, block_size: int) -> np.ndarray:
@@ -165,18 +145,3 @@ def batch_squares(dense: np.ndarray) -> np.ndarray:
         else:
             first = index
     return batch
-
-
-def dense_calls_on(dense: np.ndarray, block_tables: torch.Tensor, block_size: int) -> tuple[DenseCall, ...]:
-    """A plan's dense calls (its `dense` array) on the device, their blocks cut from the device
-    block tables, each batch of causal calls as one call."""
-    calls, rows = [], dense.tolist()
-    for index, (q_start, _, _, _, offset, kv_len, partial_base, causal, batch) in enumerate(rows):
-        if batch == 0:
-            continue  # in the batch of an earlier call
-        num_blocks = ceil_div(offset + kv_len, block_size)
-        runs = [block_tables[seq, first:first + num_blocks] for _, _, seq, first, *_ in rows[index:index + batch]]
-        calls.append(DenseCall(q_start, sum(row[1] for row in rows[index:index + batch]),
-                               runs[0] if batch == 1 else torch.cat(runs), offset, kv_len, partial_base,
-                               bool(causal), batch))
-    return tuple(calls)

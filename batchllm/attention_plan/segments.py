@@ -1,22 +1,23 @@
 """Host side of a step's attention plan, before tiling: the step's metadata as numpy arrays, its
 prefix-sharing groups, and its segments (rows x a KV range each: a group's rows x its prefix,
-a seq's rows x its own KV). Built once per step (work_list.py, dense_plan.py)."""
+a seq's rows x its own KV). Built once per step (work_list.py, dense_calls.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
 import numpy as np
-import torch
 
-from batchllm.ops.validation import check
+from batchllm.attention_plan.checks import check
 
 MASK_NONE, MASK_CAUSAL, MASK_ROW_LIMIT = 0, 1, 2
 KIND_PREFIX, KIND_DISTINCT = 0, 1
 
 
 def as_numpy(x, dtype) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
+    """A numpy array of x: a sequence, a numpy array, or a tensor (on any device; copied to the
+    host), recognised by its methods so that the planner never imports torch."""
+    if hasattr(x, "detach") and hasattr(x, "cpu"):
         x = x.detach().cpu().numpy()
     return np.asarray(x).astype(dtype, copy=False)
 

@@ -1,6 +1,6 @@
 """Where the int32 arrays of an attention plan live in its ONE device buffer: a step's plan
-(`PrefixSharedPlan.to`) and the decode CUDA graphs' static buffers are cut into views the same
-way (docs/design.md, "Prefix-shared attention").
+(`ops.plan_device.plan_to_device`) and the decode CUDA graphs' static buffers are cut into views
+the same way (docs/design.md, "Prefix-shared attention").
 """
 
 from __future__ import annotations

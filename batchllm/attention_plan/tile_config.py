@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-from batchllm.ops.validation import next_power_of_2
+from batchllm.attention_plan.checks import next_power_of_2
 
 
 @dataclass(frozen=True)
@@ -31,14 +31,14 @@ class TileConfig:
     # A segment of at least this many query rows runs the KV range that all its rows see whole
     # (a group's prefix for its members, the context before a prefill chunk) as one dense
     # attention call on a library kernel (cuDNN) over its gathered blocks, when that range holds
-    # at least dense_min_tokens positions (dense_plan.py); 0: never.
+    # at least dense_min_tokens positions (dense_calls.py); 0: never.
     dense_min_rows: int = 0
     dense_min_tokens: int = 256
     # A prefill chunk of at least dense_min_rows rows also runs the causal square of its own
     # positions as a dense call with the library's causal mask, when that call has at least this
     # many rows: equal squares on consecutive rows run as one call with a batch dimension, so
     # they count together. A group's prefix chunk with a call leaves its group's segment for it
-    # (dense_plan.py).
+    # (dense_calls.py).
     dense_causal_min_rows: int = 0
 
     def causal_square_rows(self) -> int:

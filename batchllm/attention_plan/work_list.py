@@ -10,17 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
-from batchllm.ops.dense_plan import (DENSE_FIELDS, DenseCall, batch_squares, carve_prefix_chunks, cut_dense_calls,
-                                     dense_calls_on, square_seqs)
-from batchllm.ops.plan_layout import PLAN_ARRAYS, step_layout
-from batchllm.ops.plan_segments import (  # noqa: F401 (the F_MASK_MODE and F_KIND values, named here too)
+from batchllm.attention_plan.checks import check
+from batchllm.attention_plan.dense_calls import (DENSE_FIELDS, batch_squares, carve_prefix_chunks, cut_dense_calls,
+                                                 square_seqs)
+from batchllm.attention_plan.segments import (  # noqa: F401 (the F_MASK_MODE and F_KIND values, named here too)
     KIND_DISTINCT, KIND_PREFIX, MASK_CAUSAL, MASK_NONE, MASK_ROW_LIMIT, Columns, Segments, ceil_div, flat_ranges,
     index_within, row_prefix_limits, step_arrays, step_groups, step_segments)
-from batchllm.ops.tile_config import TileConfig, default_tile_config
-from batchllm.ops.transfer import to_device
-from batchllm.ops.validation import check
+from batchllm.attention_plan.tile_config import TileConfig, default_tile_config
 
 # Work-item fields (columns of the int32 work list).
 F_Q_START, F_Q_COUNT, F_SEQ, F_KV_START, F_KV_END, F_BASE_BLOCK, F_BASE_POS = range(7)
@@ -30,16 +27,6 @@ SIZE_SMALL, SIZE_BIG = 0, 1
 WORK_ORDERS = ("cost", "interleave", "auto")
 # Order used when build_prefix_shared_plan gets no `order` (the engine's).
 DEFAULT_WORK_ORDER = "auto"
-
-
-def device_num_sms(device, cpu_num_sms: int = 8) -> int:
-    """Streaming multiprocessors of a CUDA device: split-KV pieces are sized so that the launch
-    fills them. `cpu_num_sms` stands in where there is no GPU (the Triton interpreter runs the
-    programs one after another, so a few pieces per range are enough there)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return cpu_num_sms
 
 
 def item_cost(kv_len, size_class, tile: TileConfig) -> np.ndarray:
@@ -74,36 +61,9 @@ def order_items(cost: np.ndarray, size_class: np.ndarray, order: str) -> np.ndar
 
 
 @dataclass
-class PrefixSharedPlanOnDevice:
-    """Device tensors of a plan (views into one int32 buffer: a single host-to-device copy)."""
-
-    work: torch.Tensor  # [num_items, WORK_FIELDS] int32, all items (fused launch)
-    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
-    prefix_limit: torch.Tensor  # [num_tokens] int32
-    merge_tokens: torch.Tensor  # [num_merge_tokens] int32
-    merge_offsets: torch.Tensor  # [num_merge_tokens + 1] int32
-    merge_slots: torch.Tensor  # [num_partial_slots] int32
-    num_partial_slots: int
-    num_tokens: int
-    num_heads: int
-    num_kv_heads: int
-    block_size: int
-    tile: TileConfig
-    # Persistent launch (CUDA graphs): a grid of `persistent_programs` programs runs the first
-    # `num_items[0]` items of `work` (the rest is padding); with tile.split_classes, the first
-    # num_items[0] of `work_big` and num_items[1] of `work_small`. 0: one program per item.
-    num_items: torch.Tensor | None = None  # [1] (split_classes: [2]) int32 on the device
-    persistent_programs: int = 0
-    # tile.split_classes: the BIG and the SMALL items of `work`, each in work order
-    work_big: torch.Tensor | None = None
-    work_small: torch.Tensor | None = None
-    # the plan's dense calls, launched from the host (their blocks cut once per step)
-    dense: tuple[DenseCall, ...] = ()
-
-
-@dataclass
 class PrefixSharedPlan:
-    """Host (numpy) work list of one step; `.to(device)` once, reuse for every layer."""
+    """Host (numpy) work list of one step; moved to the device once (ops.plan_device.plan_to_device)
+    and used by every layer."""
 
     work: np.ndarray  # [num_items, WORK_FIELDS] int32, in the plan's work order (see `order`)
     block_tables: np.ndarray  # [num_seqs, max_blocks] int32
@@ -135,18 +95,6 @@ class PrefixSharedPlan:
         big = self.work[:, F_SIZE_CLASS] == SIZE_BIG
         return self.work[big], self.work[~big]
 
-    def to(self, device) -> PrefixSharedPlanOnDevice:
-        """One host-to-device copy of every array (laid out by plan_layout.step_layout)."""
-        arrays = {name: np.asarray(getattr(self, name), dtype=np.int32) for name in PLAN_ARRAYS}
-        if self.tile.split_classes:
-            arrays["work_big"], arrays["work_small"] = self.class_lists()
-        layout = step_layout(arrays)
-        buffer = to_device(layout.pack(arrays), torch.device(device))
-        views = layout.views(buffer)
-        return PrefixSharedPlanOnDevice(
-            **views, num_partial_slots=self.num_partial_slots, num_tokens=self.num_tokens,
-            num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, block_size=self.block_size, tile=self.tile,
-            dense=dense_calls_on(self.dense, views["block_tables"], self.block_size))
 
 @dataclass
 class _Tiles(Columns):
@@ -197,7 +145,8 @@ def _kv_piece_tokens(tiles: _Tiles, tile: TileConfig, kv_split_tokens: int | Non
     """Split-KV piece length: fixed, or enough items to fill the GPU (num_sms x programs_per_sm
     programs), never below tile.min_kv_split_tokens; a multiple of the KV step."""
     if kv_split_tokens is None:
-        check(num_sms is not None, "num_sms (the device's SM count, see device_num_sms) or kv_split_tokens is needed")
+        check(num_sms is not None, "num_sms (the device's SM count, see ops.plan_device.device_num_sms) or "
+              "kv_split_tokens is needed")
         kv_len = tiles.kv_end - tiles.kv_start
         target_items = max(1, num_sms * programs_per_sm // num_kv_heads)
         piece = max(tile.min_kv_split_tokens, int(ceil_div(int(kv_len.sum()), target_items)) if kv_len.size else 1)
@@ -275,7 +224,7 @@ def build_prefix_shared_plan(
     head_dim: int = 128,
     tile: TileConfig | None = None,
     kv_split_tokens: int | None = None,  # fixed split-KV piece length (tests); None: sized from num_sms
-    num_sms: int | None = None,  # the device's SM count (device_num_sms); needed unless kv_split_tokens
+    num_sms: int | None = None,  # the device's SM count (ops.plan_device.device_num_sms); needed unless kv_split_tokens
     programs_per_sm: int = 4,
     order: str | None = None,  # "cost" | "interleave" | "auto"; None = DEFAULT_WORK_ORDER
 ) -> PrefixSharedPlan:

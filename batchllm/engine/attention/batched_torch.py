@@ -1,33 +1,46 @@
-"""PyTorch attention for the CPU path: the reference math (ops.reference, the oracle) batched into a
-few padded `scaled_dot_product_attention` calls per layer (docs/design.md, "The engine and the model
-runner")."""
+"""The `torch` attention backend (the CPU default): the reference math (ops.reference, the oracle)
+batched into a few padded `scaled_dot_product_attention` calls per layer (docs/design.md, "The engine
+and the model runner")."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from batchllm.engine.attention import ReferenceBackend
+from batchllm.engine.attention.protocol import AttentionMetadata
 from batchllm.engine.step_inputs import StepInputs
 from batchllm.ops.kv_quant import check_kv_scales, decode_kv
+from batchllm.ops.reference import store_kv_reference
 
 # A padded batch may cost at most this many times the attention work of its seqs alone.
 _MAX_PADDING_FACTOR = 2.0
 
 
-@dataclass
-class _Batch:
-    """Seqs padded to [num_seqs, max_q_len] rows and [num_seqs, max_kv_len] KV positions."""
+@dataclass(frozen=True)
+class HostBatch:
+    """Seqs padded to [num_seqs, max_q_len] rows and [num_seqs, max_kv_len] KV positions (numpy)."""
 
-    rows: torch.Tensor  # [S, Q] int64: the query row of each padded row (0 for padding)
-    row_valid: torch.Tensor  # [S, Q] bool
-    kv_slots: torch.Tensor  # [S, L] int64 cache slots (0 for padding)
-    visible: torch.Tensor  # [S, Q, L] bool: causal and valid (no window)
-    q_positions: torch.Tensor  # [S, Q] int64
-    kv_positions: torch.Tensor  # [L] int64
+    rows: np.ndarray  # [S, Q] int64: the query row of each padded row (0 for padding)
+    row_valid: np.ndarray  # [S, Q] bool
+    kv_slots: np.ndarray  # [S, L] int64 cache slots (0 for padding)
+    visible: np.ndarray  # [S, Q, L] bool: causal and valid (no window)
+    q_positions: np.ndarray  # [S, Q] int64
+    kv_positions: np.ndarray  # [L] int64
+
+
+@dataclass
+class PaddedBatch:
+    """A HostBatch on the device, with its masks."""
+
+    rows: torch.Tensor
+    row_valid: torch.Tensor
+    kv_slots: torch.Tensor
+    visible: torch.Tensor
+    q_positions: torch.Tensor
+    kv_positions: torch.Tensor
     masks: dict  # sliding window (None: none) -> [S, 1, Q * G, L] bool, built on first use
 
     def mask(self, window: int | None, group: int) -> torch.Tensor:
@@ -59,7 +72,7 @@ def _batches_of(q_lens: np.ndarray, kv_lens: np.ndarray) -> list[np.ndarray]:
     return [np.asarray(b, dtype=np.int64) for b in batches]
 
 
-def _build_batch(inputs: StepInputs, seqs: np.ndarray, block_size: int, device: torch.device) -> _Batch:
+def _build_batch(inputs: StepInputs, seqs: np.ndarray, block_size: int) -> HostBatch:
     starts = inputs.query_start_loc.astype(np.int64)
     q_lens = (starts[seqs + 1] - starts[seqs])
     seq_lens = inputs.seq_lens[seqs].astype(np.int64)
@@ -71,8 +84,7 @@ def _build_batch(inputs: StepInputs, seqs: np.ndarray, block_size: int, device: 
                                     block_size)
     kv_positions = np.arange(slots.shape[1])
     visible = (kv_positions[None, None, :] <= q_positions[:, :, None]) & kv_valid[:, None, :] & row_valid[:, :, None]
-    return _Batch(*(torch.from_numpy(a).to(device) for a in (rows, row_valid, slots, visible, q_positions,
-                                                                kv_positions)), masks={})
+    return HostBatch(rows, row_valid, slots, visible, q_positions, kv_positions)
 
 
 def _padded_slots(block_tables: np.ndarray, seq_lens: np.ndarray, shared: np.ndarray,
@@ -91,19 +103,30 @@ def _padded_slots(block_tables: np.ndarray, seq_lens: np.ndarray, shared: np.nda
     return np.where(valid, slots, 0), valid
 
 
-class BatchedTorchBackend(ReferenceBackend):
-    def __init__(self, block_size: int) -> None:
-        self.block_size = block_size
+class BatchedTorchBackend:
+    supports_cuda_graphs = False
 
-    def prepare(self, inputs: StepInputs, metadata) -> None:
+    def __init__(self, block_size: int, layer_windows: tuple[int | None, ...] = ()) -> None:
+        self.block_size = block_size
+        self.layer_windows = tuple(layer_windows)
+
+    def build_plan(self, inputs: StepInputs) -> tuple[HostBatch, ...]:
         q_lens = np.diff(inputs.query_start_loc.astype(np.int64))
         active = np.flatnonzero(q_lens > 0)
-        device = metadata.slot_mapping.device
-        metadata.plan = [_build_batch(inputs, active[b], self.block_size, device)
-                         for b in _batches_of(q_lens[active], inputs.seq_lens[active])]
+        return tuple(_build_batch(inputs, active[b], self.block_size)
+                     for b in _batches_of(q_lens[active], inputs.seq_lens[active]))
 
-    def attend(self, query, k_cache, v_cache, metadata, scale: float, window: int | None = None,
-               k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+    def plan_to_device(self, plan: tuple[HostBatch, ...], device: torch.device) -> tuple[PaddedBatch, ...]:
+        return tuple(PaddedBatch(*(torch.from_numpy(getattr(batch, f.name)).to(device) for f in fields(HostBatch)),
+                                 masks={})
+                     for batch in plan)
+
+    def store(self, key, value, k_cache, v_cache, metadata: AttentionMetadata, k_scale: float = 1.0,
+              v_scale: float = 1.0) -> None:
+        store_kv_reference(key, value, k_cache, v_cache, metadata.slot_mapping, k_scale, v_scale)
+
+    def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata[tuple[PaddedBatch, ...]], scale: float,
+               window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
         # query: [num_tokens, num_heads, head_dim]; a float8_e4m3fn cache is dequantized per batch
         check_kv_scales(k_scale, v_scale, k_cache.dtype)
         num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]

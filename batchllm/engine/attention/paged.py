@@ -1,0 +1,28 @@
+"""PagedAttention: the model's AttentionFn (models/llama.py) for one step: store the step's K/V in
+the paged cache, then attend with the engine's backend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from batchllm.engine.attention.protocol import AttentionBackend, AttentionMetadata
+from batchllm.engine.kv_cache import KVCache
+
+
+class PagedAttention:
+    def __init__(self, kv_cache: KVCache, metadata: AttentionMetadata, backend: AttentionBackend[Any, Any],
+                 scale: float) -> None:
+        self.kv_cache, self.metadata, self.backend, self.scale = kv_cache, metadata, backend, scale
+
+    def __call__(self, layer_index: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        # query: [num_tokens, num_heads, head_dim]; key/value: [num_tokens, num_kv_heads, head_dim]
+        k_cache, v_cache = self.kv_cache.k[layer_index], self.kv_cache.v[layer_index]
+        # Every row's KV is stored before any row reads (a prefix chunk and its members'
+        # first chunks may share the step: docs/design.md, "KV addressing").
+        k_scale, v_scale = self.kv_cache.k_scale, self.kv_cache.v_scale
+        self.backend.store(key, value, k_cache, v_cache, self.metadata, k_scale, v_scale)
+        windows = self.backend.layer_windows
+        return self.backend.attend(query, k_cache, v_cache, self.metadata, self.scale,
+                                   windows[layer_index] if windows else None, k_scale, v_scale)

@@ -1,0 +1,33 @@
+"""An attention backend by name (EngineConfig.attention_backend)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from batchllm.engine.attention.batched_torch import BatchedTorchBackend
+from batchllm.engine.attention.protocol import AttentionBackend
+from batchllm.engine.attention.reference import ReferenceBackend
+from batchllm.engine.attention.triton_backend import TritonBackend
+
+
+def resolve_backend_name(name: str, device: torch.device) -> str:
+    """"auto": `fused` on CUDA, `torch` elsewhere."""
+    if name == "auto":
+        return "fused" if device.type == "cuda" else "torch"
+    return name
+
+
+def make_backend(name: str, device: torch.device, block_size: int, num_heads: int, num_kv_heads: int,
+                 head_dim: int, layer_windows: tuple[int | None, ...] = ()) -> AttentionBackend[Any, Any]:
+    """layer_windows: the sliding window of every layer (ModelArchConfig.layer_windows)."""
+    name = resolve_backend_name(name, device)
+    if name == "reference":
+        return ReferenceBackend(layer_windows)
+    if name == "torch":
+        return BatchedTorchBackend(block_size, layer_windows)
+    if name in ("triton", "fused"):
+        return TritonBackend(block_size, num_heads, num_kv_heads, head_dim, device, uses_groups=name == "fused",
+                             layer_windows=layer_windows)
+    raise ValueError(f"unknown attention backend {name!r}")

@@ -1,0 +1,16 @@
+"""What the step loop calls on a runner (ModelRunner on one device, TPModelRunner on a rank)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from batchllm.engine.step_result import StepResult
+from batchllm.sched.interface import SchedulerOutput
+
+
+class StepRunner(Protocol):
+    def execute(self, output: SchedulerOutput, sampling_rows: list[tuple], allow_graph: bool = True) -> StepResult:
+        """Run one scheduled step: its tensors, the model, the sampler.
+        sampling_rows: one SamplingBatch.build row per sampled chunk, in chunk order.
+        allow_graph: False runs a decode step eagerly even when a CUDA graph could replay it."""
+        ...

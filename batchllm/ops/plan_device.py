@@ -1,0 +1,104 @@
+"""The device side of an attention plan (the host side is batchllm/attention_plan/): the plan's
+arrays in one device buffer, its dense calls' block tensors, and the SM count that the planner
+sizes split-KV pieces by."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from batchllm.attention_plan.layout import PLAN_ARRAYS, step_layout
+from batchllm.attention_plan.segments import ceil_div
+from batchllm.attention_plan.tile_config import TileConfig
+from batchllm.attention_plan.work_list import PrefixSharedPlan
+from batchllm.ops.transfer import to_device
+
+
+def device_num_sms(device: torch.device | str, cpu_num_sms: int = 8) -> int:
+    """Streaming multiprocessors of a CUDA device: split-KV pieces are sized so that the launch
+    fills them. `cpu_num_sms` stands in where there is no GPU (the Triton interpreter runs the
+    programs one after another, so a few pieces per range are enough there)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return cpu_num_sms
+
+
+@dataclass(frozen=True)
+class DenseCall:
+    """One dense call of a plan on the device (attention_plan.dense_calls.cut_dense_calls): rows
+    [q_start, q_start + q_count) x the kv_len positions that start `offset` into the cache blocks
+    `blocks` (a view of the plan's block tables); its rows' outputs go to partial slots from
+    partial_base (-1: to the output itself). causal: row i sees the first i + 1 positions
+    (q_count == kv_len). A batch of `batch` causal squares: rows [q_start, q_start + q_count) are
+    batch squares of kv_len rows each, whose blocks (each its own `offset`-shifted run of blocks)
+    follow one another in `blocks`."""
+
+    q_start: int
+    q_count: int
+    blocks: torch.Tensor
+    offset: int
+    kv_len: int
+    partial_base: int
+    causal: bool = False
+    batch: int = 1
+
+
+@dataclass
+class PrefixSharedPlanOnDevice:
+    """Device tensors of a plan (views into one int32 buffer: a single host-to-device copy)."""
+
+    work: torch.Tensor  # [num_items, WORK_FIELDS] int32, all items (fused launch)
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
+    prefix_limit: torch.Tensor  # [num_tokens] int32
+    merge_tokens: torch.Tensor  # [num_merge_tokens] int32
+    merge_offsets: torch.Tensor  # [num_merge_tokens + 1] int32
+    merge_slots: torch.Tensor  # [num_partial_slots] int32
+    num_partial_slots: int
+    num_tokens: int
+    num_heads: int
+    num_kv_heads: int
+    block_size: int
+    tile: TileConfig
+    # Persistent launch (CUDA graphs): a grid of `persistent_programs` programs runs the first
+    # `num_items[0]` items of `work` (the rest is padding); with tile.split_classes, the first
+    # num_items[0] of `work_big` and num_items[1] of `work_small`. 0: one program per item.
+    num_items: torch.Tensor | None = None  # [1] (split_classes: [2]) int32 on the device
+    persistent_programs: int = 0
+    # tile.split_classes: the BIG and the SMALL items of `work`, each in work order
+    work_big: torch.Tensor | None = None
+    work_small: torch.Tensor | None = None
+    # the plan's dense calls, launched from the host (their blocks cut once per step)
+    dense: tuple[DenseCall, ...] = ()
+
+
+def plan_to_device(plan: PrefixSharedPlan, device: torch.device | str) -> PrefixSharedPlanOnDevice:
+    """One host-to-device copy of every array of a step's plan (laid out by layout.step_layout);
+    done once per step, used by every layer."""
+    arrays = {name: np.asarray(getattr(plan, name), dtype=np.int32) for name in PLAN_ARRAYS}
+    if plan.tile.split_classes:
+        arrays["work_big"], arrays["work_small"] = plan.class_lists()
+    layout = step_layout(arrays)
+    buffer = to_device(layout.pack(arrays), torch.device(device))
+    views = layout.views(buffer)
+    return PrefixSharedPlanOnDevice(
+        **views, num_partial_slots=plan.num_partial_slots, num_tokens=plan.num_tokens,
+        num_heads=plan.num_heads, num_kv_heads=plan.num_kv_heads, block_size=plan.block_size, tile=plan.tile,
+        dense=dense_calls_on(plan.dense, views["block_tables"], plan.block_size))
+
+
+def dense_calls_on(dense: np.ndarray, block_tables: torch.Tensor, block_size: int) -> tuple[DenseCall, ...]:
+    """A plan's dense calls (its `dense` array) on the device, their blocks cut from the device
+    block tables, each batch of causal calls as one call."""
+    calls, rows = [], dense.tolist()
+    for index, (q_start, _, _, _, offset, kv_len, partial_base, causal, batch) in enumerate(rows):
+        if batch == 0:
+            continue  # in the batch of an earlier call
+        num_blocks = ceil_div(offset + kv_len, block_size)
+        runs = [block_tables[seq, first:first + num_blocks] for _, _, seq, first, *_ in rows[index:index + batch]]
+        calls.append(DenseCall(q_start, sum(row[1] for row in rows[index:index + batch]),
+                               runs[0] if batch == 1 else torch.cat(runs), offset, kv_len, partial_base,
+                               bool(causal), batch))
+    return tuple(calls)

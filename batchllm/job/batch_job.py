@@ -17,6 +17,7 @@ from batchllm.engine.errors import EngineBrokenError
 from batchllm.engine.llm_engine import LLMEngine, PreparedRequest, RunStats
 from batchllm.io.batch_input import DEFAULT_MAX_LINE_BYTES, BatchError, BatchRequest, read_batch_file
 from batchllm.io.batch_output import dumps, error_line, openai_logprobs, success_line
+from batchllm.io.request_fields import FieldWarning
 from batchllm.io.job_files import JobLock, check_existing_output, check_job_paths, journal_path_for
 from batchllm.io.job_io import JobFileError, file_operation
 from batchllm.io.journal import Journal, JournalMismatchError, ResumeReport
@@ -46,7 +47,7 @@ class BatchJobOptions:
     overwrite: bool = False  # replace an existing output file (else refused, unless resuming its job)
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES  # a longer input line is a line_too_long record
     show_progress: bool = True
-    max_printed_warnings: int = 20  # per-line warnings printed; the rest are counted
+    max_printed_warnings: int = 20  # internal errors printed as they happen; the rest are counted
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
@@ -262,6 +263,8 @@ class _JobRun:
         self.stats = RunStats()
         self.num_warnings = 0
         self.num_records = 0  # input lines that get a record (every line but blank ones)
+        # fields accepted without effect: (field, reason) -> [number of lines, first line]
+        self.field_warnings: dict[FieldWarning, list[int]] = {}
         self.progress = Progress(num_lines, enabled=options.show_progress, description="lines")
         self.progress.update(journal.resume.num_entries, 0)
 
@@ -298,7 +301,7 @@ class _JobRun:
             if self.journal.keep(item.line_number, item.digest):
                 continue
             for warning in item.warnings:
-                self._print_warning(f"line {item.line_number} ({item.custom_id}): {warning}")
+                self.field_warnings.setdefault(warning, [0, item.line_number])[0] += 1
             engine = self.engine  # loading the model is not one line's fault
             try:
                 prepared = prepare_request(engine, item, self.limits)
@@ -384,6 +387,9 @@ class _JobRun:
         if self.num_warnings > self.options.max_printed_warnings:
             print(f"warning: {self.num_warnings - self.options.max_printed_warnings} more warnings not shown",
                   file=sys.stderr)
+        for warning, (num_lines, first_line) in sorted(self.field_warnings.items(), key=lambda item: -item[1][0]):
+            print(f"warning: {num_lines:,} line{'s' if num_lines > 1 else ''} had {warning} (first: line {first_line})",
+                  file=sys.stderr)
         if self.journal.num_changed:
             print(f"note: {self.journal.num_changed} lines of {input_path} changed since the earlier run: "
                   "answered again", file=sys.stderr)
@@ -405,8 +411,8 @@ def _read_input(path: str, max_line_bytes: int):
 
 
 def _openai_logprobs(engine: LLMEngine, done, request: BatchRequest) -> dict | None:
-    if done.logprobs is None or engine.tokenizer is None:
+    if done.logprobs is None:
         return None
-    decode = engine.tokenizer.decode
+    vocabulary = engine.tokenizer.vocabulary if engine.tokenizer is not None else None  # None: "token_id:N"
     return openai_logprobs(request.endpoint, done.output_token_ids, done.logprobs, request.sampling.logprobs,
-                           lambda token_id: decode([token_id], skip_special_tokens=False))
+                           vocabulary, done.text)

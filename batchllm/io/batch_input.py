@@ -14,10 +14,11 @@ import dataclasses
 import hashlib
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from batchllm.io.compact_set import Int64Set, digest64
+from batchllm.io.output_check import DUPLICATE_CODE
 from batchllm.io.request_fields import FieldWarning, check_fields
 from batchllm.sampling_params import SamplingParams, SamplingParamsError, short_repr
 
@@ -219,15 +220,16 @@ def _parse_logprobs(body: dict, endpoint: str) -> int | None:
     return _integer(logprobs, "logprobs (on /v1/completions: the number of top tokens)", 0, 20)
 
 
-def parse_line(raw: bytes | str, line_number: int, seen: Int64Set, digest: int = 0) -> BatchRequest | BatchError | None:
-    """One line -> a request, an error, or None (blank). seen: digest64 of the custom_ids so far."""
+def parse_line(raw: bytes | str, line_number: int, digest: int = 0) -> BatchRequest | BatchError | None:
+    """One line -> a request, an error, or None (blank). Whether its custom_id is a duplicate is
+    decided over the whole input (first_line_wins), not here."""
     try:
-        return _parse_line(raw, line_number, seen, digest)
+        return _parse_line(raw, line_number, digest)
     except Exception as error:  # a parser bug must cost one line, not the job
         return BatchError(line_number, "internal_error", f"{type(error).__name__}: {error}", None, digest)
 
 
-def _parse_line(raw: bytes | str, line_number: int, seen: Int64Set, digest: int) -> BatchRequest | BatchError | None:
+def _parse_line(raw: bytes | str, line_number: int, digest: int) -> BatchRequest | BatchError | None:
     if isinstance(raw, bytes):
         if line_number == 1 and raw.startswith(UTF8_BOM):
             raw = raw[len(UTF8_BOM):]
@@ -258,9 +260,6 @@ def _parse_line(raw: bytes | str, line_number: int, seen: Int64Set, digest: int)
         request = parse_request_object(obj, line_number)
     except RequestError as error:
         return BatchError(line_number, error.code, str(error), custom_id, digest)
-    if not seen.add(digest64(request.custom_id.encode("utf-8"))):
-        return BatchError(line_number, "duplicate_custom_id",
-                          f"custom_id {request.custom_id!r} already used on an earlier line", request.custom_id, digest)
     return request if not digest else dataclasses.replace(request, digest=digest)
 
 
@@ -301,14 +300,35 @@ def read_lines(path: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Itera
 
 def read_batch_file(path: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[BatchRequest | BatchError]:
     """Stream a JSONL file (bytes, so invalid UTF-8 on one line stays that line's error); each
-    item carries its line's digest. A line over max_line_bytes is a line_too_long error, unparsed."""
-    seen = Int64Set()
+    item carries its line's digest. A line over max_line_bytes is a line_too_long error, unparsed.
+    custom_ids are unique across the file (first_line_wins)."""
+    return first_line_wins(_read_items(path, max_line_bytes))
+
+
+def _read_items(path: str, max_line_bytes: int) -> Iterator[BatchRequest | BatchError]:
     for line in read_lines(path, max_line_bytes):
         if line.data is None:
             yield BatchError(line.line_number, "line_too_long",
                              f"line has {line.num_bytes} bytes, over the limit of {max_line_bytes} "
                              "(shorten the prompt, or raise --max-line-bytes)", None, line.digest)
             continue
-        item = parse_line(line.data, line.line_number, seen, line.digest)
+        item = parse_line(line.data, line.line_number, line.digest)
         if item is not None:
             yield item
+
+
+def first_line_wins(items: Iterable[BatchRequest | BatchError]) -> Iterator[BatchRequest | BatchError]:
+    """custom_ids are unique across the whole input, valid lines or not: the first line with an id
+    stands (answered, or its own error), and every later line with that id becomes a
+    duplicate_custom_id error. Decided again from the input on every run, so a resume after an
+    edit never keeps an answer for a line that is now a duplicate, nor a duplicate error for a line
+    that is now unique. Memory: a 64-bit digest per id (compact_set.Int64Set)."""
+    seen = Int64Set()
+    for item in items:
+        custom_id = item.custom_id
+        if isinstance(custom_id, str) and custom_id.strip():
+            first = seen.add(digest64(custom_id.encode("utf-8", "surrogatepass")))
+            if not first and not (isinstance(item, BatchError) and item.code == DUPLICATE_CODE):
+                item = BatchError(item.line_number, DUPLICATE_CODE,
+                                  f"custom_id {custom_id!r} already used on an earlier line", custom_id, item.digest)
+        yield item

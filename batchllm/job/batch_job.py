@@ -24,7 +24,6 @@ from batchllm.io.journal import Journal, JournalMismatchError, ResumeReport
 from batchllm.io.output_check import OutputCheckError
 from batchllm.job.job_identity import check_engine_settings, engine_settings, held_limits, job_header
 from batchllm.job.progress import Progress
-from batchllm.job.unique_ids import first_line_wins
 from batchllm.engine.request_limits import (EmptyPromptError, InvalidRequestError, NoTokenizerError, PromptTooLongError,
                                             RequestLimits)
 from batchllm.sampling_params import SamplingParams
@@ -290,7 +289,7 @@ class _JobRun:
 
     def stream(self, input_path: str) -> None:
         pending: list[_Runnable] = []
-        for item in first_line_wins(_read_input(input_path, self.options.max_line_bytes)):
+        for item in _read_input(input_path, self.options.max_line_bytes):
             if self.stop.requested:
                 raise JobInterrupted
             self.num_records += 1

@@ -17,20 +17,14 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 # vLLM's request field names, for the test that every request field is handled
-# (tests/test_io_request_fields.py): three files of vLLM's source distribution (47 MB, ~10 s).
-# pip downloads and unpacks it but cannot build its metadata without CUDA build tools, so the
-# download "fails" and the unpacked copy pip keeps (--no-clean) is read instead.
+# (tests/test_io_request_fields.py): three files of vLLM's source distribution (47 MB download,
+# checked against the index's sha256; vLLM itself cannot be installed without CUDA).
 VLLM_VERSION ?= 0.33.0
 UPSTREAM ?= $(VENV)/upstream
-VLLM_FILES := vllm/sampling_params.py vllm/entrypoints/openai/chat_completion/protocol.py \
-	vllm/entrypoints/openai/completion/protocol.py
 
 $(UPSTREAM)/.vllm-$(VLLM_VERSION): $(BIN)/.installed
-	rm -rf $(UPSTREAM) && mkdir -p $(UPSTREAM)/unpack $(UPSTREAM)/vllm-$(VLLM_VERSION)
-	TMPDIR=$(abspath $(UPSTREAM)/unpack) $(BIN)/pip download -q --no-clean --no-deps --no-binary :all: \
-		--no-build-isolation "vllm==$(VLLM_VERSION)" -d $(UPSTREAM)/unpack > $(UPSTREAM)/pip.log 2>&1 || true
-	cd $(UPSTREAM)/unpack/pip-*/vllm_*/ && cp --parents $(VLLM_FILES) $(abspath $(UPSTREAM))/vllm-$(VLLM_VERSION)/
-	rm -rf $(UPSTREAM)/unpack
+	rm -rf $(UPSTREAM)
+	$(BIN)/python tests/fetch_upstream.py --version $(VLLM_VERSION) --dest $(UPSTREAM)
 	touch $@
 
 install: $(BIN)/.installed $(UPSTREAM)/.vllm-$(VLLM_VERSION)

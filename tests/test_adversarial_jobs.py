@@ -28,7 +28,7 @@ pytest_plugins = ["model_fixtures"]
 MODEL = "random:tiny"
 KV_TOKENS = 256  # token limit 240: a chat line without max_tokens stays short
 MISSING_MODEL = "/nonexistent/model.gguf"  # a refusal must come before the model would load
-CONFIG = engine_config(MODEL, kv_cache_tokens=KV_TOKENS)
+CONFIG = engine_config(MODEL, device="cpu", kv_cache_tokens=KV_TOKENS)  # the job's rules, on any machine
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def _reference(engine, tmp_path, lines, name="reference"):
 
 
 def _run_cli(capsys, *argv):
-    code = main(["run", *map(str, argv), "--no-progress"])
+    code = main(["run", *map(str, argv), "--device", "cpu", "--no-progress"])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 

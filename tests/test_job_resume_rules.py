@@ -195,7 +195,7 @@ def test_model_fingerprint_follows_names_sizes_and_mtimes(tmp_path):
 
 
 def test_the_header_records_the_resolved_dtype_and_device():
-    header = job_header(EngineConfig(model=MODEL), max_line_bytes=100).job
+    header = job_header(EngineConfig(model=MODEL, device="cpu"), max_line_bytes=100).job
     assert (header["dtype"], header["device"], header["max_line_bytes"]) == ("float32", "cpu", 100)
 
 

@@ -2,6 +2,7 @@
 give the right product, and the script runs end to end. The peaks themselves need a GPU."""
 
 import torch
+from capabilities import needs_cpu_fp8_gemm
 from script_loader import load_benchmark_script
 
 
@@ -9,6 +10,7 @@ def _script():
     return load_benchmark_script("gemm_peak.py")
 
 
+@needs_cpu_fp8_gemm
 def test_fp8_operands_and_product():
     script = _script()
     operands = script.fp8_operands(64, 48, 32, torch.device("cpu"), torch.Generator().manual_seed(0))
@@ -20,6 +22,7 @@ def test_fp8_operands_and_product():
     assert script.check_fp8_product(operands, rows=32) < 0.02
 
 
+@needs_cpu_fp8_gemm
 def test_dry_run(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert _script().main(["--dry-run"]) == 0

@@ -17,6 +17,7 @@ from batchllm.models.hf_loader import hf_arch_config, iter_safetensors, safetens
 from batchllm.models.llama import LlamaForCausalLM
 from batchllm.models.presets import parse_random_spec, random_model
 from batchllm.ops.fp8 import FP8_DTYPE, QuantizedActivation, fp8_linear, quantize_rows_reference, quantize_weight_rows
+from capabilities import needs_cpu_fp8_gemm
 from model_helpers import run_flat
 
 
@@ -41,6 +42,7 @@ def test_static_scale_saturates_instead_of_overflowing():
     assert not torch.isnan(q.values.float()).any()
 
 
+@needs_cpu_fp8_gemm
 def test_fp8_linear_equals_dequantized_matmul():
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(5, 32, generator=generator)
@@ -58,6 +60,7 @@ def test_fp8_linear_equals_dequantized_matmul():
     assert empty.shape == (0, 48)
 
 
+@needs_cpu_fp8_gemm
 def test_random_fp8_preset_quantizes_the_bf16_draws():
     spec = parse_random_spec("random:tiny?seed=3")
     full = random_model(spec, torch.float32, torch.device("cpu"))
@@ -131,6 +134,7 @@ def _to_fp8_layout(directory, per_channel: bool, static: bool) -> dict:
     return out
 
 
+@needs_cpu_fp8_gemm
 @pytest.mark.parametrize("per_channel,static", [(False, True), (False, False), (True, False)])
 def test_fp8_checkpoint_layouts_load(tmp_path, per_channel, static):
     hf_model = _write_hf_checkpoint(tmp_path)

@@ -28,7 +28,7 @@ def test_rms_norm_fp8_equals_quantized_rms_norm(static, with_residual):
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(37, 4096, generator=gen, device="cuda").to(torch.bfloat16) * 3
     weight = (1 + 0.1 * torch.randn(4096, generator=gen, device="cuda")).to(torch.bfloat16)
-    residual = torch.randn_like(x) if with_residual else None
+    residual = torch.randn(x.shape, generator=gen, device="cuda").to(torch.bfloat16) if with_residual else None
     scale = torch.tensor(0.02, device="cuda") if static else None
     expected, expected_residual = rms_norm(x, weight, 1e-5, residual)
     got, got_residual = rms_norm(x, weight, 1e-5, residual, fp8=True, static_scale=scale)

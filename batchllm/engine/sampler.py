@@ -5,13 +5,14 @@ index, vocab id), so a request's tokens do not depend on its step's other reques
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from batchllm.engine.sampling_rows import SamplingRows
 from batchllm.ops.transfer import to_device
-from batchllm.sampling_params import SamplingParams
+from batchllm.sampling_params import GREEDY_TEMPERATURE, SamplingParams
 
 _MASK32 = 0xFFFFFFFF
 
@@ -81,6 +82,9 @@ class SamplingBatch:
         (ops/transfer.py)."""
         if not isinstance(rows, SamplingRows):
             rows = SamplingRows.from_tuples(rows)
+        greedy = rows.temperature < GREEDY_TEMPERATURE
+        if greedy.any():  # greedy rows hold 0
+            rows = replace(rows, temperature=np.where(greedy, 0.0, rows.temperature))
         # float64 holds every field exactly (seeds < 2**32, indices and top_k far below 2**53).
         packed = to_device(torch.from_numpy(rows.packed()), device)
         floats = packed[:3].to(torch.float32)
@@ -150,7 +154,9 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
 
 def _sample_random(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     temperature = torch.where(batch.temperature > 0, batch.temperature, torch.ones_like(batch.temperature))
-    scaled = logits / temperature[:, None]
+    # The top logit is subtracted first: every scaled logit is <= 0 with the top one 0, so no
+    # temperature >= GREEDY_TEMPERATURE can overflow to inf (which would make the softmax NaN).
+    scaled = (logits - logits.max(dim=-1, keepdim=True).values) / temperature[:, None]
     if batch.needs_top_k or batch.needs_top_p:
         scaled = _apply_top_k_top_p(scaled, batch)
     probs = scaled.softmax(dim=-1)

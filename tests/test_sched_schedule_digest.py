@@ -1,6 +1,6 @@
 """Scheduling is pinned: every policy on the benchmark's four workloads (a twentieth of their
-requests) at the benchmark's KV cache and at one small enough to preempt, each step hashed by
-batchllm/perf/schedule_digest.py. A change that must leave scheduling alone keeps these digests
+requests) and on uniform 128/128 (a tenth), at the benchmark's KV cache and at one small enough to
+preempt, each step hashed by batchllm/perf/schedule_digest.py. A change that must leave scheduling alone keeps these digests
 (`python -m batchllm.perf.schedule_digest` compares the full-size workloads)."""
 
 from batchllm.perf.schedule_digest import bench_digests
@@ -62,3 +62,23 @@ def test_schedules_are_the_pinned_ones():
     assert sum(preemptions for _, preemptions, _, _ in digests.values()) > 0
     assert {key for key, value in digests.items() if value != PINNED.get(key)} == set()
     assert digests.keys() == PINNED.keys()
+
+
+# Requests that share nothing (the batchllm policy admits runs of them as arrays): a tenth of
+# uniform 128/128, at a KV cache that preempts.
+UNIFORM = "uniform:128:128#3000"
+PINNED_UNIFORM = {
+    ("batchllm", 1.0): (516, 0, "cd32556feb0f66b7", "bef7e52965fa5635"),
+    ("vllm", 1.0): (455, 107, "affc35d930ec6d62", "433af2058b94cbe6"),
+    ("sglang", 1.0): (549, 15, "220441252fd1c1dd", "3ef5105039443ba1"),
+    ("simple", 1.0): (454, 125, "37990f1ea8898f10", "c742f5e8d75c94ed"),
+    ("batchllm", 0.0): (454, 142, "9cbd740d03c3267a", "362217fff92ce815"),
+}
+
+
+def test_uniform_schedules_are_the_pinned_ones():
+    runs = [(d, 1.0) for d in bench_digests((SMALL_KV_TOKENS,), 0.1, workloads=(UNIFORM,))]
+    runs += [(d, 0.0) for d in bench_digests((SMALL_KV_TOKENS,), 0.1, workloads=(UNIFORM,), policies=("batchllm",),
+                                             decode_reserve_ratio=0.0)]
+    digests = {(d.policy, ratio): (d.num_steps, d.num_preemptions, d.schedule[:16], d.counts[:16]) for d, ratio in runs}
+    assert digests == PINNED_UNIFORM

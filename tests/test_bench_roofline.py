@@ -8,7 +8,7 @@ from batchllm.perf.roofline import (H200_COPY_BANDWIDTH_BYTES_PER_S, StepWork, T
                                      step_byte_parts, step_bytes_read, step_flop_parts, step_flops, step_work)
 from batchllm.perf.schedule_replay import replay_schedule
 from batchllm.sched.config import SchedulerConfig
-from batchllm.sched.interface import ScheduledChunk
+from batchllm.sched.interface import ScheduledChunk, ScheduledChunks
 from batchllm.perf.workloads import micro_workload
 
 NUM_PARAMS = 7_000_000_000  # non-embedding parameters of an 8B-like model
@@ -115,6 +115,7 @@ def test_a_groups_prefix_is_read_once_per_step():
               _chunk(5, 540, 1, shared=500, group=1, sample=True, decode=True),
               _chunk(6, 1500, 1, shared=300, sample=True, decode=True)]
     work = step_work(chunks)
+    assert step_work(ScheduledChunks.from_chunks(chunks)) == work  # the columns' sums are the loop's
     assert work.num_tokens == 100 + 20 + 1 + 1 + 1
     assert work.num_sampled_rows == 4
     assert work.num_attended_keys == (100 * 900 + 100 * 101 // 2) + (20 * 1000 + 20 * 21 // 2) + 531 + 541 + 1501

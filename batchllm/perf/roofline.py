@@ -40,8 +40,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from batchllm.perf.flop_bound import H200_BF16_PEAK_FLOPS
-from batchllm.sched.interface import NO_GROUP, ScheduledChunk
+from batchllm.sched.interface import NO_GROUP, ScheduledChunk, ScheduledChunks
 
 # bytes read + bytes written per second of a large device-to-device copy on an H200 (the copy
 # ceiling the attention benchmarks of BENCHMARKS.md reach, ~4.2 TB/s). Reads alone at this rate
@@ -82,6 +84,8 @@ def chunk_attended_keys(start_position: int, num_tokens: int) -> int:
 
 def step_work(chunks: Iterable[ScheduledChunk]) -> StepWork:
     """The StepWork of one scheduled step (SchedulerOutput.chunks)."""
+    if isinstance(chunks, ScheduledChunks):
+        return _step_work_columns(chunks)
     num_tokens = attended = sampled = own_kv = 0
     group_prefix_len: dict[int, int] = {}  # group -> shared prefix positions the step reads
     for chunk in chunks:
@@ -96,6 +100,23 @@ def step_work(chunks: Iterable[ScheduledChunk]) -> StepWork:
         if not chunk.is_prefix:
             own_kv += chunk.kv_len - chunk.shared_kv_len
     return StepWork(num_tokens, attended, sampled, own_kv + sum(group_prefix_len.values()))
+
+
+def _step_work_columns(chunks: ScheduledChunks) -> StepWork:
+    """step_work over the chunk columns (the same sums, as array operations)."""
+    num_tokens, starts, shared = chunks.num_tokens, chunks.start_positions, chunks.shared_kv_lens
+    kv_lens = starts + num_tokens
+    attended = int((num_tokens * starts + num_tokens * (num_tokens + 1) // 2).sum())
+    grouped = chunks.group_ids != NO_GROUP
+    own_kv = int(kv_lens[~grouped].sum()) + int((kv_lens - shared)[grouped & ~chunks.is_prefix].sum())
+    prefix_kv = 0
+    if grouped.any():  # each group's prefix once: the most of it any of its chunks sees
+        visible = np.where(chunks.is_prefix, kv_lens, shared)[grouped]
+        group_index = np.unique(chunks.group_ids[grouped], return_inverse=True)[1].reshape(-1)
+        most = np.zeros(int(group_index.max()) + 1, dtype=np.int64)
+        np.maximum.at(most, group_index, visible)
+        prefix_kv = int(most.sum())
+    return StepWork(int(num_tokens.sum()), attended, int(chunks.sample.sum()), own_kv + prefix_kv)
 
 
 def step_flop_parts(arch, work: StepWork) -> tuple[float, float]:

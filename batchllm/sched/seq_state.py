@@ -119,16 +119,15 @@ class PolicyBase:
     def update(self, output: SchedulerOutput, finish_reasons: dict[int, str]) -> list[FinishedRequest]:
         """Scheduler.update (interface.py)."""
         finished: list[FinishedRequest] = []
-        for chunk in output.chunks:
-            if chunk.is_prefix:
-                continue
-            seq = self._seqs[chunk.seq_id]
+        chunks = output.chunks
+        for seq_id in chunks.seq_ids[~chunks.is_prefix].tolist():
+            seq = self._seqs[seq_id]
             self._stored(seq)
-            reason = finish_reasons.get(chunk.seq_id)
+            reason = finish_reasons.get(seq_id)
             if reason is not None:
-                del self._seqs[chunk.seq_id]
-                self.finished_seq_ids.append(chunk.seq_id)
-                finished.append(FinishedRequest(chunk.seq_id, reason, self._finish(seq)))
+                del self._seqs[seq_id]
+                self.finished_seq_ids.append(seq_id)
+                finished.append(FinishedRequest(seq_id, reason, self._finish(seq)))
         self.step_index += 1
         return finished
 

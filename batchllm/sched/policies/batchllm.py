@@ -254,7 +254,7 @@ class BatchLLMScheduler(PolicyBase):
         self._promised_prefix_blocks += num_prefix_blocks - len(group.prefix_block_ids)
         members = self.members
         if len(group.members) == 1:  # a request that shares nothing: the first member alone
-            members.key[first] = rank << RANK_SHIFT
+            members.key[first] = (rank << RANK_SHIFT) + members.index[first]
             self._start_running(first)
             self._add_work(group, first)
             return True
@@ -308,7 +308,7 @@ class BatchLLMScheduler(PolicyBase):
             group.rank = rank + i
             self._active[rank + i] = group
             members.block_ids[slot] = block_ids[offsets[i]:offsets[i + 1]]
-        members.key[slots] = (rank + np.arange(num)) << RANK_SHIFT
+        members.key[slots] = ((rank + np.arange(num)) << RANK_SHIFT) + members.index[slots]
         members.running[slots] = True
         members.num_blocks[slots] = num_blocks
         members.scheduled_stamp[slots] = step.stamp

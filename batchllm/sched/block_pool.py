@@ -47,6 +47,10 @@ class BlockPool:
         free = self._free
         if num_blocks > len(free):
             raise OutOfBlocksError(f"asked for {num_blocks} KV blocks, {len(free)} free")
+        if num_blocks == 1:
+            block_id = free.pop()
+            self._ref_counts[block_id] = 1
+            return [block_id]
         if num_blocks <= 0:
             return []
         block_ids = free[-num_blocks:]
@@ -65,15 +69,6 @@ class BlockPool:
 
     def free(self, block_ids: list[int]) -> None:
         """Drop one reference from each block (last first); blocks reaching 0 return to the free list."""
-        if not block_ids:
-            return
-        ref_counts = self._ref_counts
-        num = len(block_ids)
-        if num > 1 and itemgetter(*block_ids)(ref_counts).count(1) == num and len(set(block_ids)) == num:
-            for block_id in block_ids:  # each held once (a request's own blocks): all freed
-                ref_counts[block_id] = 0
-            self._free.extend(reversed(block_ids))
-            return
         for block_id in reversed(block_ids):
             count = self._ref_counts[block_id]
             if count <= 0:
@@ -81,6 +76,18 @@ class BlockPool:
             self._ref_counts[block_id] = count - 1
             if count == 1:
                 self._free.append(block_id)
+
+    def free_owned(self, block_ids: list[int]) -> None:
+        """free(block_ids) for blocks each held once (a request's own blocks): checked, then freed
+        in bulk; otherwise as free()."""
+        num = len(block_ids)
+        ref_counts = self._ref_counts
+        if num > 1 and itemgetter(*block_ids)(ref_counts).count(1) == num and len(set(block_ids)) == num:
+            for block_id in block_ids:
+                ref_counts[block_id] = 0
+            self._free.extend(reversed(block_ids))
+        else:
+            self.free(block_ids)
 
     def ref_count(self, block_id: int) -> int:
         return self._ref_counts[block_id]

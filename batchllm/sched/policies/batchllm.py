@@ -477,7 +477,7 @@ class BatchLLMScheduler(PolicyBase):
         """The member's KV is gone (preempted or finished): its own blocks are freed, nothing is
         stored any more and the runner drops the row."""
         members = self.members
-        self.pool.free(members.block_ids[slot])
+        self.pool.free_owned(members.block_ids[slot])
         members.block_ids[slot] = []
         members.num_blocks[slot] = 0
         members.num_computed_tokens[slot] = 0
@@ -550,7 +550,7 @@ class BatchLLMScheduler(PolicyBase):
         group's prefix with the group's last member; returns its prompt tokens reused."""
         members = self.members
         group = self.groups[members.info[slot][1]]
-        self.pool.free(members.block_ids[slot])
+        self.pool.free_owned(members.block_ids[slot])
         members.block_ids[slot] = []
         if slot in group.work:
             self._discard_work(group, slot)

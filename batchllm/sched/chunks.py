@@ -180,7 +180,8 @@ class ScheduledChunks(Sequence[ScheduledChunk]):
 _ALL_ARRAYS = (*_INT_COLUMNS, *_BOOL_COLUMNS, "token_ids", "token_id_offsets", "new_block_ids", "new_block_offsets")
 
 
-def _offsets(counts: np.ndarray) -> np.ndarray:
+def count_offsets(counts: np.ndarray) -> np.ndarray:
+    """[0, counts[0], counts[0] + counts[1], ...]: where each of the segments starts, then the end."""
     offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     return offsets
@@ -189,7 +190,7 @@ def _offsets(counts: np.ndarray) -> np.ndarray:
 def _take_segments(values: np.ndarray, offsets: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The segments values[offsets[i]:offsets[i + 1]] for i in order, concatenated, and their offsets."""
     starts, counts = offsets[:-1][order], np.diff(offsets)[order]
-    new_offsets = _offsets(counts)
+    new_offsets = count_offsets(counts)
     total = int(new_offsets[-1])
     if total == 0:
         return values[:0], new_offsets
@@ -237,6 +238,6 @@ class ChunksBuilder:
         bool_columns = [np.array(c, dtype=bool) for c in self._columns[len(_INT_COLUMNS):]]
         return ScheduledChunks(*int_columns, *bool_columns,
                                np.array(self._token_ids, dtype=np.int64),
-                               _offsets(np.array(self._token_counts, dtype=np.int64)),
+                               count_offsets(np.array(self._token_counts, dtype=np.int64)),
                                np.array(self._block_ids, dtype=np.int64),
-                               _offsets(np.array(self._block_counts, dtype=np.int64)))
+                               count_offsets(np.array(self._block_counts, dtype=np.int64)))

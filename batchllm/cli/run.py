@@ -61,6 +61,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES, metavar="N",
                         help=f"a longer input line becomes a line_too_long error record without being parsed "
                              f"(default {DEFAULT_MAX_LINE_BYTES} = 10 MiB)")
+    parser.add_argument("--chat-template", metavar="FILE", default=None,
+                        help="a Jinja chat template file (as vLLM's --chat-template; the template text itself "
+                             "is taken too) that renders the chat lines instead of the model's own template")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run_command)
 
@@ -123,6 +126,7 @@ def engine_config_from_args(args):
 
 def run_command(args) -> int:
     """Exit codes: see the command's description."""
+    from batchllm.cli.chat_template import load_chat_template
     from batchllm.job.batch_job import BatchJobOptions, LazyEngine, StopRequest, run_batch_file
     from batchllm.io.job_files import JobFilesError, JobLockedError
     from batchllm.io.job_io import JobFileError
@@ -138,7 +142,8 @@ def run_command(args) -> int:
         config = engine_config_from_args(args)
         options = BatchJobOptions(errors_path=args.errors, order=args.order, window_num_requests=args.window,
                                   restart=args.restart, overwrite=args.overwrite, max_line_bytes=args.max_line_bytes,
-                                  show_progress=not args.no_progress)
+                                  show_progress=not args.no_progress,
+                                  chat_template=load_chat_template(args.chat_template))
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

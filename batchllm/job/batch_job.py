@@ -47,6 +47,7 @@ class BatchJobOptions:
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES  # a longer input line is a line_too_long record
     show_progress: bool = True
     max_printed_warnings: int = 20  # internal errors printed as they happen; the rest are counted
+    chat_template: str | None = None  # Jinja text that renders chat lines (None: the model's template)
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
@@ -113,24 +114,28 @@ class BatchJobSummary:
         )
 
 
-def tokenize_request(engine: LLMEngine, request: BatchRequest, max_num_tokens: int | None = None) -> list[int]:
+def tokenize_request(engine: LLMEngine, request: BatchRequest, max_num_tokens: int | None = None,
+                     chat_template: str | None = None) -> list[int]:
     """The prompt's token ids; with max_num_tokens, tokenizing may stop once the prompt is
-    known to hold more (the result is then a prefix, longer than max_num_tokens)."""
+    known to hold more (the result is then a prefix, longer than max_num_tokens). chat_template:
+    renders chat messages instead of the model's template."""
     if request.prompt_token_ids is not None:
         return list(request.prompt_token_ids)
     if engine.tokenizer is None:
         raise NoTokenizerError(f"model {engine.model_name} has no tokenizer: give prompt_token_ids")
     if request.messages is not None:
-        return engine.tokenizer.encode_chat(request.messages, max_num_tokens=max_num_tokens)
+        return engine.tokenizer.encode_chat(request.messages, max_num_tokens=max_num_tokens,
+                                            chat_template=chat_template)
     return engine.tokenizer.encode_prompt(request.prompt, max_num_tokens=max_num_tokens)
 
 
-def prepare_request(engine: LLMEngine, request: BatchRequest, limits: RequestLimits | None = None):
+def prepare_request(engine: LLMEngine, request: BatchRequest, limits: RequestLimits | None = None,
+                    chat_template: str | None = None):
     """(int32 token ids, checked params) or an error record (prompt too long, no tokenizer, ...).
     limits: what a request may hold (default: the engine's)."""
     limits = limits or engine.limits
     try:
-        token_ids = tokenize_request(engine, request, max_num_tokens=limits.token_limit)
+        token_ids = tokenize_request(engine, request, max_num_tokens=limits.token_limit, chat_template=chat_template)
     except NoTokenizerError as error:
         return error_line(request.custom_id, "invalid_request", str(error), request.line_number)
     except Exception as error:  # a tokenizer or chat template failing on one line's content
@@ -170,7 +175,8 @@ def run_batch_file(engine: LLMEngine | LazyEngine, input_path: str, output_path:
 def _run_locked(engine, input_path: str, output_path: str, options: BatchJobOptions,
                 stop: StopRequest) -> BatchJobSummary:
     num_lines = count_lines(input_path)
-    journal = Journal(journal_path_for(output_path), job_header(engine.config, options.max_line_bytes),
+    journal = Journal(journal_path_for(output_path),
+                      job_header(engine.config, options.max_line_bytes, options.chat_template),
                       restart=options.restart, num_input_lines=num_lines)
     _print_resume(journal)
     run = _JobRun(engine, journal, options, stop, num_lines)
@@ -303,7 +309,7 @@ class _JobRun:
                 self.field_warnings.setdefault(warning, [0, item.line_number])[0] += 1
             engine = self.engine  # loading the model is not one line's fault
             try:
-                prepared = prepare_request(engine, item, self.limits)
+                prepared = prepare_request(engine, item, self.limits, self.options.chat_template)
             except Exception as error:
                 prepared = self._internal_error(item, error)
             if isinstance(prepared, dict):

@@ -3,9 +3,10 @@ answers of two setups (README, "Crashes, Ctrl-C and resuming").
 
 Known before the model loads (the journal header): the model's identity (its files' names,
 sizes and modification times; a random preset's full spec), the dtype and device kind it runs
-in, quantization, the KV cache dtype, the seed, --max-model-len, --max-line-bytes and the
-sampling defaults. Known once the engine has loaded (a journal line of its own): its dtype and
-the most tokens one request may hold (context and KV cache), which clamps max_tokens.
+in, quantization, the KV cache dtype, the seed, --max-model-len, --max-line-bytes, the
+sampling defaults and --chat-template. Known once the engine has loaded (a journal line of its
+own): its dtype and the most tokens one request may hold (context and KV cache), which clamps
+max_tokens.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ HEADER_LABELS = {
     "quantization": "--quantization", "kv_cache_dtype": "--kv-cache-dtype", "seed": "--seed",
     "max_model_len": "--max-model-len", "max_line_bytes": "--max-line-bytes",
     "sampling_defaults": "the sampling defaults (another batchllm version)",
+    "chat_template": "--chat-template (a digest of its text)",
 }
 
 
-def job_header(config, max_line_bytes: int) -> JournalHeader:
+def job_header(config, max_line_bytes: int, chat_template: str | None = None) -> JournalHeader:
     """The journal header of a job on EngineConfig `config`. Records written before any engine
     ran (a line that does not parse, a duplicate id, a line over --max-line-bytes) depend only on
     --max-line-bytes, so the engine's options may change until an engine has run (e.g. a --model
@@ -44,6 +46,7 @@ def job_header(config, max_line_bytes: int) -> JournalHeader:
         "device": device, "quantization": config.quantization, "kv_cache_dtype": config.cache.kv_cache_dtype,
         "seed": config.seed, "max_model_len": config.max_model_len, "max_line_bytes": max_line_bytes,
         "sampling_defaults": sampling_defaults,
+        "chat_template": None if chat_template is None else _digest(chat_template),
     }, HEADER_LABELS, frozenset(HEADER_LABELS) - {"max_line_bytes"})
 
 

@@ -95,6 +95,7 @@ class LLM:
         requests = [PreparedRequest(index, tokens, limits.check(tokens, params))
                     for index, (tokens, params) in enumerate(zip(token_lists, params_list))]
         progress = Progress(len(requests), enabled=use_tqdm)
+        progress.start()
         stats = RunStats()
         finished: dict[int, FinishedOutput] = {}
         try:

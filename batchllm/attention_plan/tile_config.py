@@ -9,6 +9,8 @@ from dataclasses import dataclass, replace
 
 from batchllm.attention_plan.checks import next_power_of_2
 
+FP8_MMA_DTYPES = ("query", "float16")
+
 
 @dataclass(frozen=True)
 class TileConfig:
@@ -28,6 +30,13 @@ class TileConfig:
     split_classes: bool = False
     small_num_warps: int | None = None
     small_num_stages: int | None = None
+    # Registers per thread of the SMALL launch (ptxas's maxnreg; None: the compiler's choice): a
+    # persistent grid of graph_programs_per_sm programs runs in one wave only if they all fit on
+    # an SM at once (65536 registers: 128 each for 4 programs of 4 warps)
+    small_max_registers: int | None = None
+    # An FP8 cache's tiles meet the query in MMAs of this dtype: "query" (converted to the query
+    # dtype) or "float16" (ops/attention_kernels.py, FP8_AS_F16)
+    fp8_mma_dtype: str = "query"
     # A segment of at least this many query rows runs the KV range that all its rows see whole
     # (a group's prefix for its members, the context before a prefill chunk) as one dense
     # attention call on a library kernel (cuDNN) over its gathered blocks, when that range holds
@@ -40,6 +49,10 @@ class TileConfig:
     # they count together. A group's prefix chunk with a call leaves its group's segment for it
     # (dense_calls.py).
     dense_causal_min_rows: int = 0
+
+    def __post_init__(self) -> None:
+        if self.fp8_mma_dtype not in FP8_MMA_DTYPES:
+            raise ValueError(f"fp8_mma_dtype must be one of {FP8_MMA_DTYPES}, got {self.fp8_mma_dtype!r}")
 
     def causal_square_rows(self) -> int:
         """Least rows of a causal dense call (all its squares together); 0: none."""
@@ -72,14 +85,25 @@ def default_tile_config(head_dim: int, group_size: int, interpret: bool | None =
                       dense_min_tokens=1024, dense_causal_min_rows=4096)
 
 
-def decode_tile_config(head_dim: int, group_size: int, interpret: bool | None = None) -> TileConfig:
+def decode_tile_config(head_dim: int, group_size: int, interpret: bool | None = None,
+                       kv_fp8: bool = False) -> TileConfig:
     """Tiles of decode-only steps (the engine's CUDA-graph steps): the default table with the BIG
     and SMALL items in two class-specialised launches, the SMALL one streaming KV in BLOCK_N 64
     steps. Made persistent for graphs, the fused kernel spills (255 registers + stack on sm_90);
     the class-specialised variants do not. Steps with prefill chunks (eager) keep the fused launch
-    (default_tile_config), whose interleaved work order already shares the SMs between classes."""
+    (default_tile_config), whose interleaved work order already shares the SMs between classes.
+    kv_fp8: the row of a float8_e4m3fn cache (one byte a value), below."""
     # no dense calls in graphs
     base = replace(default_tile_config(head_dim, group_size, interpret), dense_min_rows=0, dense_causal_min_rows=0)
-    if base.small_n < 64:  # the interpreter's tiny config (CPU tests): only the split
-        return replace(base, split_classes=True)
-    return replace(base, split_classes=True, small_n=64, small_num_warps=4, small_num_stages=2)
+    if base.small_n < 64:  # the interpreter's tiny config (CPU tests): only the split, and the FP8 row's MMAs
+        return replace(base, split_classes=True, fp8_mma_dtype="float16" if kv_fp8 else "query")
+    bf16 = replace(base, split_classes=True, small_n=64, small_num_warps=4, small_num_stages=2)
+    if not kv_fp8:
+        return bf16
+    # FP8 cache: SMALL steps of 128 positions move the bytes of the bf16 row's 64 (as do split-KV
+    # pieces of at least 1024 positions). float16 MMAs: sm_90 converts two e4m3 values to float16
+    # in one instruction, to bfloat16 in three, and at 16 conversions a clock per SM the bfloat16
+    # path alone allows at most about 65% of the copy rate. The register cap keeps 4 programs per
+    # SM: compiled for sm_90 the SMALL variant took 149 registers (3 programs per SM), and the
+    # persistent grid's 4th program per SM then ran as a second wave.
+    return replace(bf16, small_n=128, min_kv_split_tokens=1024, small_max_registers=128, fp8_mma_dtype="float16")

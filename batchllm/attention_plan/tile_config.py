@@ -107,3 +107,26 @@ def decode_tile_config(head_dim: int, group_size: int, interpret: bool | None = 
     # SM: compiled for sm_90 the SMALL variant took 149 registers (3 programs per SM), and the
     # persistent grid's 4th program per SM then ran as a second wave.
     return replace(bf16, small_n=128, min_kv_split_tokens=1024, small_max_registers=128, fp8_mma_dtype="float16")
+
+
+def decode_tile_candidates(head_dim: int, group_size: int, kv_fp8: bool) -> dict[str, TileConfig]:
+    """The decode tiles that benchmarks/attention.py --scenarios decode_sweep times on the GPU: the
+    table's row for the cache ("table") and variations of it, each a value of TileConfig fields.
+    FP8: the bf16 row (what an FP8 cache ran before its own row), with the register cap; float16
+    MMAs at 64 positions a step; then the FP8 row with 3 or 5 stages (5 double-buffers K and V:
+    the block-table load takes a stage of its own), 8 warps, 256 positions a step."""
+    table = decode_tile_config(head_dim, group_size, interpret=False, kv_fp8=kv_fp8)
+    if not kv_fp8:
+        return {"table": table, "s3": replace(table, small_num_stages=3),
+                "s5": replace(table, small_num_stages=5, graph_programs_per_sm=3),
+                "n128": replace(table, small_n=128, small_max_registers=168, graph_programs_per_sm=3)}
+    bf16_row = decode_tile_config(head_dim, group_size, interpret=False)
+    f16_n64 = replace(bf16_row, small_max_registers=128, fp8_mma_dtype="float16")
+    return {"bf16_row": bf16_row, "bf16_row_r128": replace(bf16_row, small_max_registers=128),
+            "query_n128": replace(table, fp8_mma_dtype="query"), "f16_n64": f16_n64,
+            "f16_n64_s5": replace(f16_n64, small_num_stages=5),
+            "f16_n64_p6": replace(f16_n64, small_max_registers=80, graph_programs_per_sm=6),
+            "table": table, "n128_s3": replace(table, small_num_stages=3),
+            "n128_s5": replace(table, small_num_stages=5, small_max_registers=168, graph_programs_per_sm=3),
+            "n128_w8": replace(table, small_num_warps=8, graph_programs_per_sm=2),
+            "n256": replace(table, small_n=256, graph_programs_per_sm=2)}

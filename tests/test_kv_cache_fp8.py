@@ -296,7 +296,7 @@ def test_every_decode_sweep_candidate_matches_reference(device, dtype, kv_fp8):
     for name, tile in candidates.items():
         out = prefix_shared_attention(b.query, *caches, _decode_plan(b, heads, device, tile), 128 ** -0.5,
                                       k_scale=scales[0], v_scale=scales[1])
-        exact = dtype == torch.float32 and not (kv_fp8 and tile.fp8_mma_dtype == "float16")
+        exact = dtype == torch.float32 and not (kv_fp8 and tile.fp8_conversion != "query")
         tol = 2e-5 if exact else 3e-3
         torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol, msg=lambda m, name=name: f"{name}: {m}")
 
@@ -310,7 +310,7 @@ def test_float16_mmas_scale_the_query_tile_into_range(device, magnitude):
 
     heads = (8, 2, 32)
     tile = decode_tile_config(32, 4, kv_fp8=True)
-    assert tile.fp8_mma_dtype == "float16"
+    assert tile.fp8_conversion == "float16_ptx"
     b = make_batch(DECODE, num_heads=8, num_kv_heads=2, head_dim=32, block_size=16, device=device)
     b.query.mul_(magnitude)
     k8, v8 = _fp8_caches(b)
@@ -322,17 +322,17 @@ def test_float16_mmas_scale_the_query_tile_into_range(device, magnitude):
 
 def test_fp8_decode_row_on_the_gpu_table():
     """A float8_e4m3fn cache's decode tiles: the bf16 row's, with SMALL steps of 128 positions
-    (the bytes of the bf16 row's 64) and split-KV pieces of at least 1024, float16 MMAs, and
-    registers capped for 4 programs of 4 warps per SM (values written out)."""
+    (the bytes of the bf16 row's 64) and split-KV pieces of at least 1024, float16 MMAs converted
+    by PTX, and 3 programs of 4 warps and 168 registers per SM (values written out)."""
     from batchllm.attention_plan.tile_config import decode_tile_config
 
     bf16 = decode_tile_config(128, 4, interpret=False)
     fp8 = decode_tile_config(128, 4, interpret=False, kv_fp8=True)
-    assert fp8 == replace(bf16, small_n=128, min_kv_split_tokens=1024, small_max_registers=128,
-                          fp8_mma_dtype="float16")
-    assert (bf16.small_n, bf16.small_max_registers, bf16.fp8_mma_dtype) == (64, None, "query")
-    assert fp8.graph_programs_per_sm * fp8.small_num_warps * 32 * fp8.small_max_registers == 65536
-    assert decode_tile_config(64, 3, interpret=True, kv_fp8=True).fp8_mma_dtype == "float16"  # the CPU tests' row
+    assert fp8 == replace(bf16, small_n=128, min_kv_split_tokens=1024, small_max_registers=168,
+                          graph_programs_per_sm=3, fp8_conversion="float16_ptx")
+    assert (bf16.small_n, bf16.small_max_registers, bf16.fp8_conversion, bf16.graph_programs_per_sm) == (
+        64, None, "query", 4)
+    assert decode_tile_config(64, 3, interpret=True, kv_fp8=True).fp8_conversion == "float16_ptx"  # the CPU tests' row
 
 
 def test_decode_candidates_differ_and_fit_their_programs_per_sm():
@@ -346,11 +346,11 @@ def test_decode_candidates_differ_and_fit_their_programs_per_sm():
             assert tile.small_max_registers is None or threads * tile.small_max_registers <= 65536
 
 
-def test_tile_config_refuses_an_unknown_fp8_mma_dtype():
+def test_tile_config_refuses_an_unknown_fp8_conversion():
     from batchllm.attention_plan.tile_config import decode_tile_config
 
-    with pytest.raises(ValueError, match="fp8_mma_dtype must be one of"):
-        replace(decode_tile_config(64, 3), fp8_mma_dtype="bfloat16")
+    with pytest.raises(ValueError, match="fp8_conversion must be one of"):
+        replace(decode_tile_config(64, 3), fp8_conversion="bfloat16")
 
 
 @pytest.mark.parametrize("backend_name", ["fused", "triton"])
@@ -400,5 +400,5 @@ def test_fp8_decode_candidates_replayed_in_cuda_graphs_gpu():
         graph.replay()
         torch.cuda.synchronize()
         torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2, msg=lambda m, name=name: f"{name}: {m}")
-        errors.setdefault(tile.fp8_mma_dtype, []).append((out.float() - ref.float()).pow(2).mean().sqrt().item())
-    assert max(errors["float16"]) <= min(errors["query"])
+        errors.setdefault(tile.fp8_conversion == "query", []).append((out.float() - ref).pow(2).mean().sqrt().item())
+    assert max(errors[False]) <= min(errors[True])  # float16 MMAs, either conversion, against bfloat16 ones

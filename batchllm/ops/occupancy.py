@@ -28,8 +28,10 @@ def resident_programs(num_regs: int, shared_bytes: int, num_warps: int, regs_per
 
 def kernel_programs_per_sm(kernel, device: torch.device) -> int:
     """resident_programs of a compiled Triton kernel (what `jit_fn.warmup(...)` returns) on a CUDA
-    device."""
+    device; MAX_BLOCKS_PER_SM (no cap) where Triton reports no register count."""
     kernel.run  # noqa: B018 (loads the binary: Triton reads its register count then)
+    if getattr(kernel, "n_regs", None) is None:
+        return MAX_BLOCKS_PER_SM
     props = torch.cuda.get_device_properties(device)
     return resident_programs(kernel.n_regs, kernel.metadata.shared, kernel.metadata.num_warps,
                              getattr(props, "regs_per_multiprocessor", REGS_PER_SM),

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from batchllm.ops.transfer import to_device
-from batchllm.sampling_params import SamplingParams
+from batchllm.sampling_params import GREEDY_TEMPERATURE, SamplingParams
 
 _MASK32 = 0xFFFFFFFF
 
@@ -72,6 +72,7 @@ class SamplingBatch:
         """rows: sampling_row(...) per row: (temperature, top_p, top_k, min_p, seed, output_index,
         logprobs, logit_bias). The settings travel in one buffer (ops/transfer.py)."""
         temperature, top_p, top_k, min_p, seeds, output_index, logprobs, logit_bias = zip(*rows)
+        temperature = [0.0 if t < GREEDY_TEMPERATURE else t for t in temperature]  # greedy rows hold 0
         asked = [n for n in logprobs if n is not None]
         # float64 holds every field exactly (seeds < 2**32, indices and top_k far below 2**53).
         packed = torch.tensor([temperature, top_p, min_p, top_k, [s & _MASK32 for s in seeds], output_index],
@@ -144,7 +145,9 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
 
 def _sample_random(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     temperature = torch.where(batch.temperature > 0, batch.temperature, torch.ones_like(batch.temperature))
-    scaled = logits / temperature[:, None]
+    # The top logit is subtracted first: every scaled logit is <= 0 with the top one 0, so no
+    # temperature >= GREEDY_TEMPERATURE can overflow to inf (which would make the softmax NaN).
+    scaled = (logits - logits.max(dim=-1, keepdim=True).values) / temperature[:, None]
     if batch.needs_top_k or batch.needs_top_p:
         scaled = _apply_top_k_top_p(scaled, batch)
     probs = scaled.softmax(dim=-1)

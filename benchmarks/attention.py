@@ -393,7 +393,9 @@ def run_decode_sweep(args, dev: str, dtype, rows: list, notes: list) -> None:
                     err, us = (step()[sample].float() - ref).abs().max().item(), bench_us(step, rep_ms=40)
                 except Exception as exc:  # noqa: BLE001
                     notes.append(f"{shape} {name} failed: {exc!r}"[:300])
+                    print(notes[-1], flush=True)
                     continue
+                print(f"{shape} {str(caches[0].dtype)[6:]} {name}: {us:.0f} us, max abs err {err:.2g}", flush=True)
                 rows.append({"scenario": "decode_sweep", "shape": shape, "cache": str(caches[0].dtype)[6:],
                              "config": name, "us": round(us, 1), "kv_tb_per_s": round(unique_bytes / us / 1e6, 3),
                              "of_copy_ceiling": unique_bytes / us * 1e6 / H200_COPY_BANDWIDTH_BYTES_PER_S,

@@ -24,6 +24,9 @@ def test_decode_sweep_dry_run_times_every_candidate_on_both_caches(tmp_path, mon
     assert all(r["valid"] and r["max_abs_err"] < 2e-3 for r in rows)
     # 3 requests x 40 positions x 2 KV heads x 32 dims, K and V, 1 byte a value
     assert rows[0]["kv_tb_per_s"] == round(3 * 40 * 2 * 32 * 2 / rows[0]["us"] / 1e6, 3)
-    table = capsys.readouterr().out.strip().splitlines()
+    printed = capsys.readouterr().out.strip().splitlines()
+    table = [line for line in printed if line.startswith("|")]
+    assert printed[-len(table):] == table  # the table last, after one line a row
+    assert printed[0] == f"3x40 float8_e4m3fn bf16_row: {rows[0]['us']:.0f} us, max abs err {rows[0]['max_abs_err']:.2g}"
     assert table[0] == "| cache config | 3x40 | 40/20/all | geo-mean |"
     assert len(table) == 2 + sum(len(n) for n in names.values()) and table[2].startswith("| float8_e4m3fn bf16_row |")

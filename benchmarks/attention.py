@@ -1,58 +1,51 @@
-"""Attention kernel benchmark (BatchLLM section 6.3.3 settings), one process on one GPU, the
-engine's default tile config.
+"""Attention kernel benchmark (BatchLLM section 6.3.3 settings), one process on one GPU; every
+output is validated against a float32 reference first. Rows, implementations and tables:
+BENCHMARKS.md, "Attention kernels" and "Dense causal attention against cuDNN".
 
-Shared scenarios (--scenarios shared or all): pure decode of 256 requests, and chunked prefill
-(7 prefill chunks + 256 decode requests), over prefix/distinct/group-size settings, with and
-without jittered distinct lengths. Implementations, all validated against the float32 reference
-first:
-  fused      ours, ONE launch of prefix + distinct tiles, then the LSE merge kernel; work list
-             in "cost" order (largest first: in practice all BIG tiles, then all SMALL ones)
-  fused_interleave  the same kernel and items, work list in "interleave" order (BIG and SMALL
-             tiles merged by cumulative cost, so tensor-core and KV-streaming tiles co-run)
-  fused_auto the engine's default order ("auto": interleave when the step has prefill chunks)
-  plain      ours without sharing knowledge (each request reads its whole KV)
-  sdpa       PyTorch SDPA on KV gathered per request from the paged cache (gather included)
-  sdpa_nogather  the same SDPA calls on pre-gathered dense KV (gather excluded)
-  flashinfer FlashInfer MultiLevelCascadeAttentionWrapper (2 levels), decode scenarios only,
-             where FlashInfer is installed
-
-Dense scenarios (--scenarios dense or all): causal self-attention of B sequences of L tokens
-with no sharing (8 x 2048, 2 x 8192, 1 x 16384), the last 2048 rows of a 16384-token context,
-and the same rows with the first 14336 tokens as a shared prefix (prefix tiles). Rows carry
-`impl` and `tflop_per_s` (4 x heads x head_dim x the causal query-key pairs):
-  batchllm    our fused kernel on the paged cache (the engine's work order and config), and the
-              same config without dense calls ("tiles_only")
-  sdpa_cudnn  PyTorch SDPA with only the cuDNN backend on dense contiguous K/V, at its best of
-              three settings: KV heads repeated beforehand (excluded from the timing), the KV
-              heads as they are with enable_gqa, and (square shapes) cuDNN's op called directly;
-              each with the tensors head-major and token-major (the token-major output is
-              already in the packed layout that ours is returned in)
-  sdpa_flash  the same with only the flash backend (the first two settings, both layouts)
-Each output is checked first against a float32 reference computed in row chunks.
+--scenarios shared: pure decode of 256 requests, and chunked prefill (7 prefill chunks + 256 decode
+requests), over prefix/distinct/group-size settings: ours (fused in cost, interleave and the
+engine's auto order; plain, without sharing knowledge), PyTorch SDPA on gathered KV (gather
+included or not) and FlashInfer's 2-level cascade (decode, where installed).
+--scenarios dense: causal self-attention without sharing and the last 2048 rows of a 16384-token
+context (with and without a shared prefix): ours, with and without dense calls, against SDPA's
+cuDNN and flash backends at their best settings. --scenarios all: both.
+--scenarios decode_sweep: the candidate decode tiles (tile_config.decode_tile_candidates) on FP8 and
+bf16 caches, run as the engine's CUDA graphs run decode steps; prints a table of us and fraction
+of the copy ceiling (unique KV bytes) last.
 
 Usage: PYTHONPATH=. python3 benchmarks/attention.py --out results.json [--markdown table.md]
-  [--scenarios shared|dense|all]
+  [--scenarios shared|dense|all|decode_sweep]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import sys
 import time
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 import triton
+import triton.testing
 
+from batchllm.attention_plan.tile_config import TileConfig, decode_tile_candidates, default_tile_config
+from batchllm.engine.attention.protocol import AttentionMetadata
+from batchllm.engine.attention.triton_backend import TritonBackend
+from batchllm.ops.kv_quant import is_fp8, quantize_e4m3
 from batchllm.ops.prefix_attention import prefix_shared_attention
-from batchllm.ops.reference import paged_attention_reference
+from batchllm.ops.reference import kv_slots_of_seq, paged_attention_reference
+from batchllm.perf.roofline import H200_COPY_BANDWIDTH_BYTES_PER_S
 from batchllm.perf.runner import git_commit
-from batchllm.attention_plan.tile_config import TileConfig, default_tile_config
 from batchllm.attention_plan.work_list import DEFAULT_WORK_ORDER, build_prefix_shared_plan
 from batchllm.ops.plan_device import device_num_sms, plan_to_device
+from tests.op_references import dense_reference
 from tests.synthetic_batch import SeqSpec, make_batch
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16  # Llama-3.1-8B
@@ -66,17 +59,26 @@ def scenario_seqs(prefix: int, distinct: int, group: str | int, mixed: bool, jit
     rng = np.random.default_rng(seed)
     group_size = NUM_DECODE if group == "all" else int(group)
     num_groups = NUM_DECODE // group_size
-    seqs = []
+    seqs, q = [], min(CHUNK_TOKENS, distinct)
     for g in range(num_groups):
-        if mixed:  # prefill chunks: members' first distinct chunks, spread over the groups
-            for c in range(NUM_CHUNKS):
-                if c % num_groups == g:
-                    q = min(CHUNK_TOKENS, distinct)
-                    seqs.append(SeqSpec(q, prefix + q, prefix, g))
+        # prefill chunks: members' first distinct chunks, spread over the groups
+        seqs += [SeqSpec(q, prefix + q, prefix, g) for c in range(NUM_CHUNKS) if mixed and c % num_groups == g]
         for _ in range(group_size):
             d = int(round(distinct * rng.uniform(0.25, 1.75))) if jitter else distinct  # noqa: RUF046
             seqs.append(SeqSpec(1, prefix + max(d, 1), prefix, g))
     return seqs
+
+
+def synthetic_step(seqs, dtype, dev):
+    return make_batch(seqs, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM, block_size=BLOCK_SIZE,
+                      dtype=dtype, device=dev)
+
+
+def device_plan(meta: dict, tile: TileConfig, dev, **kw):
+    """The step's work list on the device, as build_prefix_shared_plan makes it for the engine."""
+    return plan_to_device(build_prefix_shared_plan(**meta, block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS,
+                                                   num_heads=NUM_HEADS, head_dim=HEAD_DIM, tile=tile,
+                                                   num_sms=device_num_sms(dev), **kw), dev)
 
 
 def bench_us(fn, rep_ms=60) -> float:
@@ -84,9 +86,7 @@ def bench_us(fn, rep_ms=60) -> float:
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e6
-    from triton.testing import do_bench
-
-    return float(do_bench(fn, warmup=15, rep=rep_ms)) * 1e3
+    return float(triton.testing.do_bench(fn, warmup=15, rep=rep_ms)) * 1e3
 
 
 class Sdpa:
@@ -94,40 +94,33 @@ class Sdpa:
 
     def __init__(self, b, seqs, scale):
         self.b, self.scale = b, scale
-        lens, shared = b.seq_lens.tolist(), b.shared_kv_lens.tolist()
-        starts = b.query_start_loc.tolist()
+        lens, shared, starts = b.seq_lens.tolist(), b.shared_kv_lens.tolist(), b.query_start_loc.tolist()
         dev = b.query.device
-        flat = lambda s: torch.as_tensor(
-            _slots(b.block_tables[s].cpu().numpy(), lens[s], shared[s]), device=dev)
+        flat = lambda s: kv_slots_of_seq(b.block_tables[s], lens[s], shared[s], BLOCK_SIZE)  # noqa: E731
         self.decode = [s for s, x in enumerate(seqs) if x.q_len == 1]
         self.chunks = [s for s, x in enumerate(seqs) if x.q_len > 1]
         max_len = max(lens[s] for s in self.decode)
-        slots = torch.zeros(len(self.decode), max_len, dtype=torch.long, device=dev)
+        self.decode_slots = torch.zeros(len(self.decode), max_len, dtype=torch.long, device=dev)
         self.mask = torch.zeros(len(self.decode), 1, 1, max_len, dtype=torch.bool, device=dev)
         for i, s in enumerate(self.decode):
-            slots[i, :lens[s]] = flat(s)
+            self.decode_slots[i, :lens[s]] = flat(s)
             self.mask[i, ..., :lens[s]] = True
-        self.decode_slots = slots
         self.decode_rows = torch.tensor([starts[s] for s in self.decode], device=dev)
         self.chunk_slots = [flat(s) for s in self.chunks]
         self.chunk_rows = [(starts[s], starts[s + 1]) for s in self.chunks]
         self.gathered = None
 
-    def _gather(self, slots):
-        return gather_kv(self.b, slots)
-
-    def pregather(self):
-        self.gathered = (self._gather(self.decode_slots), [self._gather(s) for s in self.chunk_slots])
-
     def __call__(self, use_pregathered=False):
-        import torch.nn.functional as F
+        """use_pregathered: on K / V gathered once, at the first such call (the gather not timed)."""
+        if use_pregathered and self.gathered is None:
+            self.gathered = (gather_kv(self.b, self.decode_slots), [gather_kv(self.b, s) for s in self.chunk_slots])
         q_all, out = self.b.query, torch.empty_like(self.b.query)
-        dk, ck = self.gathered if use_pregathered else (self._gather(self.decode_slots), None)
+        dk, ck = self.gathered if use_pregathered else (gather_kv(self.b, self.decode_slots), None)
         q = q_all[self.decode_rows][:, :, None, :]  # [R, H, 1, D]
         o = F.scaled_dot_product_attention(q, dk[0], dk[1], attn_mask=self.mask, scale=self.scale, enable_gqa=True)
         out[self.decode_rows] = o[:, :, 0]
         for i, (r0, r1) in enumerate(self.chunk_rows):
-            k, v = ck[i] if use_pregathered else self._gather(self.chunk_slots[i])
+            k, v = ck[i] if use_pregathered else gather_kv(self.b, self.chunk_slots[i])
             q = q_all[r0:r1].transpose(0, 1)[None]
             L, n = k.shape[-2], r1 - r0
             mask = torch.ones(n, L, dtype=torch.bool, device=q.device).tril(L - n)
@@ -141,14 +134,6 @@ def gather_kv(b, slots):
     k = b.k_cache.view(-1, NUM_KV_HEADS, HEAD_DIM)[slots]  # [..., L, Hkv, D]
     v = b.v_cache.view(-1, NUM_KV_HEADS, HEAD_DIM)[slots]
     return k.transpose(-3, -2), v.transpose(-3, -2)
-
-
-def _slots(table, seq_len, shared):
-    p = np.arange(seq_len)
-    own0 = -(-shared // BLOCK_SIZE)
-    idx = np.where(p < shared, p // BLOCK_SIZE, own0 + (p - shared) // BLOCK_SIZE)
-    off = np.where(p < shared, p % BLOCK_SIZE, (p - shared) % BLOCK_SIZE)
-    return table[idx].astype(np.int64) * BLOCK_SIZE + off
 
 
 def flashinfer_cascade(b, seqs, scale):
@@ -186,13 +171,11 @@ def flashinfer_cascade(b, seqs, scale):
     return lambda: wrapper.run(b.query, (b.k_cache, b.v_cache))
 
 
-def kv_bytes_unique(seqs) -> float:
-    prefix = {}
-    own = 0
-    for s in seqs:
-        prefix[s.group_id] = s.shared_kv_len
-        own += s.seq_len - s.shared_kv_len if s.q_len == 1 else 0
-    return (sum(prefix.values()) + own) * NUM_KV_HEADS * HEAD_DIM * 2 * 2  # K and V, bf16
+def kv_bytes_unique(seqs, bytes_per_value: int = 2) -> float:
+    """K and V bytes the decode rows read, each group's prefix once."""
+    prefix = {s.group_id: s.shared_kv_len for s in seqs}
+    own = sum(s.seq_len - s.shared_kv_len for s in seqs if s.q_len == 1)
+    return (sum(prefix.values()) + own) * NUM_KV_HEADS * HEAD_DIM * 2 * bytes_per_value
 
 
 def prefix_flops(seqs) -> float:
@@ -211,8 +194,7 @@ def _time_impls(impls, ref, notes, where, variant_us: dict | None = None) -> dic
         best = None
         for tag, fn in variants:
             try:
-                err = (fn().float() - ref).abs().max().item()
-                us = bench_us(fn)
+                err, us = (fn().float() - ref).abs().max().item(), bench_us(fn)
             except Exception as exc:  # noqa: BLE001
                 notes.append(f"{name}{tag} failed on {where}: {exc!r}"[:600])
                 continue
@@ -220,22 +202,16 @@ def _time_impls(impls, ref, notes, where, variant_us: dict | None = None) -> dic
                 variant_us.setdefault(name, {})[tag] = round(us, 2)
             if best is None or (err < VALID_MAX_ABS_ERR, -us) > (best[1] < VALID_MAX_ABS_ERR, -best[0]):
                 best = (us, err, tag)
-        if best:
-            timings[name] = best
+        timings.update({name: best} if best else {})
     return timings
 
 
 def _main_timings(b, seqs, ref, scale, tile: TileConfig, with_flashinfer: bool, notes: list, where: str) -> dict:
     """Our kernels under the engine's tile config, SDPA, FlashInfer."""
-    dev = b.query.device
-    meta = b.metadata_numpy()
-    kw = {"block_size": BLOCK_SIZE, "num_kv_heads": NUM_KV_HEADS, "num_heads": NUM_HEADS, "head_dim": HEAD_DIM,
-          "tile": tile, "num_sms": device_num_sms(dev)}
-    plans = {name: plan_to_device(build_prefix_shared_plan(**meta, order=order, **kw), dev)
+    meta, dev = b.metadata_numpy(), b.query.device
+    plans = {name: device_plan(meta, tile, dev, order=order)
              for name, order in (("fused", "cost"), ("fused_interleave", "interleave"), ("fused_auto", "auto"))}
-    plans["plain"] = plan_to_device(build_prefix_shared_plan(meta["query_start_loc"], meta["seq_lens"],
-                                                             meta["shared_kv_lens"], meta["block_tables"], **kw),
-                                    dev)  # no groups: plain paged
+    plans["plain"] = device_plan({**meta, "group_ids": None, "is_prefix": None}, tile, dev)  # no groups: plain paged
     impls = {name: [("default", lambda p=p: prefix_shared_attention(b.query, b.k_cache, b.v_cache, p, scale))]
              for name, p in plans.items()}
     sdpa = Sdpa(b, seqs, scale)
@@ -245,14 +221,8 @@ def _main_timings(b, seqs, ref, scale, tile: TileConfig, with_flashinfer: bool, 
             impls["flashinfer"] = [("", flashinfer_cascade(b, seqs, scale))]
         except Exception as exc:  # noqa: BLE001
             notes.append(f"flashinfer plan failed on {where}: {exc!r}")
-    timings = _time_impls(impls, ref, notes, where)
-    try:
-        sdpa.pregather()
-        err = (sdpa(True).float() - ref).abs().max().item()
-        timings["sdpa_nogather"] = (bench_us(lambda: sdpa(True)), err, "")
-    except Exception as exc:  # noqa: BLE001
-        notes.append(f"sdpa_nogather failed: {exc!r}"[:300])
-    return timings
+    impls["sdpa_nogather"] = [("", lambda: sdpa(True))]
+    return _time_impls(impls, ref, notes, where)
 
 
 # (batch, query rows per sequence, context tokens per sequence, shared prefix tokens)
@@ -274,46 +244,21 @@ def causal_pairs(q_len: int, context: int) -> int:
 
 def dense_kv(b, seqs) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, H, L, D] K and V gathered from the paged cache, KV heads repeated to the query heads."""
-    dev = b.query.device
     lens, shared = b.seq_lens.tolist(), b.shared_kv_lens.tolist()
-    tables = b.block_tables.cpu().numpy()
-    slots = torch.stack([torch.as_tensor(_slots(tables[s], lens[s], shared[s]), device=dev)
-                         for s in range(len(seqs))])
+    slots = torch.stack([kv_slots_of_seq(b.block_tables[s], lens[s], shared[s], BLOCK_SIZE) for s in range(len(seqs))])
     rep = NUM_HEADS // NUM_KV_HEADS
     k, v = gather_kv(b, slots)  # [B, Hkv, L, D]
     return k.repeat_interleave(rep, dim=1).contiguous(), v.repeat_interleave(rep, dim=1).contiguous()
 
 
-def dense_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                    rows_per_chunk: int = 1024) -> torch.Tensor:
-    """float32 causal attention, bottom-right aligned, computed in row chunks. q [B, H, Lq, D],
-    k / v [B, H, L, D]; returns [B * Lq, H, D] (the packed layout of our kernel)."""
-    q_len, context = q.shape[2], k.shape[2]
-    kf, vf = k.float(), v.float()
-    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-    for r0 in range(0, q_len, rows_per_chunk):
-        r1 = min(q_len, r0 + rows_per_chunk)
-        scores = q[:, :, r0:r1].float() @ kf.transpose(-1, -2) * scale  # [B, H, rows, L]
-        visible = torch.arange(context, device=q.device)[None, :] <= (
-            context - q_len + torch.arange(r0, r1, device=q.device)[:, None])
-        scores.masked_fill_(~visible, float("-inf"))
-        out[:, :, r0:r1] = torch.softmax(scores, dim=-1) @ vf
-    return out.transpose(1, 2).reshape(-1, q.shape[1], q.shape[3])
-
-
 def _sdpa_backend_fn(backend_name: str, q, k, v, scale, enable_gqa: bool = False):
     """One SDPA call with only `backend_name` allowed, output in the packed layout; enable_gqa:
     k / v hold the KV heads only (grouped-query attention inside the kernel)."""
-    import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backend = getattr(SDPBackend, backend_name)
     q_len, context = q.shape[2], k.shape[2]
-    if q_len == context:
-        mask_kw = {"is_causal": True}
-    else:
-        from torch.nn.attention.bias import causal_lower_right
-        mask_kw = {"attn_mask": causal_lower_right(q_len, context)}
+    mask_kw = {"is_causal": True} if q_len == context else {"attn_mask": causal_lower_right(q_len, context)}
 
     def fn():
         with sdpa_kernel([backend]):
@@ -323,8 +268,8 @@ def _sdpa_backend_fn(backend_name: str, q, k, v, scale, enable_gqa: bool = False
 
 
 def _cudnn_op_fn(q, k, v, scale):
-    """cuDNN's fused attention through PyTorch's op directly, with the KV heads as they are (square
-    causal shapes only: its causal mask is unambiguous there), output in the packed layout."""
+    """cuDNN's attention op called directly, the KV heads as they are (square causal shapes only:
+    its causal mask is unambiguous there), output in the packed layout."""
     def fn():
         o = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, False, 0.0, True, False, scale=scale)[0]
         return o.transpose(1, 2).reshape(-1, q.shape[1], q.shape[3])
@@ -332,18 +277,14 @@ def _cudnn_op_fn(q, k, v, scale):
 
 
 def token_major(t: torch.Tensor) -> torch.Tensor:
-    """The same [B, H, L, D] values stored token-major ([B, L, H, D] in memory, as the engine's
-    query and output are), as a [B, H, L, D] view."""
+    """[B, H, L, D] values stored token-major ([B, L, H, D] in memory, as the engine's rows are)."""
     return t.transpose(1, 2).contiguous().transpose(1, 2)
 
 
 def sdpa_variants(backend_name: str, q, k, v, scale) -> list[tuple[str, object]]:
-    """The peer's settings, swept (the fastest valid one is its row): SDPA with the KV heads
-    repeated, SDPA with grouped-query attention inside the kernel and, for cuDNN on square
-    shapes, its op called directly; each with the tensors head-major ([B, H, L, D] in memory)
-    and token-major ("bshd_": [B, L, H, D] in memory, whose output is already in the packed
-    layout, so it needs no copy). q: [B, query heads, L, D]; k / v: [B, query heads, L, D], KV
-    heads repeated."""
+    """The peer's settings (its row: the fastest valid one): KV heads repeated, enable_gqa and, for
+    cuDNN on squares, its op called directly; each head-major and token-major ("bshd_", whose
+    output is already in the packed layout). q, k, v: [B, query heads, L, D], KV heads repeated."""
     k_heads, v_heads = (t[:, ::NUM_HEADS // NUM_KV_HEADS].contiguous() for t in (k, v))
     variants = []
     for prefix, layout in (("", lambda t: t), ("bshd_", token_major)):
@@ -362,18 +303,13 @@ def run_dense(args, dev, dtype, scale, tile: TileConfig, rows: list, notes: list
     for batch, q_len, context, shared in (DRY_DENSE_SHAPES if args.dry_run else DENSE_SHAPES):
         where = f"dense {batch}x{q_len} of {context}" + (f", {shared} shared" if shared else "")
         seqs = dense_seqs(batch, q_len, context, shared)
-        b = make_batch(seqs, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM,
-                       block_size=BLOCK_SIZE, dtype=dtype, device=dev)
+        b = synthetic_step(seqs, dtype, dev)
         k, v = dense_kv(b, seqs)
         q = b.query.view(batch, q_len, NUM_HEADS, HEAD_DIM).transpose(1, 2).contiguous()
         ref = dense_reference(q, k, v, scale)
-        meta = b.metadata_numpy()
-        impls = {"batchllm": []}
-        for tag, cfg in configs.items():
-            plan = plan_to_device(build_prefix_shared_plan(
-                **meta, order="auto", block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS, num_heads=NUM_HEADS,
-                head_dim=HEAD_DIM, tile=cfg, num_sms=device_num_sms(dev)), dev)
-            impls["batchllm"].append((tag, lambda p=plan: prefix_shared_attention(b.query, b.k_cache, b.v_cache, p, scale)))
+        impls = {"batchllm": [(tag, lambda p=device_plan(b.metadata_numpy(), cfg, dev, order="auto"):
+                               prefix_shared_attention(b.query, b.k_cache, b.v_cache, p, scale))
+                              for tag, cfg in configs.items()]}
         if dev == "cuda":
             impls["sdpa_cudnn"] = sdpa_variants("CUDNN_ATTENTION", q, k, v, scale)
             impls["sdpa_flash"] = sdpa_variants("FLASH_ATTENTION", q, k, v, scale)
@@ -409,6 +345,87 @@ def dense_markdown_table(result) -> str:
     return "\n".join(lines) + "\n"
 
 
+# --scenarios decode_sweep: decode steps of a uniform 1000/1000 run (requests x context, no sharing)
+# and the shared settings above; K, V scales of the FP8 cache (N(0, 1) values stay within 448 * scale)
+SWEEP_SHAPES, DRY_SWEEP_SHAPES = [(512, 1000), (1024, 1500), (1536, 1000), (1536, 2000), (2048, 2000)], [(3, 40)]
+SWEEP_SCALES = {True: (0.02, 0.015), False: (1.0, 1.0)}
+
+
+def decode_step(b, caches, tile: TileConfig, dev: str):
+    """The step's attention as the engine runs it (its backend's plan, the persistent class-split
+    launches of engine/cuda_graphs.py), as a callable: a CUDA graph's replay on a GPU."""
+    kv_fp8 = is_fp8(caches[0].dtype)
+    backend = TritonBackend(BLOCK_SIZE, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, torch.device(dev), True, kv_fp8=kv_fp8)
+    backend.decode_tile = tile
+    plan = backend.build_plan(SimpleNamespace(**b.metadata_numpy(), decode_only=True))
+    counts = torch.tensor([len(items) for items in plan.class_lists()], dtype=torch.int32, device=dev)
+    plan = replace(backend.plan_to_device(plan, torch.device(dev)), num_items=counts,
+                   persistent_programs=backend.num_sms * tile.graph_programs_per_sm)
+    metadata = AttentionMetadata(b.slot_mapping, torch.zeros_like(b.slot_mapping), plan)
+    step = lambda: backend.attend(b.query, *caches, metadata, HEAD_DIM ** -0.5, None, *SWEEP_SCALES[kv_fp8])  # noqa: E731
+    if dev != "cuda":
+        return step
+    step()  # compiles (outside the capture)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    return lambda: (graph.replay(), out)[1]
+
+
+def run_decode_sweep(args, dev: str, dtype, rows: list, notes: list) -> None:
+    candidates = {fp8: decode_tile_candidates(HEAD_DIM, NUM_HEADS // NUM_KV_HEADS, fp8) for fp8 in (True, False)}
+    shapes = [(f"{n}x{c}", [SeqSpec(1, c)] * n) for n, c in (DRY_SWEEP_SHAPES if args.dry_run else SWEEP_SHAPES)]
+    shapes += [(f"{p}/{d}/{g}", scenario_seqs(p, d, g, False, False))
+               for p, d, g in (DRY_SETTINGS[:1] if args.dry_run else SETTINGS)]
+    for shape, seqs in shapes:
+        b = synthetic_step(seqs, dtype, dev)
+        sample = torch.arange(0, len(seqs), max(1, len(seqs) // 32))  # rows (decode: row i is seq i's) checked
+        for kv_fp8, tiles in candidates.items():
+            scales = SWEEP_SCALES[kv_fp8]
+            caches = tuple(quantize_e4m3(c, x) if kv_fp8 else c for c, x in zip((b.k_cache, b.v_cache), scales))
+            ref = paged_attention_reference(  # of the sampled rows (seqs)
+                b.query[sample].float(), *caches, torch.arange(len(sample) + 1, device=dev),
+                *(t[sample] for t in (b.seq_lens, b.shared_kv_lens, b.block_tables)), HEAD_DIM ** -0.5, None, *scales)
+            unique_bytes = kv_bytes_unique(seqs, caches[0].element_size())
+            for name, tile in tiles.items():
+                try:
+                    step = decode_step(b, caches, tile, dev)
+                    err, us = (step()[sample].float() - ref).abs().max().item(), bench_us(step, rep_ms=40)
+                except Exception as exc:  # noqa: BLE001
+                    notes.append(f"{shape} {name} failed: {exc!r}"[:300])
+                    print(notes[-1], flush=True)
+                    continue
+                print(f"{shape} {str(caches[0].dtype)[6:]} {name}: {us:.0f} us, max abs err {err:.2g}", flush=True)
+                rows.append({"scenario": "decode_sweep", "shape": shape, "cache": str(caches[0].dtype)[6:],
+                             "config": name, "us": round(us, 1), "kv_tb_per_s": round(unique_bytes / us / 1e6, 3),
+                             "of_copy_ceiling": unique_bytes / us * 1e6 / H200_COPY_BANDWIDTH_BYTES_PER_S,
+                             "max_abs_err": err, "valid": err < VALID_MAX_ABS_ERR, "tile": vars(tile)})
+        del b, caches
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+
+
+def decode_sweep_table(result) -> str:
+    """Cache and config x shape: us and the fraction of the copy ceiling, their geometric mean last."""
+    rows = [r for r in result["rows"] if r["scenario"] == "decode_sweep"]
+    cells, shapes = {}, list(dict.fromkeys(r["shape"] for r in rows))
+    for r in rows:
+        cells.setdefault(f"{r['cache']} {r['config']}", {})[r["shape"]] = r
+    cell = lambda r: f"{r['us']:.0f} us {r['of_copy_ceiling']:.0%}" + ("" if r["valid"] else " INVALID")  # noqa: E731
+    lines = ["| cache config | " + " | ".join(shapes) + " | geo-mean |", "|" + "---|" * (len(shapes) + 2)]
+    for key, by_shape in cells.items():
+        mean = np.exp(np.mean(np.log([max(r["of_copy_ceiling"], 1e-12) for r in by_shape.values()])))
+        lines.append(f"| {key} | " + " | ".join(cell(by_shape[s]) if s in by_shape else "-" for s in shapes)
+                     + f" | {mean:.0%} |")
+    return "\n".join(lines) + "\n"
+
+
+def save(result: dict, path: str, t_start: float) -> None:
+    result["wall_s"] = round(time.time() - t_start, 1)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+
+
 def run(args):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
@@ -420,23 +437,19 @@ def run(args):
               "heads": f"{NUM_HEADS}q/{NUM_KV_HEADS}kv d{HEAD_DIM} page {BLOCK_SIZE}", "rows": rows, "notes": notes,
               "engine_work_order": DEFAULT_WORK_ORDER,
               "versions": {"torch": torch.__version__, "triton": triton.__version__}}
-    try:
-        import flashinfer  # noqa: F401
-        have_flashinfer = True
-    except Exception as exc:  # noqa: BLE001
-        have_flashinfer = False
-        notes.append(f"flashinfer not importable: {exc!r}")
+    have_flashinfer = importlib.util.find_spec("flashinfer") is not None
     tile = default_tile_config(HEAD_DIM, NUM_HEADS // NUM_KV_HEADS)
     result["tile_configs"] = {"default": vars(tile)}
     t_start = time.time()
+    if args.scenarios == "decode_sweep":
+        run_decode_sweep(args, dev, dtype, rows, notes)
     if args.scenarios in ("dense", "all"):
         result["tile_configs"] = {t: vars(c) for t, c in run_dense(args, dev, dtype, scale, tile, rows, notes).items()}
     scenarios = [(setting, mode, jitter) for setting in (DRY_SETTINGS if args.dry_run else SETTINGS)
                  for mode, jitter in MODES] if args.scenarios in ("shared", "all") else []
     for (prefix, distinct, group), mode, jitter in scenarios:
         seqs = scenario_seqs(prefix, distinct, group, mode.startswith("mixed"), jitter)
-        b = make_batch(seqs, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM,
-                       block_size=BLOCK_SIZE, dtype=dtype, device=dev)
+        b = synthetic_step(seqs, dtype, dev)
         ref = paged_attention_reference(b.query, b.k_cache, b.v_cache, b.query_start_loc, b.seq_lens,
                                         b.shared_kv_lens, b.block_tables, scale).float()
         with_flashinfer = have_flashinfer and not mode.startswith("mixed")
@@ -449,20 +462,19 @@ def run(args):
                    "prefix_tflop_per_s": round(prefix_flops(seqs) / us / 1e6, 2)}
             rows.append(row)
             print(json.dumps(row), flush=True)
-        result["wall_s"] = round(time.time() - t_start, 1)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        save(result, args.out, t_start)
         del b, ref
         if dev == "cuda":
             torch.cuda.empty_cache()
-    result["wall_s"] = round(time.time() - t_start, 1)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    save(result, args.out, t_start)
+    kinds = {r["scenario"] if r["scenario"] in ("dense", "decode_sweep") else "shared" for r in rows}
+    tables = [table(result) for kind, table in (("shared", markdown_table), ("dense", dense_markdown_table),
+                                                ("decode_sweep", decode_sweep_table)) if kind in kinds]
     if args.markdown:
         with open(args.markdown, "w") as f:
-            tables = [markdown_table(result) if any(r["scenario"] != "dense" for r in result["rows"]) else "",
-                      dense_markdown_table(result) if any(r["scenario"] == "dense" for r in result["rows"]) else ""]
-            f.write("\n".join(t for t in tables if t))
+            f.write("\n".join(tables))
+    if "decode_sweep" in kinds:
+        print(tables[-1], flush=True)
     return result
 
 
@@ -470,7 +482,7 @@ def markdown_table(result) -> str:
     """The shared scenarios' table; the FlashInfer columns only where some row has FlashInfer."""
     by_key = {}
     for r in result["rows"]:
-        if r["scenario"] != "dense":
+        if r["scenario"] not in ("dense", "decode_sweep"):
             by_key.setdefault((r["prefix"], r["distinct"], r["group"], r["scenario"]), {})[r["impl"]] = r
     flashinfer = any("flashinfer" in r for r in by_key.values())
     impls = ["fused", "fused_interleave", "fused_auto", "plain", "sdpa", "sdpa_nogather"] + ["flashinfer"] * flashinfer
@@ -492,9 +504,10 @@ def main(argv=None):
     parser.add_argument("--out", default="attention.json")
     parser.add_argument("--markdown", default=None)
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU (TRITON_INTERPRET=1)")
-    parser.add_argument("--scenarios", choices=("shared", "dense", "all"), default="all",
+    parser.add_argument("--scenarios", choices=("shared", "dense", "all", "decode_sweep"), default="all",
                         help="shared: the prefix-sharing decode and mixed scenarios; dense: causal attention "
-                             "without sharing against SDPA's cuDNN and flash backends; all: both (default)")
+                             "without sharing against SDPA's cuDNN and flash backends; all: both (default); "
+                             "decode_sweep: candidate decode tiles on FP8 and bf16 caches, as CUDA graphs run them")
     args = parser.parse_args(argv)
     if args.dry_run:
         global NUM_DECODE, NUM_CHUNKS, CHUNK_TOKENS, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM

@@ -34,7 +34,7 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.backend = make_backend(attention_backend, device, block_size, arch.num_heads, arch.num_kv_heads,
-                                    arch.head_dim, arch.layer_windows)
+                                    arch.head_dim, arch.layer_windows, kv_cache.k.dtype)
         self.scale = arch.head_dim ** -0.5
         self.rows = BatchRows()  # the persistent batch: host rows kept from step to step
         self.last_tokens = LastTokenColumn(device, self.rows.num_rows)  # each row's last sampled id

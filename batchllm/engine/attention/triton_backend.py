@@ -21,8 +21,9 @@ class TritonBackend:
     supports_cuda_graphs = True
 
     def __init__(self, block_size: int, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
-                 uses_groups: bool, layer_windows: tuple[int | None, ...] = ()) -> None:
-        """uses_groups: whether the work list knows the step's prefix-sharing groups (`fused`)."""
+                 uses_groups: bool, layer_windows: tuple[int | None, ...] = (), kv_fp8: bool = False) -> None:
+        """uses_groups: whether the work list knows the step's prefix-sharing groups (`fused`).
+        kv_fp8: the KV cache is float8_e4m3fn (decode steps get that cache's tiles)."""
         # The kernels' modules import Triton: loaded with a backend that runs them, once.
         from batchllm.ops.kv_store import store_kv
         from batchllm.ops.prefix_attention import prefix_shared_attention
@@ -33,10 +34,10 @@ class TritonBackend:
         self.layer_windows = tuple(layer_windows)
         self.num_sms = device_num_sms(device)  # split-KV pieces fill the device; CUDA graphs size their grids
         group_size = num_heads // num_kv_heads
-        # Decode-only steps (one row per seq: the CUDA-graph steps) run class-split launches; steps
-        # with prefill chunks the default table, without dense calls for a model with a sliding
-        # window (dense calls have no sliding-window path).
-        self.decode_tile = decode_tile_config(head_dim, group_size)
+        # Decode-only steps (one row per seq: the CUDA-graph steps) run class-split launches with the
+        # tiles of the cache's dtype; steps with prefill chunks the default table, without dense
+        # calls for a model with a sliding window (dense calls have no sliding-window path).
+        self.decode_tile = decode_tile_config(head_dim, group_size, kv_fp8=kv_fp8)
         self.prefill_tile: TileConfig | None = None  # None: build_prefix_shared_plan's default table
         if any(window is not None for window in self.layer_windows):
             self.prefill_tile = replace(default_tile_config(head_dim, group_size), dense_min_rows=0)
@@ -47,10 +48,12 @@ class TritonBackend:
         """The step's work list on the host (numpy); one per step, shared by every layer."""
         tile = self.decode_tile if inputs.decode_only else self.prefill_tile  # decode tiles make no dense calls
         groups = (inputs.group_ids, inputs.is_prefix) if self.uses_groups else (None, None)
+        # a decode step's split-KV pieces fill the programs of its graph's persistent launches
+        programs = {"programs_per_sm": self.decode_tile.graph_programs_per_sm} if inputs.decode_only else {}
         return build_prefix_shared_plan(
             inputs.query_start_loc, inputs.seq_lens, inputs.shared_kv_lens, inputs.block_tables, *groups,
             block_size=self.block_size, num_kv_heads=self.num_kv_heads, num_heads=self.num_heads,
-            head_dim=self.head_dim, tile=tile, num_sms=self.num_sms,
+            head_dim=self.head_dim, tile=tile, num_sms=self.num_sms, **programs,
         )
 
     def plan_to_device(self, plan: PrefixSharedPlan, device: torch.device) -> PrefixSharedPlanOnDevice:

@@ -14,6 +14,7 @@ from batchllm.engine.attention.protocol import AttentionMetadata
 from batchllm.engine.step_inputs import StepInputs
 from batchllm.ops.kv_quant import check_kv_scales, decode_kv
 from batchllm.ops.reference import store_kv_reference
+from batchllm.ops.transfer import Upload, upload_arrays
 
 # A padded batch may cost at most this many times the attention work of its seqs alone.
 _MAX_PADDING_FACTOR = 2.0
@@ -116,10 +117,15 @@ class BatchedTorchBackend:
         return tuple(_build_batch(inputs, active[b], self.block_size)
                      for b in _batches_of(q_lens[active], inputs.seq_lens[active]))
 
-    def plan_to_device(self, plan: tuple[HostBatch, ...], device: torch.device) -> tuple[PaddedBatch, ...]:
-        return tuple(PaddedBatch(*(torch.from_numpy(getattr(batch, f.name)).to(device) for f in fields(HostBatch)),
-                                 masks={})
-                     for batch in plan)
+    def plan_to_device(self, plan: tuple[HostBatch, ...], device: torch.device,
+                       upload: Upload | None = None) -> tuple[PaddedBatch, ...]:
+        names = [f.name for f in fields(HostBatch)]
+        batches = []
+        for batch in plan:
+            arrays = {name: getattr(batch, name) for name in names}
+            tensors = upload(arrays) if upload is not None else upload_arrays(arrays, device)
+            batches.append(PaddedBatch(**tensors, masks={}))
+        return tuple(batches)
 
     def store(self, key, value, k_cache, v_cache, metadata: AttentionMetadata, k_scale: float = 1.0,
               v_scale: float = 1.0) -> None:

@@ -16,6 +16,7 @@ import torch
 from batchllm.attention_plan.work_list import PrefixSharedPlan
 from batchllm.engine.step_inputs import StepInputs
 from batchllm.ops.plan_device import PrefixSharedPlanOnDevice
+from batchllm.ops.transfer import Upload
 
 HostPlan = TypeVar("HostPlan")
 DevicePlan = TypeVar("DevicePlan")
@@ -41,8 +42,9 @@ class AttentionBackend(Protocol[HostPlan, DevicePlan]):
         """The step's plan on the host; built once per step, shared by every layer."""
         ...
 
-    def plan_to_device(self, plan: HostPlan, device: torch.device) -> DevicePlan:
-        """The plan on the device (without blocking the host on a GPU)."""
+    def plan_to_device(self, plan: HostPlan, device: torch.device, upload: Upload | None = None) -> DevicePlan:
+        """The plan on the device (without blocking the host on a GPU). upload: how its arrays
+        travel (the runner's PinnedStaging.upload); None: a one-off copy (tests, tools)."""
         ...
 
     def store(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -10,7 +10,7 @@ import torch
 from batchllm.engine.attention.protocol import AttentionMetadata
 from batchllm.engine.step_inputs import StepInputs
 from batchllm.ops import reference
-from batchllm.ops.transfer import upload_arrays
+from batchllm.ops.transfer import Upload, upload_arrays
 
 _PLAN_ARRAYS = ("query_start_loc", "seq_lens", "shared_kv_lens", "block_tables")
 
@@ -42,8 +42,10 @@ class ReferenceBackend:
     def build_plan(self, inputs: StepInputs) -> ReferenceHostPlan:
         return ReferenceHostPlan(*(getattr(inputs, name) for name in _PLAN_ARRAYS))
 
-    def plan_to_device(self, plan: ReferenceHostPlan, device: torch.device) -> ReferencePlan:
-        tensors = upload_arrays({name: getattr(plan, name) for name in _PLAN_ARRAYS}, device)
+    def plan_to_device(self, plan: ReferenceHostPlan, device: torch.device,
+                       upload: Upload | None = None) -> ReferencePlan:
+        arrays = {name: getattr(plan, name) for name in _PLAN_ARRAYS}
+        tensors = upload(arrays) if upload is not None else upload_arrays(arrays, device)
         return ReferencePlan(**tensors)
 
     def store(self, key, value, k_cache, v_cache, metadata: AttentionMetadata[ReferencePlan], k_scale: float = 1.0,

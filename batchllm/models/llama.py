@@ -75,7 +75,9 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
 
-    def forward(self, layer_index: int, hidden: Tensor, rope: RopeInputs, attention: AttentionFn) -> Tensor:
+    def project_qkv(self, hidden: Tensor, rope: RopeInputs) -> tuple[Tensor, Tensor, Tensor]:
+        """hidden [T, hidden_size] (or its QuantizedActivation) -> query [T, num_heads, head_dim] and
+        key [T, num_kv_heads, head_dim] with RoPE applied, value [T, num_kv_heads, head_dim]."""
         qkv = self.qkv_proj(hidden)  # [T, q_size + 2 * kv_size]
         num_tokens = qkv.shape[0]
         query, key, value = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
@@ -87,9 +89,11 @@ class LlamaAttention(nn.Module):
             rope_inplace(query, key, rope.positions, rope.cos, rope.sin)  # rotates the qkv buffer
         else:
             query, key = apply_rope(query, rope.cos, rope.sin), apply_rope(key, rope.cos, rope.sin)
-        value = value.view(num_tokens, self.num_kv_heads, self.head_dim)
-        output = attention(layer_index, query, key, value)  # [T, num_heads, head_dim]
-        return self.o_proj(output.reshape(num_tokens, self.q_size))
+        return query, key, value.view(num_tokens, self.num_kv_heads, self.head_dim)
+
+    def project_output(self, attention_output: Tensor) -> Tensor:
+        """attention_output [T, num_heads, head_dim] (or [T, q_size]) -> [T, hidden_size]."""
+        return self.o_proj(attention_output.reshape(attention_output.shape[0], self.q_size))
 
 
 class LlamaMLP(nn.Module):
@@ -117,15 +121,30 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
-    def forward(
-        self, layer_index: int, hidden: Tensor, residual: Tensor | None, rope: RopeInputs, attention: AttentionFn
-    ) -> tuple[Tensor, Tensor]:
-        """The residual stream is carried separately so each norm can fuse the add before it:
-        returns (this layer's MLP output, the residual stream before adding it)."""
+    def pre_attention(self, hidden: Tensor, residual: Tensor | None,
+                      rope: RopeInputs) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The layer up to its attention: (query, key, value, the residual stream). The residual
+        stream is carried separately so each norm can fuse the add before it."""
         hidden, residual = self.input_layernorm(hidden, residual, rope.fused, self.self_attn.qkv_proj)
-        hidden = self.self_attn(layer_index, hidden, rope, attention)
-        hidden, residual = self.post_attention_layernorm(hidden, residual, rope.fused, self.mlp.gate_up_proj)
-        return self.mlp(hidden, rope.fused), residual
+        return *self.self_attn.project_qkv(hidden, rope), residual
+
+    def post_attention(self, attention_output: Tensor, residual: Tensor, fused: bool) -> tuple[Tensor, Tensor]:
+        """The layer from its attention output on: (its MLP output, the residual stream before adding it)."""
+        hidden = self.self_attn.project_output(attention_output)
+        hidden, residual = self.post_attention_layernorm(hidden, residual, fused, self.mlp.gate_up_proj)
+        return self.mlp(hidden, fused), residual
+
+
+@dataclass(frozen=True)
+class PieceOutput:
+    """What one piece of the forward hands on (LlamaForCausalLM.piece)."""
+
+    residual: Tensor  # [T, hidden_size] the residual stream; after the last piece, the final hidden states
+    # The next layer's attention inputs (None after the last piece): query [T, num_heads, head_dim]
+    # and key [T, num_kv_heads, head_dim] with RoPE applied, value [T, num_kv_heads, head_dim].
+    query: Tensor | None = None
+    key: Tensor | None = None
+    value: Tensor | None = None
 
 
 class LlamaForCausalLM(nn.Module):
@@ -161,18 +180,44 @@ class LlamaForCausalLM(nn.Module):
                 use_fp8_linears_(model.layers, dtype, static_input_scales)
         return model.to_empty(device=device).eval().requires_grad_(False)
 
+    @property
+    def num_pieces(self) -> int:
+        return len(self.layers) + 1
+
+    def rope_inputs(self, positions: Tensor) -> RopeInputs:
+        """RoPE of a step's rows (positions [T] int64), shared by every layer."""
+        if self.fused_kernels:
+            if self.rotary.cos is None or self.rotary.cos.device != positions.device:
+                self.rotary.cos_sin(positions[:0])  # builds the table on this device once
+            return RopeInputs(True, positions, self.rotary.cos, self.rotary.sin)
+        return RopeInputs(False, positions, *self.rotary.cos_sin(positions))  # [T, 1, head_dim] float32
+
+    def piece(self, index: int, input_ids: Tensor, rope: RopeInputs, attention_output: Tensor | None,
+              residual: Tensor | None) -> PieceOutput:
+        """Piece `index` (0 .. num_pieces - 1) of the forward, everything between two attentions:
+        piece 0 embeds input_ids [T] and runs layer 0 up to its attention; piece i runs layer i - 1
+        from its attention output ([T, num_heads, head_dim] or [T, q_size]) and the residual stream
+        on, then layer i up to its attention; the last piece ends the last layer and applies the
+        final norm. Attention (storing the step's K/V, attending over the cache) runs between
+        pieces: `forward` runs the pieces in turn, and the engine's CUDA graphs capture each piece
+        for a token count (engine/piecewise_graphs.py)."""
+        if index == 0:
+            hidden, residual = self.embed_tokens(input_ids), None  # [T, hidden_size]
+        else:
+            hidden, residual = self.layers[index - 1].post_attention(attention_output, residual, rope.fused)
+        if index == len(self.layers):
+            return PieceOutput(self.norm(hidden, residual, rope.fused)[0])
+        query, key, value, residual = self.layers[index].pre_attention(hidden, residual, rope)
+        return PieceOutput(residual, query, key, value)
+
     def forward(self, input_ids: Tensor, positions: Tensor, attention: AttentionFn) -> Tensor:
         """input_ids, positions: [T] int64 -> hidden [T, hidden_size] after the final norm."""
-        if self.fused_kernels:
-            self.rotary.cos_sin(positions[:0])  # builds the table on this device once
-            rope = RopeInputs(True, positions, self.rotary.cos, self.rotary.sin)
-        else:
-            rope = RopeInputs(False, positions, *self.rotary.cos_sin(positions))  # [T, 1, head_dim] float32
-        hidden = self.embed_tokens(input_ids)  # [T, hidden_size]
-        residual = None
-        for layer_index, layer in enumerate(self.layers):
-            hidden, residual = layer(layer_index, hidden, residual, rope, attention)
-        return self.norm(hidden, residual, self.fused_kernels)[0]
+        rope = self.rope_inputs(positions)
+        out = self.piece(0, input_ids, rope, None, None)
+        for layer_index in range(len(self.layers)):
+            attended = attention(layer_index, out.query, out.key, out.value)  # [T, num_heads, head_dim]
+            out = self.piece(layer_index + 1, input_ids, rope, attended, out.residual)
+        return out.residual
 
     def output_weight(self) -> Tensor:
         """[vocab_size, hidden_size]: lm_head, or the embedding table when tied."""

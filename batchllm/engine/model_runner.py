@@ -65,7 +65,7 @@ class ModelRunner:
                                                 model.config.head_dim, model.embed_tokens.weight.dtype)
         self.use_cuda_graphs = (cuda_graphs and device.type == "cuda" and self.backend.supports_cuda_graphs)
         self.piecewise_on_cpu = piecewise_on_cpu and device.type == "cpu"
-        self.capture = GraphCapture(device) if self.use_cuda_graphs else None
+        self.capture: GraphCapture | None = None
         self.graphs: DecodeGraphRunner | None = None
         self.piecewise: PiecewiseGraphs | None = None
         self.buffers = StepBuffers(max_num_tokens, self.activation_shape, device, activations=False)
@@ -73,7 +73,8 @@ class ModelRunner:
         # A profiler's hook around every execute (StepObserver); None: no cost but this check.
         self.observer: StepObserver | None = None
         self.last_mode: StepMode = "eager"
-        self.num_eager_steps = 0
+        # Steps by how they ran and graph replays, since the runner was built (graph_counts).
+        self._counts = dict.fromkeys(("graph_replays", "piecewise_steps", "piece_replays", "eager_steps"), 0)
 
     # -- graphs ------------------------------------------------------------------------------
 
@@ -88,6 +89,9 @@ class ModelRunner:
         self.buffers = StepBuffers(capacity, self.activation_shape, self.device, activations=graphed)
         if not graphed:
             return
+        if self.use_cuda_graphs:
+            # A new pool: the released graphs' pool is freed once its last graph is gone.
+            self.capture = GraphCapture(self.device)
         self.piecewise = PiecewiseGraphs(self.model, self.kv_cache, self.backend, self.scale, self.buffers,
                                          self.staging, piecewise_buckets(max_num_tokens), self.capture)
         if self.use_cuda_graphs:
@@ -119,13 +123,14 @@ class ModelRunner:
             if graphs is not None:
                 graphs.release()
         self.graphs = self.piecewise = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # the pool's memory, now that no graph holds it
 
     def graph_counts(self) -> dict[str, int]:
-        """Steps by how they ran and graph replays so far (the bench's row fields)."""
-        return {"graph_replays": self.graphs.num_replays if self.graphs is not None else 0,
-                "piecewise_steps": self.piecewise.num_steps if self.piecewise is not None else 0,
-                "piece_replays": self.piecewise.num_replays if self.piecewise is not None else 0,
-                "eager_steps": self.num_eager_steps}
+        """Steps by how they ran and graph replays since the runner was built (the bench's row
+        fields): graph_replays (whole-step graphs), piecewise_steps and their piece_replays (none
+        for uncaptured pieces on the CPU), eager_steps."""
+        return dict(self._counts)
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -182,19 +187,23 @@ class ModelRunner:
             fed = _fed_rows(inputs, self.staging.upload({name: getattr(inputs, name) for name in _FED}))
         feed = partial(self.last_tokens.feed, fed=fed)
         host_plan = self.backend.build_plan(inputs)
+        counts = self._counts
         if allow_graph:
             if self.graphs is not None:
                 hidden = self.graphs.run(inputs, host_plan, feed)
                 if hidden is not None:
                     self.last_mode = "graph_replay"
+                    counts["graph_replays"] += 1
                     return hidden
             if self.piecewise is not None:
                 hidden = self.piecewise.run(inputs, host_plan, feed)
                 if hidden is not None:
                     self.last_mode = "piecewise"
+                    counts["piecewise_steps"] += 1
+                    counts["piece_replays"] += self.model.num_pieces if self.capture is not None else 0
                     return hidden
         self.last_mode = "eager"
-        self.num_eager_steps += 1
+        counts["eager_steps"] += 1
         return self._forward_eager(inputs, host_plan, feed)
 
     def _forward_eager(self, inputs: StepInputs, host_plan, feed: Callable[[torch.Tensor], None]) -> torch.Tensor:

@@ -38,7 +38,6 @@ class PiecewiseGraphs:
         self.model, self.kv_cache, self.backend, self.scale = model, kv_cache, backend, scale
         self.buffers, self.staging, self.buckets, self.capture = buffers, staging, buckets, capture
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
-        self.num_steps = 0  # steps run piecewise
         self.num_replays = 0  # piece graphs replayed
 
     def capture_all(self) -> None:
@@ -90,7 +89,6 @@ class PiecewiseGraphs:
                 graphs[index].replay()
             if index < num_layers:
                 attended.copy_(attention.attend(index, query).reshape(num_tokens, -1))
-        self.num_steps += 1
         self.num_replays += 0 if graphs is None else len(graphs)
         return self.buffers.hidden[:num_tokens]
 

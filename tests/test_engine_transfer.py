@@ -80,3 +80,24 @@ def test_staging_on_cuda_reuses_pinned_memory():
     for arrays, uploaded in results[-1:]:  # (earlier steps' device views are reused by later steps)
         for name, array in arrays.items():
             assert np.array_equal(uploaded[name].cpu().numpy(), array)
+
+
+@pytest.mark.gpu
+def test_sampled_ids_come_back_through_a_ring_of_pinned_buffers():
+    """Each step's sampled ids are copied into the next of three persistent pinned buffers; a step
+    read after its buffer was reused raises instead of returning a later step's ids."""
+    from batchllm.engine.sampler import SamplerOutput
+    from batchllm.engine.step_result import SampledHostCopies, StepResult
+
+    copies = SampledHostCopies()
+    results = []
+    for step in range(4):
+        sampled = SamplerOutput(torch.tensor([step, 10 + step], device="cuda"),
+                                torch.tensor([-0.5, -1.5], device="cuda"))
+        results.append(StepResult((1, 2), sampled, copies.copy(sampled)))
+    assert results[3].host_output().token_ids.tolist() == [3, 13]
+    assert results[1].host_output().token_ids.tolist() == [1, 11]
+    assert results[2].host_output().logprobs.tolist() == [-0.5, -1.5]
+    assert results[2].host_output().token_ids.is_pinned()
+    with pytest.raises(RuntimeError, match="reused"):
+        results[0].host_output()  # its buffer holds step 3's ids now

@@ -3,6 +3,8 @@ give the plain eager forward's results. On the CPU the pieces run uncaptured thr
 buffers and padding as the captured graphs do on a GPU (tests/test_engine_cuda_graphs.py checks
 the replays there)."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -143,7 +145,8 @@ def test_piecewise_steps_equal_the_eager_forward(engine, exact):
     assert piecewise.graph_counts() == {"graph_replays": 0, "piecewise_steps": len(steps), "piece_replays": 0,
                                        "eager_steps": 0}
     if exact:
-        assert torch.equal(eager.kv_cache.k, piecewise.kv_cache.k) and torch.equal(eager.kv_cache.v, piecewise.kv_cache.v)
+        assert torch.equal(eager.kv_cache.k, piecewise.kv_cache.k)
+        assert torch.equal(eager.kv_cache.v, piecewise.kv_cache.v)
     else:
         torch.testing.assert_close(piecewise.kv_cache.k, eager.kv_cache.k, atol=2e-5, rtol=2e-5)
 
@@ -195,3 +198,90 @@ def test_steps_above_the_largest_bucket_run_eagerly_until_the_graphs_grow(engine
                                                num_tokens=80, new_block_ids=tuple(range(5, 10))),))
     runner.forward(runner.step_inputs(again))
     assert runner.last_mode == "piecewise"
+
+
+class ClosureCapture:
+    """Stands in for GraphCapture on the CPU: a 'captured' graph keeps the function it was given,
+    run once at capture (the warm-up) and again at every replay. This runs the runner's graph
+    control flow (capture at start-up, replay per bucket, the decode graphs' padded plans and
+    persistent launches) without a GPU; what CUDA itself records is checked on the H200
+    (tests/test_engine_cuda_graphs.py)."""
+
+    def __init__(self):
+        self.num_captured = 0
+        self.captured = []
+
+    def capture(self, run, what):
+        run()
+        self.num_captured += 1
+        self.captured.append(what)
+        return _ClosureGraph(run)
+
+
+class _ClosureGraph:
+    def __init__(self, run):
+        self.replay, self.num_resets = run, 0
+
+    def reset(self):
+        self.num_resets += 1
+
+
+def test_captured_pieces_replay_per_bucket(engine):
+    """With a capture, every piece of every bucket is captured up front, largest bucket first, and a
+    step replays its bucket's pieces: the uncaptured pieces' results."""
+    from batchllm.engine.piecewise_graphs import PiecewiseGraphs
+
+    uncaptured, graphed = _runner(engine), _runner(engine)
+    capture = ClosureCapture()
+    graphed.piecewise = PiecewiseGraphs(graphed.model, graphed.kv_cache, graphed.backend, graphed.scale,
+                                        graphed.buffers, graphed.staging, (8, 16, 64), capture)
+    graphed.capture = capture
+    graphed.piecewise.capture_all()
+    pieces = engine.arch.num_layers + 1
+    assert capture.captured[:2] == ["piece 0 of 64-token steps", "piece 1 of 64-token steps"]
+    assert capture.num_captured == 3 * pieces
+    # the capture left no KV behind (its rows had slot -1)
+    assert not graphed.kv_cache.k.any() and not graphed.kv_cache.v.any()
+    step = SchedulerOutput(0, (ScheduledChunk(seq_id=0, token_ids=tuple(range(3, 14)), start_position=0,
+                                              num_tokens=11, new_block_ids=(0,)),))
+    expected = uncaptured.forward(uncaptured.step_inputs(step)).clone()
+    hidden = graphed.forward(graphed.step_inputs(step))
+    assert graphed.last_mode == "piecewise" and graphed.piecewise.num_replays == pieces
+    assert graphed.graph_counts()["piece_replays"] == pieces
+    assert torch.equal(hidden, expected)
+    graphs = [graph for bucket in graphed.piecewise.graphs.values() for graph in bucket]
+    graphed.release_graphs()
+    assert graphed.piecewise is None and all(graph.num_resets == 1 for graph in graphs)
+
+
+def test_decode_graphs_replay_a_padded_plan(engine):
+    """A decode step through a whole-step decode graph (the fused backend's persistent, class-split
+    launches over the padded plan, in Triton's interpreter) gives the eager step's hidden states;
+    the next decode step of the same shape replays the graph without capturing again."""
+    from batchllm.engine.cuda_graphs import DecodeGraphRunner
+    from batchllm.engine.kv_cache import KVCache
+
+    arch = engine.arch
+    cache = KVCache.allocate(arch.num_layers, 64, 16, arch.num_kv_heads, arch.head_dim, torch.float32, CPU)
+    torch.manual_seed(0)
+    cache.k.normal_()
+    cache.v.normal_()
+    runner = ModelRunner(engine.runner.model, arch, cache, 16, CPU, "fused", cuda_graphs=False, max_num_tokens=64,
+                         piecewise_on_cpu=True)
+    capture = ClosureCapture()
+    runner.graphs = DecodeGraphRunner(runner.model, cache, runner.backend, runner.scale, runner.buffers,
+                                      runner.staging, capture)
+    chunks = [ScheduledChunk(seq_id=i, token_ids=(7 + i,), start_position=10 + 4 * i, num_tokens=1,
+                             new_block_ids=(2 * i, 2 * i + 1), shared_kv_len=0, sample=True, is_decode=True)
+              for i in range(5)]
+    step = build_step_inputs(SchedulerOutput(0, tuple(chunks)), 16)
+    eager = runner.forward(step, allow_graph=False).clone()
+    graphed = runner.forward(step).clone()
+    assert runner.last_mode == "graph_replay" and capture.captured == ["decode steps of 8 rows"]
+    torch.testing.assert_close(graphed, eager, atol=1e-5, rtol=1e-5)
+    later_chunks = tuple(dataclasses.replace(c, token_ids=(3,), start_position=c.start_position + 1)
+                         for c in chunks[:3])
+    later = build_step_inputs(SchedulerOutput(1, later_chunks), 16)
+    eager_later = runner.forward(later, allow_graph=False).clone()
+    torch.testing.assert_close(runner.forward(later), eager_later, atol=1e-5, rtol=1e-5)
+    assert runner.graphs.num_replays == 2 and capture.num_captured == 1

@@ -68,13 +68,13 @@ def engine():
                                    max_num_batched_tokens=64))
 
 
-def _runner(engine, exact: bool = False, piecewise: bool = True) -> ModelRunner:
+def _runner(engine, exact: bool = False, piecewise: bool = True, backend: str = "torch") -> ModelRunner:
     """A runner of the engine's model with a KV cache of its own, stepping through the pieces (or
     eagerly). exact: a bucket for every token count (no padding row: the eager forward's shapes)."""
     old = engine.runner
     cache = KVCache.allocate(engine.arch.num_layers, engine.kv_cache.num_blocks, old.block_size,
                              engine.arch.num_kv_heads, engine.arch.head_dim, torch.float32, CPU)
-    runner = ModelRunner(old.model, engine.arch, cache, old.block_size, CPU, "torch", cuda_graphs=False,
+    runner = ModelRunner(old.model, engine.arch, cache, old.block_size, CPU, backend, cuda_graphs=False,
                          max_num_tokens=64, piecewise_on_cpu=piecewise)
     if not piecewise:
         assert runner.piecewise is None
@@ -115,8 +115,8 @@ def _forward_outputs(runner) -> list:
     return hidden
 
 
-@pytest.mark.parametrize("exact", [True, False])
-def test_piecewise_steps_equal_the_eager_forward(engine, exact):
+@pytest.mark.parametrize("exact,backend", [(True, "torch"), (False, "torch"), (True, "reference")])
+def test_piecewise_steps_equal_the_eager_forward(engine, exact, backend):
     """Replays every step of a real schedule (prefix chunks with their members, chunked prefill,
     decode rows fed from the last-token column) on an eager runner and on a piecewise one, each
     with its own KV cache. Without padding rows every hidden state, sampled id, logprob and the
@@ -128,7 +128,7 @@ def test_piecewise_steps_equal_the_eager_forward(engine, exact):
     assert any(prefix and prompt for prefix, _, prompt in kinds)  # a prefix chunk with its members' chunks
     assert any(decode and prompt for _, decode, prompt in kinds)  # decode rows among prompt chunks
     assert any(decode and not prompt and not prefix for prefix, decode, prompt in kinds)  # a decode step
-    eager, piecewise = _runner(engine, piecewise=False), _runner(engine, exact)
+    eager, piecewise = _runner(engine, piecewise=False, backend=backend), _runner(engine, exact, backend=backend)
     eager_hidden, piecewise_hidden = _forward_outputs(eager), _forward_outputs(piecewise)
     for output, rows in steps:
         a, b = eager.execute(output, rows), piecewise.execute(output, rows)

@@ -22,9 +22,10 @@ from batchllm.ops.transfer import PinnedStaging
 
 class PiecewiseGraphs:
     """The pieces of every bucket read and write the runner's StepBuffers (a bucket of B tokens their
-    first B rows): piece i reads the attention output and the residual stream of layer i - 1 and
-    writes layer i's query (after RoPE; its K/V it stores in the cache itself, padding rows at
-    slot -1 storing nothing) and the residual stream, the last piece the final hidden states.
+    first B rows): piece i reads the attention output of layer i - 1, updates the residual stream
+    in place and writes layer i's query (after RoPE; its K/V it stores in the cache itself, padding
+    rows at slot -1 storing nothing); piece 0 writes the residual stream it starts, the last piece
+    the final hidden states over it.
 
     capture None: the pieces run uncaptured, through the same buffers (the CPU; tests compare it
     with the plain forward)."""
@@ -80,7 +81,8 @@ class PiecewiseGraphs:
         plan = self.backend.plan_to_device(host_plan, input_ids.device, self.staging.upload)
         metadata = AttentionMetadata(slot_mapping[:num_tokens], positions[:num_tokens], plan)
         attention = PagedAttention(self.kv_cache, metadata, self.backend, self.scale)
-        query, attended = self.buffers.query[:num_tokens], self.buffers.attention[:num_tokens]
+        query = self.buffers.query[:num_tokens]
+        attended = self.buffers.attention[:num_tokens].view(query.shape)
         num_layers = self.model.num_pieces - 1
         for index in range(self.model.num_pieces):
             if graphs is None:
@@ -88,7 +90,7 @@ class PiecewiseGraphs:
             else:
                 graphs[index].replay()
             if index < num_layers:
-                attended.copy_(attention.attend(index, query).reshape(num_tokens, -1))
+                attention.attend(index, query, attended)
         self.num_replays += 0 if graphs is None else len(graphs)
         return self.buffers.hidden[:num_tokens]
 
@@ -102,11 +104,12 @@ class PiecewiseGraphs:
         rope = model.rope_inputs(positions)
         residual = buffers.hidden[:num_rows]
         attention_output = buffers.attention[:num_rows] if index else None
-        out = model.piece(index, input_ids, rope, attention_output, residual if index else None)
+        query = buffers.query[:num_rows] if index < model.num_pieces - 1 else None
+        out = model.piece(index, input_ids, rope, attention_output, residual if index else None, query)
         if out.query is not None:
             # Only the store: it needs no plan, and padding rows (slot -1) store nothing.
             store = PagedAttention(self.kv_cache, AttentionMetadata(slot_mapping, positions, None), self.backend,
                                    self.scale)
             store.store(index, out.key, out.value)
-            buffers.query[:num_rows].copy_(out.query)
-        residual.copy_(out.residual)
+        if out.residual is not residual:  # piece 0's embedding, the last piece's final hidden states
+            residual.copy_(out.residual)

@@ -132,14 +132,15 @@ class BatchedTorchBackend:
         store_kv_reference(key, value, k_cache, v_cache, metadata.slot_mapping, k_scale, v_scale)
 
     def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata[tuple[PaddedBatch, ...]], scale: float,
-               window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+               window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         # query: [num_tokens, num_heads, head_dim]; a float8_e4m3fn cache is dequantized per batch
         check_kv_scales(k_scale, v_scale, k_cache.dtype)
         num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
         group = query.shape[1] // num_kv_heads
         flat_k = k_cache.view(-1, num_kv_heads, head_dim)
         flat_v = v_cache.view(-1, num_kv_heads, head_dim)
-        out = torch.empty_like(query)
+        out = torch.empty_like(query) if out is None else out
         for batch in metadata.plan:
             num_seqs, max_q = batch.rows.shape
             # [S, Q, Hkv, G, D] -> [S, Hkv, Q * G, D]: the G query heads of a KV head as extra rows.

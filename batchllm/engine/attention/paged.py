@@ -29,9 +29,10 @@ class PagedAttention:
         self.backend.store(key, value, self.kv_cache.k[layer_index], self.kv_cache.v[layer_index], self.metadata,
                            self.kv_cache.k_scale, self.kv_cache.v_scale)
 
-    def attend(self, layer_index: int, query: torch.Tensor) -> torch.Tensor:
-        """Attention of every row of one layer over the cache (its K/V stored first)."""
+    def attend(self, layer_index: int, query: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of every row of one layer over the cache (its K/V stored first), written to out
+        (shaped like query) when given."""
         windows = self.backend.layer_windows
         return self.backend.attend(query, self.kv_cache.k[layer_index], self.kv_cache.v[layer_index], self.metadata,
                                    self.scale, windows[layer_index] if windows else None, self.kv_cache.k_scale,
-                                   self.kv_cache.v_scale)
+                                   self.kv_cache.v_scale, out)

@@ -54,8 +54,9 @@ class AttentionBackend(Protocol[HostPlan, DevicePlan]):
 
     def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                metadata: AttentionMetadata[DevicePlan], scale: float, window: int | None = None,
-               k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
-        """Attention of every row ([num_tokens, num_heads, head_dim]) over its KV in the cache."""
+               k_scale: float = 1.0, v_scale: float = 1.0, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of every row ([num_tokens, num_heads, head_dim]) over its KV in the cache;
+        out: a tensor shaped like query to write it to (and return), None: a new one."""
         ...
 
 

@@ -53,9 +53,11 @@ class ReferenceBackend:
         reference.store_kv_reference(key, value, k_cache, v_cache, metadata.slot_mapping, k_scale, v_scale)
 
     def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata[ReferencePlan], scale: float,
-               window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+               window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         plan = metadata.plan
-        return reference.paged_attention_reference(
+        result = reference.paged_attention_reference(
             query, k_cache, v_cache, plan.query_start_loc, plan.seq_lens, plan.shared_kv_lens, plan.block_tables,
             scale, sliding_window=window, k_scale=k_scale, v_scale=v_scale,
         )
+        return result if out is None else out.copy_(result)

@@ -63,6 +63,7 @@ class TritonBackend:
         self._store_kv(key, value, k_cache, v_cache, metadata.slot_mapping, k_scale, v_scale)
 
     def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata[PrefixSharedPlanOnDevice], scale: float,
-               window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+               window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         return self._attention(query, k_cache, v_cache, metadata.plan, scale, window, metadata.positions,
-                                       k_scale, v_scale, self.side_stream)
+                               k_scale, v_scale, self.side_stream, out)

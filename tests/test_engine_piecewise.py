@@ -194,6 +194,8 @@ def test_steps_above_the_largest_bucket_run_eagerly_until_the_graphs_grow(engine
     assert runner.piecewise.buckets[-1] == 80 and runner.buffers.capacity >= 80
     runner.ensure_step_capacity(64)  # no smaller
     assert runner.piecewise.buckets[-1] == 80
+    runner.capture_graphs()  # again (a new KV cache), for the same steps: not for the buffers' 128 rows
+    assert runner.piecewise.buckets[-1] == 80 and runner.buffers.capacity == 128
     again = SchedulerOutput(1, (ScheduledChunk(seq_id=1, token_ids=tuple(range(3, 83)), start_position=0,
                                                num_tokens=80, new_block_ids=tuple(range(5, 10))),))
     runner.forward(runner.step_inputs(again))

@@ -68,7 +68,7 @@ class ModelRunner:
         self.capture: GraphCapture | None = None
         self.graphs: DecodeGraphRunner | None = None
         self.piecewise: PiecewiseGraphs | None = None
-        self.buffers = StepBuffers(max_num_tokens, self.activation_shape, device, activations=False)
+        self.max_num_tokens = max_num_tokens  # the largest step the buffers and graphs are built for
         self.capture_graphs(max_num_tokens)
         # A profiler's hook around every execute (StepObserver); None: no cost but this check.
         self.observer: StepObserver | None = None
@@ -82,7 +82,7 @@ class ModelRunner:
         """(Re)build the step buffers for steps of up to max_num_tokens tokens (None: the current
         size) and capture the piecewise graphs for them; the decode graphs are captured again on
         their first use. Call it again after replacing the KV cache: graphs capture its tensors."""
-        max_num_tokens = max_num_tokens or self.buffers.capacity
+        max_num_tokens = self.max_num_tokens = max_num_tokens or self.max_num_tokens
         self.release_graphs()
         graphed = self.use_cuda_graphs or self.piecewise_on_cpu
         capacity = graph_capacity(max_num_tokens) if graphed else max_num_tokens
@@ -108,7 +108,7 @@ class ModelRunner:
     def ensure_step_capacity(self, max_num_tokens: int) -> None:
         """Graphs for steps of up to max_num_tokens tokens: captured again, larger, when a run's
         token budget exceeds what they were captured for (before the run's first step)."""
-        if self.piecewise is not None and max_num_tokens > self.piecewise.buckets[-1]:
+        if self.piecewise is not None and max_num_tokens > self.max_num_tokens:
             self.capture_graphs(max_num_tokens)
 
     def release_graphs(self) -> None:

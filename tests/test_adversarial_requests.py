@@ -9,6 +9,7 @@ import torch
 
 from batchllm.engine.sampler import SamplingBatch, sample, sampling_row
 from batchllm.io.batch_output import openai_logprobs
+from batchllm.models.token_bytes import VocabularyBytes
 from batchllm.sampling_params import SamplingParams, SamplingParamsError
 
 pytest_plugins = ["model_fixtures"]
@@ -49,14 +50,18 @@ def test_top_logprobs_are_the_top_k_whether_or_not_the_sampled_token_is_among_th
     log_probs = torch.log_softmax(logits, -1)[0]
     assert out.logprobs.item() == pytest.approx(log_probs[7].item())  # the model's distribution, not the biased one
     entry = {7: out.logprobs.item(), **dict(zip(out.top_token_ids[0].tolist(), out.top_logprobs[0].tolist()))}
-    content = openai_logprobs("chat", [7], [entry], 5, str)["content"][0]
+    content = openai_logprobs("chat", [7], [entry], 5, _vocabulary(str), "7")["content"][0]
     assert content["token"] == "7" and content["logprob"] == pytest.approx(log_probs[7].item())
     assert [t["token"] for t in content["top_logprobs"]] == ["0", "1", "2", "3", "4"]
 
 
+def _vocabulary(text_of, size=VOCAB, skipped_ids=()):
+    return VocabularyBytes(tuple(text_of(t).encode() for t in range(size)), frozenset(skipped_ids))
+
+
 def test_chat_top_logprobs_keep_the_sampled_token_when_it_is_in_the_top():
     entry = {2: -0.5, 1: -0.2, 3: -3.0, 4: -4.0, 5: -5.0}  # sampled 2, in the top 5
-    content = openai_logprobs("chat", [2], [entry], 5, lambda t: "tok" + str(t))["content"][0]
+    content = openai_logprobs("chat", [2], [entry], 5, _vocabulary(lambda t: "tok" + str(t)), "tok2")["content"][0]
     assert [(t["token"], t["logprob"]) for t in content["top_logprobs"]] == [
         ("tok1", -0.2), ("tok2", -0.5), ("tok3", -3.0), ("tok4", -4.0), ("tok5", -5.0)]
     assert content["bytes"] == list(b"tok2")
@@ -64,15 +69,16 @@ def test_chat_top_logprobs_keep_the_sampled_token_when_it_is_in_the_top():
 
 
 def test_chat_top_logprobs_zero_gives_empty_lists():
-    content = openai_logprobs("chat", [9, 8], [{9: -1.0}, {8: -2.0}], 0, str)["content"]
+    content = openai_logprobs("chat", [9, 8], [{9: -1.0}, {8: -2.0}], 0, _vocabulary(str), "98")["content"]
     assert [c["top_logprobs"] for c in content] == [[], []]
     assert [c["logprob"] for c in content] == [-1.0, -2.0]
 
 
 def test_completions_logprobs_have_the_completions_shape():
-    decode = {10: "Hello", 11: ",", 12: " wor", 13: "ld", 14: " x"}.__getitem__
+    texts = {10: "Hello", 11: ",", 12: " wor", 13: "ld", 14: " x"}
+    vocabulary = _vocabulary(lambda t: texts.get(t, "?"))
     entries = [{10: -0.1, 14: -3.0}, {11: -0.2, 14: -2.5}, {12: -4.0, 13: -1.0, 14: -2.0}]  # last: sampled outside
-    shape = openai_logprobs("completion", [10, 11, 12], entries, 2, decode)
+    shape = openai_logprobs("completion", [10, 11, 12], entries, 2, vocabulary, "Hello, wor")
     assert shape == {
         "tokens": ["Hello", ",", " wor"],
         "token_logprobs": [-0.1, -0.2, -4.0],
@@ -164,3 +170,60 @@ def test_input_lines_carry_logit_bias_to_the_sampler():
     request, error = parse_lines([json.dumps(good), json.dumps(bad)])
     assert request.sampling.logit_bias == ((3, 5.0), (7, -100.0)) and not request.warnings
     assert isinstance(error, BatchError) and error.code == "invalid_sampling" and "logit_bias" in error.message
+
+
+@pytest.mark.default_model
+def test_multi_byte_tokens_give_real_bytes_distinct_keys_and_offsets_in_the_text(tmp_path, cli_default_engine):
+    """Regression: every emoji token's bytes were U+FFFD's, completions top_logprobs keys collapsed
+    to "�" (the sampled token's logprob overwritten) and text_offset ran past the text."""
+    from batchllm.cli.main import main
+
+    lines = [
+        {"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"messages": [{"role": "user", "content": "Give me three emojis about the sea."}], "max_tokens": 6,
+                  "temperature": 0, "logprobs": True, "top_logprobs": 2}},
+        {"custom_id": "text", "method": "POST", "url": "/v1/completions",
+         "body": {"prompt": "My favourite emoji is", "max_tokens": 8, "temperature": 0, "logprobs": 3}},
+    ]
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(["run", str(source), "-o", str(output), "--dtype", "float32", "--device", "cpu", "--no-progress"]) == 0
+    records = {r["custom_id"]: r["response"]["body"]["choices"][0] for r in map(json.loads, output.read_text().splitlines())}
+    chat = records["chat"]
+    assert chat["message"]["content"] == "🌪🌪"
+    content = chat["logprobs"]["content"]
+    assert [c["bytes"] for c in content] == [[0xF0, 0x9F], [0x8C], [0xAA]] * 2
+    assert [c["token"] for c in content] == ["bytes:\\xf0\\x9f", "bytes:\\x8c", "bytes:\\xaa"] * 2
+    assert bytes(b for c in content for b in c["bytes"]) == chat["message"]["content"].encode()
+    assert all(c["top_logprobs"][0]["bytes"] == c["bytes"] for c in content)  # greedy: the top token
+    text = records["text"]
+    assert text["text"] == ":\n\n🌱\ufffd"  # max_tokens ends inside the second emoji
+    logprobs = text["logprobs"]
+    assert logprobs["tokens"] == [":", "\n", "\n", "bytes:\\xf0\\x9f", "bytes:\\x8c", "bytes:\\xb1",
+                                  "bytes:\\xf0\\x9f", "bytes:\\x8c"]
+    assert logprobs["text_offset"] == [0, 1, 2, 3, 3, 3, 4, 4]
+    for token, token_logprob, top in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"]):
+        assert len(top) == 3 and top[token] == token_logprob == max(top.values())
+
+
+@pytest.mark.parametrize("url, asked", [("/v1/completions", {"logprobs": 2}),
+                                        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 2})])
+def test_logprobs_without_a_tokenizer_are_token_ids(tmp_path, url, asked):
+    """Regression: a model without a tokenizer answered logprobs with null."""
+    from batchllm.cli.main import main
+
+    body = {"prompt_token_ids": [5, 6, 7], "max_tokens": 3, "temperature": 0, **asked}
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text(json.dumps({"custom_id": "a", "method": "POST", "url": url, "body": body}) + "\n")
+    assert main(["run", str(source), "-o", str(output), "--model", "random:tiny", "--device", "cpu",
+                 "--kv-cache-tokens", "256", "--no-progress"]) == 0
+    choice = json.loads(output.read_text())["response"]["body"]["choices"][0]
+    if url == "/v1/completions":
+        lp = choice["logprobs"]
+        assert len(lp["tokens"]) == 3 and all(t.startswith("token_id:") for t in lp["tokens"])
+        assert lp["text_offset"] == [0, 0, 0] and all(len(top) == 2 for top in lp["top_logprobs"])
+        assert [top[t] for t, top in zip(lp["tokens"], lp["top_logprobs"])] == lp["token_logprobs"]
+    else:
+        content = choice["logprobs"]["content"]
+        assert len(content) == 3 and all(c["token"].startswith("token_id:") and c["bytes"] is None for c in content)
+        assert all(c["top_logprobs"][0]["token"] == c["token"] for c in content)  # greedy

@@ -49,12 +49,17 @@ def _ray_job(ray_address, input_path, output_path, **kwargs):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
 
+def _num_records(partial_path) -> int:
+    """Record lines of a journal (its header and engine line start with #)."""
+    with open(partial_path, "rb") as handle:
+        return sum(1 for line in handle if line.endswith(b"\n") and not line.startswith(b"#"))
+
+
 def _wait_for_records(process, partial_path, num_records) -> int:
     deadline = time.monotonic() + TIMEOUT_S
     while time.monotonic() < deadline and process.poll() is None:
         if os.path.exists(partial_path):
-            with open(partial_path, "rb") as handle:
-                num_journaled = handle.read().count(b"\n") - 1  # less the header
+            num_journaled = _num_records(partial_path)
             if num_journaled >= num_records:
                 return num_journaled
         time.sleep(0.05)
@@ -80,7 +85,7 @@ def test_ray_job_killed_mid_run_resumes_to_the_uninterrupted_file(ray_address, j
         assert "interrupted by SIGTERM" in stderr and stop_s < 60, (stop_s, stderr)
     else:
         assert process.returncode == -signal.SIGKILL
-    kept = open(partial_path, "rb").read().count(b"\n") - 1
+    kept = _num_records(partial_path)
     assert 2 <= journaled <= kept < len(LINES) and not output_path.exists()
     resumed = _ray_job(ray_address, input_path, output_path)
     stdout, stderr = resumed.communicate(timeout=TIMEOUT_S)

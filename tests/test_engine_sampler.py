@@ -61,3 +61,25 @@ def test_logprobs_are_returned():
     expected = torch.log_softmax(logits, -1)
     assert torch.allclose(out.logprobs, expected[:, 2])
     assert out.top_token_ids.tolist() == [[2, 1]]
+
+
+def test_temperatures_below_the_greedy_threshold_are_greedy_and_none_gives_nan():
+    # Regression: logits / 1e-38 overflowed to inf, the softmax gave NaN and token 0 won every step.
+    logits = torch.randn(1, 50, generator=torch.Generator().manual_seed(3)) * 10
+    logits[0, 0] = -50.0  # token 0 is the least likely: a NaN row would pick it
+    top = int(logits.argmax())
+    for temperature in (1e-45, 1e-38, 1e-20, 9.9e-6):
+        batch = SamplingBatch.build([_row(temperature=temperature, seed=7)], torch.device("cpu"))
+        assert batch.all_greedy and batch.temperature.tolist() == [0.0]
+        assert sample(logits, batch).token_ids.tolist() == [top]
+    for temperature in (1e-5, 1e-4):  # divided by: the top token's probability rounds to 1
+        batch = SamplingBatch.build([_row(temperature=temperature, seed=s) for s in range(20)], torch.device("cpu"))
+        assert not batch.all_greedy
+        assert sample(logits.expand(20, -1).contiguous(), batch).token_ids.tolist() == [top] * 20
+
+
+def test_extreme_logits_at_a_small_temperature_sample_a_finite_distribution():
+    logits = torch.tensor([[2.9e38, -3.0e38, 3.0e38, 0.0]])  # NaN rows would give token 0
+    rows = [_row(temperature=1e-3, seed=s) for s in range(10)]
+    out = sample(logits.expand(10, -1).contiguous(), SamplingBatch.build(rows, torch.device("cpu")))
+    assert out.token_ids.tolist() == [2] * 10

@@ -74,19 +74,19 @@ def test_a_changed_line_is_dropped_and_an_unconfirmed_entry_never_reaches_the_ou
         ("r1", "old"), ("r2", "new")]
 
 
-def test_repeated_and_out_of_range_entries_are_dropped(tmp_path):
+def test_a_later_entry_supersedes_an_earlier_one_and_out_of_range_entries_are_dropped(tmp_path):
     path = str(tmp_path / "out.jsonl.partial")
     journal = Journal(path, HEADER)
     _append(journal, 1, _record("first", "x"))
-    _append(journal, 1, _record("second", "y"))  # the same line answered twice (e.g. two writers)
+    _append(journal, 1, _record("second", "y"))  # a later run answered line 1 again (it did not keep it)
     _append(journal, 40, _record("far", "z"))  # a line the 12-line input does not have
     journal.close()
     resumed = Journal(path, HEADER, num_input_lines=12)
     report = resumed.resume
-    assert (report.num_entries, report.num_repeated, report.num_out_of_range) == (1, 1, 1)
+    assert (report.num_entries, report.num_superseded, report.num_out_of_range) == (1, 1, 1)
     assert resumed.keep(1, 1000)
     resumed.finalize(str(tmp_path / "out.jsonl"))
-    assert [r["custom_id"] for r in _lines(tmp_path / "out.jsonl")] == ["first"]
+    assert [r["custom_id"] for r in _lines(tmp_path / "out.jsonl")] == ["second"]
 
 
 def test_a_complete_json_last_line_without_newline_is_torn_too(tmp_path):

@@ -38,8 +38,13 @@ CASES = [
     ({"custom_id": "s4", "prompt_token_ids": [5], "top_p": 1.5}, "invalid_sampling", "top_p > 1"),
     ({"custom_id": "s5", "prompt_token_ids": [5], "n": 2}, "invalid_sampling", "n > 1"),
     ({"custom_id": "s6", "prompt_token_ids": [5], "temperature": "hot"}, "invalid_sampling", "temperature string"),
-    ({"custom_id": "unk", "prompt_token_ids": _ids(4), "max_tokens": 2, "temperature": 0, "frobnicate": 1},
-     "ok", "unknown field: a warning"),
+    ({"custom_id": "typo", "prompt_token_ids": _ids(4), "max_tokens": 2, "temperature": 0, "frobnicate": 1},
+     "unknown_field", "unknown body field: refused"),
+    ({"custom_id": "pen", "prompt_token_ids": _ids(4), "presence_penalty": 0.5}, "unsupported_feature",
+     "a field not implemented, set: refused"),
+    ({"custom_id": "unk", **ENVELOPE, "note": 1, "body": {"prompt": _ids(4), "max_tokens": 2, "temperature": 0,
+                                                         "user": "u1", "presence_penalty": 0}},
+     "ok", "unknown envelope field, a harmless field, a field at its no-op value: warnings"),
     ({"custom_id": "long", "prompt_token_ids": _ids(300)}, "prompt_too_long", "prompt longer than the context"),
     ({"custom_id": "clamp", "prompt_token_ids": _ids(200), "max_tokens": 1000, "temperature": 0, "ignore_eos": True},
      "ok", "prompt + max_tokens beyond the context: clamped"),
@@ -99,8 +104,11 @@ def test_every_bad_line_is_one_error_record_and_the_job_completes(tmp_path, caps
     assert (None, "invalid_utf8") in codes and (None, "missing_custom_id") in codes
     errors = [json.loads(line) for line in errors_path.read_text(encoding="utf-8").splitlines()]
     assert errors == [r for r in records if r["error"] is not None]
-    assert "4 requests answered, 25 errors" in captured.out
-    assert "unknown field 'frobnicate' ignored" in captured.err
+    assert "4 requests answered, 27 errors" in captured.out
+    assert captured.err.count("warning:") == 2  # one summary line per field, not one per line
+    assert ("warning: 1 line had 'note' ignored: not a field of an OpenAI Batch line (custom_id, method, url, body) "
+            "(first: line 21)") in captured.err
+    assert "warning: 1 line had 'user' ignored: an end-user id for a hosted API (first: line 21)" in captured.err
     assert not (tmp_path / "out.jsonl.partial").exists()
 
 

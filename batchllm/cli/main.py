@@ -14,6 +14,7 @@ import sys
 
 from batchllm import __version__
 from batchllm.cli import analyze, bench, plot, run, simulate
+from batchllm.cli.std_streams import pipe_safe_std_streams
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,11 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    with pipe_safe_std_streams():  # a closed stdout or stderr does not crash a finished job
+        try:
+            return int(args.func(args) or 0)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
 
 
 if __name__ == "__main__":

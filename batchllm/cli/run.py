@@ -24,13 +24,16 @@ def add_parser(subparsers) -> None:
             '   "body": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 64}}\n'
             'or the short form {"custom_id": "q1", "prompt": "...", "max_tokens": 64}\n'
             '(also "messages" or "prompt_token_ids"). A bad line becomes an error record; the rest run.\n\n'
-            "Finished requests are journaled to OUTPUT.jsonl.partial as they finish; after a crash or\n"
-            "Ctrl-C, running the same command again resumes where it stopped (--restart: start over);\n"
-            "lines edited since are answered again. One job at a time per OUTPUT (OUTPUT.jsonl.lock).\n"
-            "Refused before any work (exit 2): -o that is the input or a directory, an unwritable -o or\n"
-            "--errors, an existing OUTPUT unless --overwrite (or resuming its job).\n"
-            "Exit codes: 0 done (per-line errors are records in the output), 2 nothing could run,\n"
-            "130/143 stopped by SIGINT/SIGTERM after saving (run the same command to resume)."
+            "Finished requests are journaled to OUTPUT.jsonl.partial as they finish; after a crash, a\n"
+            "full disk or Ctrl-C, running the same command again resumes where it stopped (--restart:\n"
+            "start over); lines edited since are answered again. One job at a time per OUTPUT\n"
+            "(OUTPUT.jsonl.lock). Refused before any work (exit 2): two files of the job that are one\n"
+            "file (input, -o, --errors, OUTPUT.tmp/.partial/.lock, ERRORS.tmp), -o or --errors that is\n"
+            "a directory, in a missing directory or unwritable, an existing OUTPUT unless --overwrite\n"
+            "(or resuming its job).\n"
+            "Exit codes: 0 done and the output checked (per-line errors are records in the output),\n"
+            "2 refused, or stopped by a fault of the job's files (path and errno named; the journal is\n"
+            "kept), 130/143 stopped by SIGINT/SIGTERM after saving (run the same command to resume)."
         ),
     )
     parser.add_argument("input", metavar="INPUT.jsonl", help="batch input file (JSON Lines)")
@@ -121,7 +124,9 @@ def run_command(args) -> int:
     """Exit codes: see the command's description."""
     from batchllm.job.batch_job import BatchJobOptions, LazyEngine, StopRequest, run_batch_file
     from batchllm.io.job_files import JobFilesError, JobLockedError
+    from batchllm.io.job_io import JobFileError
     from batchllm.io.journal import JournalMismatchError
+    from batchllm.io.output_check import OutputCheckError
     from batchllm.job.stop_signals import StopSignals
 
     problem = _input_problem(args.input)
@@ -144,9 +149,16 @@ def run_command(args) -> int:
     except (JobFilesError, JobLockedError, JournalMismatchError, ModelLoadError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except JobFileError as error:
+        print(f"error: {error} (fix: {error.fix}, then run the same command again: it resumes)", file=sys.stderr)
+        return 2
+    except OutputCheckError as error:
+        print(f"error: the output failed its final check, so it was not written: {error} (a bug; the journal is "
+              "kept: run the same command again, or add --restart to start over)", file=sys.stderr)
+        return 2
     except OSError as error:
-        print(f"error: cannot write {error.filename or 'the output'!r}: {error.strerror or error} "
-              "(fix: free disk space, or choose writable -o / --errors paths)", file=sys.stderr)
+        print(f"error: the job stopped: {error} (fix the cause, then run the same command again: it resumes)",
+              file=sys.stderr)
         return 2
     if summary.interrupted_by:
         print(summary.describe(), file=sys.stderr)

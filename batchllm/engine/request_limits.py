@@ -69,5 +69,17 @@ class RequestLimits:
         if smallest < 0 or (self.vocab_size and largest >= self.vocab_size):
             bad = smallest if smallest < 0 else largest
             raise InvalidTokenIdError(f"prompt holds token id {bad}, outside the vocabulary [0, {self.vocab_size})")
+        self._check_sampling_token_ids(params)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         return params if max_tokens == params.max_tokens else dataclasses.replace(params, max_tokens=max_tokens)
+
+    def _check_sampling_token_ids(self, params: SamplingParams) -> None:
+        """A logit_bias or stop_token_ids id the model cannot produce would do nothing: refused."""
+        if not self.vocab_size:
+            return
+        for name, token_ids in (("logit_bias", [t for t, _ in params.logit_bias or ()]),
+                                ("stop_token_ids", params.stop_token_ids)):
+            bad = next((t for t in token_ids if t >= self.vocab_size), None)
+            if bad is not None:
+                raise InvalidTokenIdError(f"{name} names token id {bad}, outside the vocabulary "
+                                          f"[0, {self.vocab_size}): remove it")

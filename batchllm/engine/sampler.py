@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from batchllm.ops.transfer import Upload, to_device
-from batchllm.sampling_params import SamplingParams
+from batchllm.sampling_params import GREEDY_TEMPERATURE, SamplingParams
 
 _MASK32 = 0xFFFFFFFF
 
@@ -79,6 +79,7 @@ class SamplingBatch:
         logprobs, logit_bias). The settings travel in one buffer (ops/transfer.py); upload: how
         (the runner's PinnedStaging.upload), None: a one-off copy."""
         temperature, top_p, top_k, min_p, seeds, output_index, logprobs, logit_bias = zip(*rows)
+        temperature = [0.0 if t < GREEDY_TEMPERATURE else t for t in temperature]  # greedy rows hold 0
         asked = [n for n in logprobs if n is not None]
         # float64 holds every field exactly (seeds < 2**32, indices and top_k far below 2**53).
         packed = np.array([temperature, top_p, min_p, top_k, [s & _MASK32 for s in seeds], output_index],
@@ -151,7 +152,9 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
 
 def _sample_random(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     temperature = torch.where(batch.temperature > 0, batch.temperature, torch.ones_like(batch.temperature))
-    scaled = logits / temperature[:, None]
+    # The top logit is subtracted first: every scaled logit is <= 0 with the top one 0, so no
+    # temperature >= GREEDY_TEMPERATURE can overflow to inf (which would make the softmax NaN).
+    scaled = (logits - logits.max(dim=-1, keepdim=True).values) / temperature[:, None]
     if batch.needs_top_k or batch.needs_top_p:
         scaled = _apply_top_k_top_p(scaled, batch)
     probs = scaled.softmax(dim=-1)

@@ -13,11 +13,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from batchllm.io.compact_set import Int64Set, digest64
-from batchllm.sampling_params import SamplingParams, SamplingParamsError
+from batchllm.io.output_check import DUPLICATE_CODE
+from batchllm.io.request_fields import FieldWarning, check_fields
+from batchllm.sampling_params import SamplingParams, SamplingParamsError, short_repr
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
@@ -28,20 +31,8 @@ DEFAULT_MAX_LINE_BYTES = 10 << 20  # 10 MiB: ~100x the text of a 128k-token cont
 UTF8_BOM = b"\xef\xbb\xbf"
 _READ_CHUNK_BYTES = 1 << 20
 
-# Body fields we read; anything else is ignored with a warning.
-_SAMPLING_FIELDS = {
-    "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-    "stop_token_ids", "ignore_eos", "logprobs", "top_logprobs", "n", "include_stop_str_in_output", "logit_bias",
-}
-_PROMPT_FIELDS = {"messages", "prompt", "prompt_token_ids"}
-# Fields that would change what the answer means: refused (unsupported_feature), unless set to
-# their no-op value.
-_UNSUPPORTED_FIELDS = {
-    "tools": [], "tool_choice": "none", "functions": [], "function_call": "none",
-    "response_format": {"type": "text"},
-}
-_HARMLESS_FIELDS = {"model", "user", "stream", "metadata", "store"}
 _ENVELOPE_FIELDS = {"custom_id", "method", "url", "body"}
+_ENVELOPE_REASON = "not a field of an OpenAI Batch line (custom_id, method, url, body)"
 
 
 @dataclass(frozen=True)
@@ -53,7 +44,7 @@ class BatchRequest:
     messages: tuple[dict, ...] | None = None
     prompt: str | None = None
     prompt_token_ids: tuple[int, ...] | None = None
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[FieldWarning, ...] = ()  # fields accepted without effect (counted by the job)
     digest: int = 0  # digest64 of the raw input line (the journal checks it on resume)
 
 
@@ -82,27 +73,27 @@ def parse_request_object(obj: object, line_number: int = 0) -> BatchRequest:
     if not isinstance(custom_id, (str, int)) or isinstance(custom_id, bool):
         raise RequestError("invalid_custom_id", "custom_id must be a string")
     custom_id = str(custom_id)
-    warnings: list[str] = []
+    warnings: list[FieldWarning] = []
     if "body" in obj or "url" in obj:
         method = obj.get("method", "POST")
         if method != "POST":
-            raise RequestError("invalid_method", f"method must be POST, got {method!r}")
+            raise RequestError("invalid_method", f"method must be POST, got {short_repr(method)}")
         url = obj.get("url")
         if not isinstance(url, str) or url not in ENDPOINTS:
-            raise RequestError("invalid_url", f"url must be {CHAT_URL} or {COMPLETIONS_URL}, got {url!r}")
+            raise RequestError("invalid_url", f"url must be {CHAT_URL} or {COMPLETIONS_URL}, got {short_repr(url)}")
         body = obj.get("body")
         if not isinstance(body, dict):
             raise RequestError("missing_body", "missing body (a JSON object with the request)")
         endpoint = ENDPOINTS[url]
-        warnings += [f"unknown field {k!r} ignored" for k in obj if k not in _ENVELOPE_FIELDS]
+        # The line around the body names no request setting: an unknown key there is a warning.
+        warnings += [FieldWarning(k, _ENVELOPE_REASON) for k in obj if k not in _ENVELOPE_FIELDS]
     else:
-        body = obj
+        body = {k: v for k, v in obj.items() if k != "custom_id"}
         endpoint = "chat" if "messages" in obj else "completion"
-    _check_unsupported(body)
-    known = _SAMPLING_FIELDS | _PROMPT_FIELDS | _HARMLESS_FIELDS | _ENVELOPE_FIELDS | {"parallel_tool_calls"}
-    warnings += [f"unknown field {k!r} ignored" for k in body if k not in known]
-    if body.get("stream"):
-        warnings.append("stream=true ignored: batch results are written whole")
+    refusal, field_warnings = check_fields(body, endpoint)
+    if refusal is not None:
+        raise RequestError(refusal.code, refusal.message)
+    warnings += field_warnings
     messages, prompt, prompt_token_ids = _parse_prompt(body, endpoint)
     sampling = _parse_sampling(body, endpoint)
     return BatchRequest(custom_id, line_number, endpoint, sampling, messages=messages, prompt=prompt,
@@ -162,22 +153,15 @@ def _parse_messages(value: object) -> tuple[dict, ...]:
     return tuple(messages)
 
 
-def _check_unsupported(body: dict) -> None:
-    for name, no_op in _UNSUPPORTED_FIELDS.items():
-        if body.get(name) is not None and body[name] != no_op:
-            raise RequestError("unsupported_feature", f"{name} is not supported (batchllm generates plain text): "
-                               f"remove {name!r} from the request")
-
-
 def _integer(value: object, name: str, low: int, high: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise RequestError("invalid_sampling", f"{name} must be an integer in [{low}, {high}], got {value!r}")
+        raise RequestError("invalid_sampling", f"{name} must be an integer in [{low}, {high}], got {short_repr(value)}")
     return value
 
 
 def _boolean(value: object, name: str) -> bool:
     if not isinstance(value, bool):
-        raise RequestError("invalid_sampling", f"{name} must be true or false, got {value!r}")
+        raise RequestError("invalid_sampling", f"{name} must be true or false, got {short_repr(value)}")
     return value
 
 
@@ -236,15 +220,16 @@ def _parse_logprobs(body: dict, endpoint: str) -> int | None:
     return _integer(logprobs, "logprobs (on /v1/completions: the number of top tokens)", 0, 20)
 
 
-def parse_line(raw: bytes | str, line_number: int, seen: Int64Set, digest: int = 0) -> BatchRequest | BatchError | None:
-    """One line -> a request, an error, or None (blank). seen: digest64 of the custom_ids so far."""
+def parse_line(raw: bytes | str, line_number: int, digest: int = 0) -> BatchRequest | BatchError | None:
+    """One line -> a request, an error, or None (blank). Whether its custom_id is a duplicate is
+    decided over the whole input (first_line_wins), not here."""
     try:
-        return _parse_line(raw, line_number, seen, digest)
+        return _parse_line(raw, line_number, digest)
     except Exception as error:  # a parser bug must cost one line, not the job
         return BatchError(line_number, "internal_error", f"{type(error).__name__}: {error}", None, digest)
 
 
-def _parse_line(raw: bytes | str, line_number: int, seen: Int64Set, digest: int) -> BatchRequest | BatchError | None:
+def _parse_line(raw: bytes | str, line_number: int, digest: int) -> BatchRequest | BatchError | None:
     if isinstance(raw, bytes):
         if line_number == 1 and raw.startswith(UTF8_BOM):
             raw = raw[len(UTF8_BOM):]
@@ -261,6 +246,9 @@ def _parse_line(raw: bytes | str, line_number: int, seen: Int64Set, digest: int)
         obj = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as error:
         return BatchError(line_number, "invalid_json", f"invalid JSON: {error}", None, digest)
+    except ValueError:  # an integer past Python's int-string conversion limit
+        return BatchError(line_number, "invalid_json", f"the line holds an integer of more than "
+                          f"{sys.get_int_max_str_digits()} digits, which no field takes: shorten it", None, digest)
     custom_id = obj.get("custom_id") if isinstance(obj, dict) else None
     custom_id = str(custom_id) if isinstance(custom_id, (str, int)) and not isinstance(custom_id, bool) else None
     if "\\u" in text and _has_lone_surrogate(obj):
@@ -272,9 +260,6 @@ def _parse_line(raw: bytes | str, line_number: int, seen: Int64Set, digest: int)
         request = parse_request_object(obj, line_number)
     except RequestError as error:
         return BatchError(line_number, error.code, str(error), custom_id, digest)
-    if not seen.add(digest64(request.custom_id.encode("utf-8"))):
-        return BatchError(line_number, "duplicate_custom_id",
-                          f"custom_id {request.custom_id!r} already used on an earlier line", request.custom_id, digest)
     return request if not digest else dataclasses.replace(request, digest=digest)
 
 
@@ -315,14 +300,35 @@ def read_lines(path: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Itera
 
 def read_batch_file(path: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[BatchRequest | BatchError]:
     """Stream a JSONL file (bytes, so invalid UTF-8 on one line stays that line's error); each
-    item carries its line's digest. A line over max_line_bytes is a line_too_long error, unparsed."""
-    seen = Int64Set()
+    item carries its line's digest. A line over max_line_bytes is a line_too_long error, unparsed.
+    custom_ids are unique across the file (first_line_wins)."""
+    return first_line_wins(_read_items(path, max_line_bytes))
+
+
+def _read_items(path: str, max_line_bytes: int) -> Iterator[BatchRequest | BatchError]:
     for line in read_lines(path, max_line_bytes):
         if line.data is None:
             yield BatchError(line.line_number, "line_too_long",
                              f"line has {line.num_bytes} bytes, over the limit of {max_line_bytes} "
                              "(shorten the prompt, or raise --max-line-bytes)", None, line.digest)
             continue
-        item = parse_line(line.data, line.line_number, seen, line.digest)
+        item = parse_line(line.data, line.line_number, line.digest)
         if item is not None:
             yield item
+
+
+def first_line_wins(items: Iterable[BatchRequest | BatchError]) -> Iterator[BatchRequest | BatchError]:
+    """custom_ids are unique across the whole input, valid lines or not: the first line with an id
+    stands (answered, or its own error), and every later line with that id becomes a
+    duplicate_custom_id error. Decided again from the input on every run, so a resume after an
+    edit never keeps an answer for a line that is now a duplicate, nor a duplicate error for a line
+    that is now unique. Memory: a 64-bit digest per id (compact_set.Int64Set)."""
+    seen = Int64Set()
+    for item in items:
+        custom_id = item.custom_id
+        if isinstance(custom_id, str) and custom_id.strip():
+            first = seen.add(digest64(custom_id.encode("utf-8", "surrogatepass")))
+            if not first and not (isinstance(item, BatchError) and item.code == DUPLICATE_CODE):
+                item = BatchError(item.line_number, DUPLICATE_CODE,
+                                  f"custom_id {custom_id!r} already used on an earlier line", custom_id, item.digest)
+        yield item

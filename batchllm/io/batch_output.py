@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 
 def success_line(
@@ -45,50 +47,116 @@ def dumps(record: dict) -> str:
     return json.dumps(record, ensure_ascii=False)
 
 
+class TokenVocabulary(Protocol):
+    """Each token's real bytes (batchllm.models.token_bytes.VocabularyBytes)."""
+
+    token_bytes: Sequence[bytes]
+    skipped_ids: frozenset[int]  # special tokens the text leaves out
+    num_stripped_spaces: int  # leading spaces decoding strips off a text
+
+
+MIN_LOGPROB = -9999.0  # what OpenAI (and vLLM) write for a logprob too small to show (never -inf)
+
+
+def token_string(token_id: int, vocabulary: TokenVocabulary | None) -> str:
+    """A token as text: its bytes when they are UTF-8; "bytes:\\xNN..." when they are part of a
+    character (OpenAI's form, so two tokens never share a string); "token_id:N" without a
+    tokenizer (vLLM's return_tokens_as_token_ids form)."""
+    data = _token_bytes(token_id, vocabulary)
+    if data is None:
+        return f"token_id:{token_id}"
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{byte:02x}" for byte in data)
+
+
 def openai_logprobs(
     endpoint: str,
     token_ids: Sequence[int],
     entries: Sequence[dict[int, float]],
     num_top: int,
-    decode_token: Callable[[int], str],
+    vocabulary: TokenVocabulary | None,
+    text: str,
 ) -> dict:
     """The `logprobs` of a choice, in the endpoint's OpenAI shape.
 
     entries: per generated token, {token_id: logprob} holding the sampled token and the
-    position's num_top most likely tokens (num_top or num_top + 1 items).
+    position's num_top most likely tokens (num_top or num_top + 1 items). vocabulary: None
+    for a model without a tokenizer (tokens are then "token_id:N", bytes null). text: the
+    choice's text, which text_offset indexes.
     chat:       {"content": [{token, logprob, bytes, top_logprobs: [num_top x {token, logprob, bytes}]}]}
-                top_logprobs is the position's top num_top, whether or not the sampled token is in it.
+                top_logprobs is the position's top num_top, whether or not the sampled token is in it;
+                bytes are the token's own bytes, so the tokens' bytes joined are the text's UTF-8.
     completion: {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}
                 each top_logprobs dict holds the top num_top plus the sampled token (so up to
-                num_top + 1 keys, as OpenAI documents); text_offset counts characters from the
-                start of the completion text.
+                num_top + 1 keys, as OpenAI documents), one key per token id: a token whose
+                string an earlier key of the dict already has (the sampled token's first) is
+                keyed "token_id:N". text_offset: where each token's text starts in the text,
+                in characters (a token that starts inside a character: that character's start).
     """
     if endpoint == "chat":
-        return {"content": [_chat_token(token_id, entry, num_top, decode_token)
+        return {"content": [_chat_token(token_id, entry, num_top, vocabulary)
                             for token_id, entry in zip(token_ids, entries)]}
-    tokens = [decode_token(token_id) for token_id in token_ids]
-    offsets, offset = [], 0
-    for text in tokens:
-        offsets.append(offset)
-        offset += len(text)
     return {
-        "tokens": tokens,
-        "token_logprobs": [entry[token_id] for token_id, entry in zip(token_ids, entries)],
-        "top_logprobs": [{decode_token(t): lp for t, lp in _by_logprob(entry)} for entry in entries],
-        "text_offset": offsets,
+        "tokens": [token_string(token_id, vocabulary) for token_id in token_ids],
+        "token_logprobs": [_logprob(entry[token_id]) for token_id, entry in zip(token_ids, entries)],
+        "top_logprobs": [_distinct_keys(token_id, entry, vocabulary) for token_id, entry in zip(token_ids, entries)],
+        "text_offset": text_offsets(token_ids, vocabulary, text),
     }
 
 
-def _chat_token(token_id: int, entry: dict[int, float], num_top: int, decode_token: Callable[[int], str]) -> dict:
+def text_offsets(token_ids: Sequence[int], vocabulary: TokenVocabulary | None, text: str) -> list[int]:
+    """Where each token starts in text, in characters: the characters its preceding tokens' bytes
+    complete (a skipped special token adds none), less the leading spaces decoding strips; at
+    most len(text) (a text cut at a stop string ends before the last tokens)."""
+    if vocabulary is None:
+        return [0] * len(token_ids)
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    num_chars, num_to_strip, offsets = 0, vocabulary.num_stripped_spaces, []
+    for token_id in token_ids:
+        offsets.append(min(num_chars, len(text)))
+        if token_id in vocabulary.skipped_ids:
+            continue
+        piece = decoder.decode(_token_bytes(token_id, vocabulary) or b"")
+        if num_chars == 0:  # still at the start of the text
+            num_stripped = min(num_to_strip, len(piece) - len(piece.lstrip(" ")))
+            piece, num_to_strip = piece[num_stripped:], num_to_strip - num_stripped
+        num_chars += len(piece)
+    return offsets
+
+
+def _chat_token(token_id: int, entry: dict[int, float], num_top: int, vocabulary: TokenVocabulary | None) -> dict:
     # With num_top + 1 items, the sampled token is outside the top num_top: leave it out of the list.
     top = [(t, lp) for t, lp in _by_logprob(entry) if len(entry) <= num_top or t != token_id]
-    return dict(_token_logprob(token_id, entry[token_id], decode_token),
-                top_logprobs=[_token_logprob(t, lp, decode_token) for t, lp in top])
+    return dict(_token_logprob(token_id, entry[token_id], vocabulary),
+                top_logprobs=[_token_logprob(t, lp, vocabulary) for t, lp in top])
 
 
-def _token_logprob(token_id: int, logprob: float, decode_token: Callable[[int], str]) -> dict:
-    text = decode_token(token_id)
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+def _token_logprob(token_id: int, logprob: float, vocabulary: TokenVocabulary | None) -> dict:
+    data = _token_bytes(token_id, vocabulary)
+    return {"token": token_string(token_id, vocabulary), "logprob": _logprob(logprob),
+            "bytes": None if data is None else list(data)}
+
+
+def _distinct_keys(token_id: int, entry: dict[int, float], vocabulary: TokenVocabulary | None) -> dict[str, float]:
+    """{token string: logprob}, sampled token first, then by logprob; a string already used
+    becomes "token_id:N", so no entry overwrites another."""
+    top: dict[str, float] = {}
+    for other_id, logprob in [(token_id, entry[token_id]), *((t, lp) for t, lp in _by_logprob(entry) if t != token_id)]:
+        key = token_string(other_id, vocabulary)
+        top[f"token_id:{other_id}" if key in top else key] = _logprob(logprob)
+    return dict(sorted(top.items(), key=lambda item: -item[1]))
+
+
+def _token_bytes(token_id: int, vocabulary: TokenVocabulary | None) -> bytes | None:
+    if vocabulary is None or not 0 <= token_id < len(vocabulary.token_bytes):
+        return None
+    return vocabulary.token_bytes[token_id]
+
+
+def _logprob(value: float) -> float:
+    return max(float(value), MIN_LOGPROB)
 
 
 def _by_logprob(entry: dict[int, float]) -> list[tuple[int, float]]:

@@ -4,11 +4,16 @@ writer of its output (docs/design.md, "Crash-safe jobs"). Torch-free.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
 import os
+import stat
 import time
+from dataclasses import dataclass
+
+from batchllm.io.job_io import JobFileError, file_operation
 
 
 class JobFilesError(ValueError):
@@ -23,41 +28,119 @@ def lock_path_for(output_path: str) -> str:
     return output_path + ".lock"
 
 
-def _same_file(a: str, b: str) -> bool:
+def tmp_path_for(path: str) -> str:
+    """Where a file is written before it is renamed into place."""
+    return path + ".tmp"
+
+
+@dataclass(frozen=True)
+class JobPath:
+    path: str
+    role: str  # how a message names it
+    flag: str | None  # the option that names it (None: the input)
+
+
+def job_paths(input_path: str, output_path: str, errors_path: str | None) -> list[JobPath]:
+    """Every file a job reads or writes: the input, the output and errors files and the files
+    named after them."""
+    journal = journal_path_for(output_path)
+    paths = [JobPath(input_path, "the input file", None), JobPath(output_path, "-o", "-o"),
+             JobPath(tmp_path_for(output_path), "the temporary output file of -o", "-o"),
+             JobPath(journal, "the journal of -o", "-o"),
+             JobPath(tmp_path_for(journal), "the temporary journal file of -o", "-o"),
+             JobPath(lock_path_for(output_path), "the lock file of -o", "-o")]
+    if errors_path is not None:
+        paths += [JobPath(errors_path, "--errors", "--errors"),
+                  JobPath(tmp_path_for(errors_path), "the temporary file of --errors", "--errors")]
+    return paths
+
+
+def _identities(path: str) -> set:
+    """What makes two paths one file: the directory entry (its directory resolved), the file it
+    resolves to, and, for an existing file, its device and inode (hard links)."""
+    absolute = os.path.abspath(path)
+    keys: set = {os.path.join(os.path.realpath(os.path.dirname(absolute)), os.path.basename(absolute)),
+                 os.path.realpath(absolute)}
     try:
-        sa, sb = os.stat(a), os.stat(b)
+        stat = os.stat(path)
     except OSError:
-        return False
-    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+        return keys
+    keys.add((stat.st_dev, stat.st_ino))
+    return keys
 
 
-def _check_writable_file(path: str, flag: str, input_path: str) -> None:
-    if os.path.isdir(path):
-        raise JobFilesError(f"{flag} {path!r} is a directory (fix: name a file, e.g. "
-                            f"{os.path.join(path, 'out.jsonl')!r})")
-    if _same_file(path, input_path):
-        raise JobFilesError(f"{flag} {path!r} is the input file (fix: choose another {flag} path)")
+def _describe(job_path: JobPath) -> str:
+    if job_path.role == job_path.flag:
+        return f"{job_path.flag} {job_path.path!r}"
+    return f"{job_path.path!r} ({job_path.role})"
+
+
+def _clash_message(first: JobPath, second: JobPath) -> str:
+    flag = second.flag
+    if first.flag is None and second.role == flag:
+        return f"{flag} {second.path!r} is the input file (fix: choose another {flag} path)"
+    fix = f"choose another {flag} path" + (", or rename the input" if first.flag is None else "")
+    return f"{_describe(second)} is the same file as {_describe(first)} (fix: {fix})"
+
+
+def check_distinct_paths(input_path: str, output_path: str, errors_path: str | None) -> None:
+    """Raise JobFilesError if two files of the job are one file (by resolved path or inode):
+    writing one would destroy the other."""
+    seen: list[tuple[JobPath, set]] = []
+    for job_path in job_paths(input_path, output_path, errors_path):
+        identities = _identities(job_path.path)
+        for earlier, earlier_identities in seen:
+            if identities & earlier_identities:
+                raise JobFilesError(_clash_message(earlier, job_path))
+        seen.append((job_path, identities))
+
+
+def _check_writable_file(path: str, flag: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.lexists(directory):
+        shown = os.path.dirname(path) or directory
+        raise JobFilesError(f"{flag} {path!r}: the directory {shown!r} does not exist "
+                            f"(fix: create it, e.g. mkdir -p {shown!r}, or choose another {flag} path)")
+    probe = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.probe")
     try:
-        os.makedirs(directory, exist_ok=True)
-        probe = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.probe")
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-        os.remove(probe)
     except OSError as error:
-        raise JobFilesError(f"cannot write {flag} {path!r}: {error.strerror or error} "
+        code = errno.errorcode.get(error.errno, error.errno)
+        raise JobFilesError(f"cannot write {flag} {path!r}: {error.strerror or error} ({code}) "
                             f"(fix: choose a writable {flag} path)") from None
+    with contextlib.suppress(OSError):  # it could be created: the directory is writable
+        os.remove(probe)
+
+
+def _check_regular(job_path: JobPath) -> None:
+    """A file the job writes must be absent, a regular file or a symlink (replaced, not
+    followed): never a directory, device or pipe (renaming over /dev/null would replace it)."""
+    try:
+        mode = os.lstat(job_path.path).st_mode
+    except OSError:
+        return  # absent, or its directory is unusable (the writability check names that)
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        fix = f"choose another {job_path.flag} path"
+        if job_path.role != job_path.flag:  # a file named after -o / --errors
+            fix = f"remove it, or {fix}"
+        raise JobFilesError(f"{_describe(job_path)} is {kind} (fix: {fix})")
 
 
 def check_job_paths(input_path: str, output_path: str, errors_path: str | None) -> None:
-    """Raise JobFilesError if the job's output or errors path cannot be used (see the module doc)."""
-    _check_writable_file(output_path, "-o", input_path)
-    for derived in (journal_path_for(output_path), lock_path_for(output_path), output_path + ".tmp"):
-        if _same_file(derived, input_path):
-            raise JobFilesError(f"the input file is {derived!r}, a file this job writes (fix: rename the input)")
+    """Raise JobFilesError if the job's output or errors path cannot be used, if a file it
+    writes exists and is no regular file, or if two of the job's files (job_paths) are one file."""
+    written = job_paths(input_path, output_path, errors_path)[1:]
+    for path, flag in ((output_path, "-o"), (errors_path, "--errors")):
+        if path is not None and os.path.isdir(path):
+            raise JobFilesError(f"{flag} {path!r} is a directory (fix: name a file, e.g. "
+                                f"{os.path.join(path, 'out.jsonl')!r})")
+    for job_path in written:
+        _check_regular(job_path)
+    _check_writable_file(output_path, "-o")
     if errors_path is not None:
-        _check_writable_file(errors_path, "--errors", input_path)
-        if os.path.abspath(errors_path) == os.path.abspath(output_path) or _same_file(errors_path, output_path):
-            raise JobFilesError(f"--errors {errors_path!r} is the output file (fix: choose another --errors path)")
+        _check_writable_file(errors_path, "--errors")
+    check_distinct_paths(input_path, output_path, errors_path)
 
 
 def check_existing_output(output_path: str, overwrite: bool, restart: bool) -> None:
@@ -86,20 +169,26 @@ class JobLock:
 
     def acquire(self) -> JobLock:
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            with file_operation("open the lock file", self.path):
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as error:
                 os.close(fd)
                 if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise
+                    raise JobFileError("lock", self.path, error) from error
                 raise JobLockedError(self._held_message()) from None
             if self._still_linked(fd):
                 break
             os.close(fd)  # the holder removed the file between our open and flock: retry
         holder = {"pid": os.getpid(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(holder).encode(), 0)
+        try:
+            with file_operation("write", self.path):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, json.dumps(holder).encode(), 0)
+        except JobFileError:
+            os.close(fd)
+            raise
         self._fd = fd
         return self
 
@@ -123,12 +212,13 @@ class JobLock:
 
     def __exit__(self, *exc) -> None:
         """Remove the lock file while still holding the lock (a waiting job then retries on a
-        fresh file), then unlock."""
+        fresh file), then unlock. A lock file that cannot be removed is harmless: the next job
+        takes it over."""
         if self._fd is None:
             return
         try:
             os.remove(self.path)
-        except FileNotFoundError:
+        except OSError:
             pass
         os.close(self._fd)
         self._fd = None

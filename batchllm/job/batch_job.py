@@ -4,8 +4,8 @@ per request, journaled as it finishes (docs/design.md, "Crash-safe jobs").
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -17,13 +17,20 @@ from batchllm.engine.errors import EngineBrokenError
 from batchllm.engine.llm_engine import LLMEngine, PreparedRequest, RunStats
 from batchllm.io.batch_input import DEFAULT_MAX_LINE_BYTES, BatchError, BatchRequest, read_batch_file
 from batchllm.io.batch_output import dumps, error_line, openai_logprobs, success_line
+from batchllm.io.request_fields import FieldWarning
 from batchllm.io.job_files import JobLock, check_existing_output, check_job_paths, journal_path_for
-from batchllm.io.journal import Journal, JournalHeader, ResumeReport
+from batchllm.io.job_io import JobFileError, file_operation
+from batchllm.io.journal import Journal, JournalMismatchError, ResumeReport
+from batchllm.io.output_check import OutputCheckError
+from batchllm.job.job_identity import check_engine_settings, engine_settings, held_limits, job_header
 from batchllm.job.progress import Progress
-from batchllm.engine.request_limits import EmptyPromptError, InvalidRequestError, NoTokenizerError, PromptTooLongError
+from batchllm.engine.request_limits import (EmptyPromptError, InvalidRequestError, NoTokenizerError, PromptTooLongError,
+                                            RequestLimits)
 from batchllm.sampling_params import SamplingParams
 
 ORDERS = ("input", "finish")
+# errors whose one-line message already says how to go on (the CLI prints it)
+_SAYS_HOW_TO_GO_ON = (JournalMismatchError, JobFileError, OutputCheckError)
 _ERROR_CODES = {PromptTooLongError: "prompt_too_long", EmptyPromptError: "empty_prompt"}
 # A request of the window being filled: what its output line needs, its prompt as int32 token ids
 # (4 bytes a token until the window runs) and its checked sampling parameters.
@@ -39,7 +46,7 @@ class BatchJobOptions:
     overwrite: bool = False  # replace an existing output file (else refused, unless resuming its job)
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES  # a longer input line is a line_too_long record
     show_progress: bool = True
-    max_printed_warnings: int = 20  # per-line warnings printed; the rest are counted
+    max_printed_warnings: int = 20  # internal errors printed as they happen; the rest are counted
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
@@ -57,7 +64,8 @@ class StopRequest:
 
     signal_name: str | None = None
     exit_code: int = 0
-    on_exit_now: Callable[[], None] | None = None
+    on_exit_now: Callable[[], str | None] | None = None  # returns what to tell the user, if anything
+    finalizing: bool = False  # every line is journaled and the output is being written: a signal lets it finish
 
     @property
     def requested(self) -> bool:
@@ -75,16 +83,6 @@ class LazyEngine:
 
     config: object  # EngineConfig: what the journal header records
     load: Callable[[], LLMEngine]
-
-
-def job_header(config) -> JournalHeader:
-    """Every option that changes outputs (not how fast they come: policy, KV size, backends)."""
-    model = config.model
-    if model and os.path.exists(model):
-        model = os.path.abspath(model)
-    sampling_defaults = json.loads(json.dumps(dataclasses.asdict(SamplingParams()), default=repr))
-    return JournalHeader({"model": model or "default", "dtype": config.dtype, "seed": config.seed,
-                          "max_model_len": config.max_model_len, "sampling_defaults": sampling_defaults})
 
 
 @dataclass(frozen=True)
@@ -127,10 +125,12 @@ def tokenize_request(engine: LLMEngine, request: BatchRequest, max_num_tokens: i
     return engine.tokenizer.encode_prompt(request.prompt, max_num_tokens=max_num_tokens)
 
 
-def prepare_request(engine: LLMEngine, request: BatchRequest):
-    """(int32 token ids, checked params) or an error record (prompt too long, no tokenizer, ...)."""
+def prepare_request(engine: LLMEngine, request: BatchRequest, limits: RequestLimits | None = None):
+    """(int32 token ids, checked params) or an error record (prompt too long, no tokenizer, ...).
+    limits: what a request may hold (default: the engine's)."""
+    limits = limits or engine.limits
     try:
-        token_ids = tokenize_request(engine, request, max_num_tokens=engine.limits.token_limit)
+        token_ids = tokenize_request(engine, request, max_num_tokens=limits.token_limit)
     except NoTokenizerError as error:
         return error_line(request.custom_id, "invalid_request", str(error), request.line_number)
     except Exception as error:  # a tokenizer or chat template failing on one line's content
@@ -138,7 +138,7 @@ def prepare_request(engine: LLMEngine, request: BatchRequest):
                           request.line_number)
     try:
         # clamps max_tokens (README); a text prompt's tokenizing stops past the limit (cut)
-        params = engine.limits.check(token_ids, request.sampling, cut=request.prompt_token_ids is None)
+        params = limits.check(token_ids, request.sampling, cut=request.prompt_token_ids is None)
     except InvalidRequestError as error:
         code = _ERROR_CODES.get(type(error), "invalid_request")
         return error_line(request.custom_id, code, str(error), request.line_number)
@@ -147,7 +147,7 @@ def prepare_request(engine: LLMEngine, request: BatchRequest):
 
 def count_lines(path: str, chunk_num_bytes: int = 1 << 20) -> int:
     num_lines, last = 0, b"\n"
-    with open(path, "rb") as handle:
+    with file_operation("read", path), open(path, "rb") as handle:
         while chunk := handle.read(chunk_num_bytes):
             num_lines += chunk.count(b"\n")
             last = chunk[-1:]
@@ -170,33 +170,72 @@ def run_batch_file(engine: LLMEngine | LazyEngine, input_path: str, output_path:
 def _run_locked(engine, input_path: str, output_path: str, options: BatchJobOptions,
                 stop: StopRequest) -> BatchJobSummary:
     num_lines = count_lines(input_path)
-    journal = Journal(journal_path_for(output_path), job_header(engine.config), restart=options.restart,
-                      num_input_lines=num_lines)
+    journal = Journal(journal_path_for(output_path), job_header(engine.config, options.max_line_bytes),
+                      restart=options.restart, num_input_lines=num_lines)
     _print_resume(journal)
     run = _JobRun(engine, journal, options, stop, num_lines)
-    stop.on_exit_now = journal.flush_for_exit
+    stop.on_exit_now = _flush_journal(journal)
+    completed = False
     try:
         run.stream(input_path)
+        completed = True
     except JobInterrupted:
         pass
-    except BaseException:
-        journal.close()
-        if journal.counts(confirmed_only=False) != (0, 0):
+    except BaseException as error:
+        stop.on_exit_now = None
+        with contextlib.suppress(JobFileError):
+            journal.close()
+        if journal.counts(confirmed_only=False) != (0, 0) and not isinstance(error, _SAYS_HOW_TO_GO_ON):
             print(f"note: the records done so far are saved in {journal.path}: "
                   "run the same command again to resume", file=sys.stderr)
         raise
     finally:
-        stop.on_exit_now = None
         run.progress.close()
-    if stop.requested:
-        journal.close()
+    if completed:
+        _finalize(journal, run, output_path, options, stop)
     else:
-        journal.finalize(output_path, options.order, options.errors_path)
+        stop.on_exit_now = None
+        journal.close()
     run.print_notes(input_path)
-    num_answered, num_errors = journal.counts(confirmed_only=not stop.requested)
+    num_answered, num_errors = journal.counts(confirmed_only=completed)
     stats = run.stats
     return BatchJobSummary(output_path, num_answered, num_errors, stats.num_prompt_tokens, stats.num_output_tokens,
-                           stats.num_steps, stats.seconds, journal.resume.num_entries, journal.path, stop.signal_name)
+                           stats.num_steps, stats.seconds, journal.resume.num_entries, journal.path,
+                           None if completed else stop.signal_name)
+
+
+def _flush_journal(journal: Journal) -> Callable[[], str]:
+    def flush() -> str:
+        journal.flush_for_exit()
+        return "the records already journaled are kept"
+    return flush
+
+
+def _finalize(journal: Journal, run: _JobRun, output_path: str, options: BatchJobOptions,
+              stop: StopRequest) -> None:
+    """Write the output from the journal. Every line is journaled by now, so a first signal
+    lets this finish (the job then reports success); a second one exits at once, and as long
+    as the journal exists the same command finishes the output."""
+    stop.finalizing = True
+
+    def exit_now() -> str:
+        if os.path.exists(journal.path):
+            return f"the output was being written; {journal.path} is kept: run the same command again to finish it"
+        return f"the output {output_path} is complete"
+
+    stop.on_exit_now = exit_now
+    try:
+        journal.finalize(output_path, options.order, options.errors_path, run.num_records)
+    except BaseException as error:
+        if not isinstance(error, _SAYS_HOW_TO_GO_ON):
+            print(f"note: every record is saved in {journal.path}: run the same command again to write the "
+                  "output", file=sys.stderr)
+        raise
+    finally:
+        stop.on_exit_now = None
+    if stop.requested:
+        print(f"{stop.signal_name} arrived after every line was answered: the output {output_path} is complete",
+              file=sys.stderr)
 
 
 def _print_resume(journal: Journal) -> None:
@@ -206,7 +245,7 @@ def _print_resume(journal: Journal) -> None:
     print(f"resuming from {journal.path}: {resume.num_entries} records kept"
           + (f", a torn last line ({resume.num_torn_bytes} bytes) dropped" if resume.num_torn_bytes else "")
           + (f", {resume.num_corrupt_lines} corrupt lines dropped" if resume.num_corrupt_lines else "")
-          + (f", {resume.num_repeated} repeated records dropped" if resume.num_repeated else "")
+          + (f", {resume.num_superseded} superseded records dropped" if resume.num_superseded else "")
           + (f", {resume.num_out_of_range} records for lines the input does not have dropped"
              if resume.num_out_of_range else ""), file=sys.stderr)
 
@@ -216,35 +255,55 @@ class _JobRun:
 
     def __init__(self, engine, journal: Journal, options: BatchJobOptions, stop: StopRequest,
                  num_lines: int) -> None:
-        self._engine = None if isinstance(engine, LazyEngine) else engine
+        self._engine = None
         self._engine_source = engine
+        self.limits: RequestLimits | None = None  # what a request may hold, settled when the engine loads
         self.journal, self.options, self.stop = journal, options, stop
         self.stats = RunStats()
         self.num_warnings = 0
+        self.num_records = 0  # input lines that get a record (every line but blank ones)
+        # fields accepted without effect: (field, reason) -> [number of lines, first line]
+        self.field_warnings: dict[FieldWarning, list[int]] = {}
         self.progress = Progress(num_lines, enabled=options.show_progress, description="lines")
         self.progress.update(journal.resume.num_entries, 0)
 
     @property
     def engine(self) -> LLMEngine:
+        """The engine, loaded at the first line that needs it. Its dtype and token limit are
+        checked against the journal's (job_identity), or journaled before any record that
+        depends on them."""
         if self._engine is None:
-            self._engine = self._engine_source.load()
+            source = self._engine_source
+            engine = source.load() if isinstance(source, LazyEngine) else source
+            settings = engine_settings(engine)
+            check_engine_settings(self.journal.path, self.journal.engine_settings, settings)
+            self.limits = held_limits(engine.limits, self.journal.engine_settings)
+            if self.journal.engine_settings is None:
+                self.journal.record_engine(settings)
+            elif self.limits.token_limit < settings["token_limit"]:
+                print(f"note: {self.journal.path} was answered with up to {self.limits.token_limit} tokens a "
+                      f"request; this engine allows {settings['token_limit']}, and the job keeps "
+                      f"{self.limits.token_limit} so that answers do not mix", file=sys.stderr)
+            self._engine = engine
         return self._engine
 
     def stream(self, input_path: str) -> None:
         pending: list[_Runnable] = []
-        for item in read_batch_file(input_path, self.options.max_line_bytes):
+        for item in _read_input(input_path, self.options.max_line_bytes):
             if self.stop.requested:
                 raise JobInterrupted
+            self.num_records += 1
+            if isinstance(item, BatchError):
+                if item.code == "duplicate_custom_id" or not self.journal.keep(item.line_number, item.digest):
+                    self._write(item, error_line(item.custom_id, item.code, item.message, item.line_number))
+                continue
             if self.journal.keep(item.line_number, item.digest):
                 continue
-            if isinstance(item, BatchError):
-                self._write(item, error_line(item.custom_id, item.code, item.message, item.line_number))
-                continue
             for warning in item.warnings:
-                self._print_warning(f"line {item.line_number} ({item.custom_id}): {warning}")
+                self.field_warnings.setdefault(warning, [0, item.line_number])[0] += 1
             engine = self.engine  # loading the model is not one line's fault
             try:
-                prepared = prepare_request(engine, item)
+                prepared = prepare_request(engine, item, self.limits)
             except Exception as error:
                 prepared = self._internal_error(item, error)
             if isinstance(prepared, dict):
@@ -273,8 +332,8 @@ class _JobRun:
         try:
             for done in self.engine.run(prepared, on_step=self._on_step, stats=self.stats):
                 self._answer(requests.pop(done.request_id), done)
-        except (JobInterrupted, EngineBrokenError):
-            raise
+        except (JobInterrupted, EngineBrokenError, JobFileError):
+            raise  # the job stops (the journal keeps what is done): not one request's fault
         except Exception as error:
             left = [request for request in prepared if request.request_id in requests]
             if len(left) == 1:
@@ -327,17 +386,32 @@ class _JobRun:
         if self.num_warnings > self.options.max_printed_warnings:
             print(f"warning: {self.num_warnings - self.options.max_printed_warnings} more warnings not shown",
                   file=sys.stderr)
+        for warning, (num_lines, first_line) in sorted(self.field_warnings.items(), key=lambda item: -item[1][0]):
+            print(f"warning: {num_lines:,} line{'s' if num_lines > 1 else ''} had {warning} (first: line {first_line})",
+                  file=sys.stderr)
         if self.journal.num_changed:
             print(f"note: {self.journal.num_changed} lines of {input_path} changed since the earlier run: "
                   "answered again", file=sys.stderr)
-        if self._engine is None and not self.stop.requested and self.journal.counts()[0] == 0:
+        never_loaded = isinstance(self._engine_source, LazyEngine) and self._engine is None
+        if never_loaded and not self.stop.requested and self.journal.counts()[0] == 0:
             print(f"warning: {input_path} has no line that can run (only errors or blank lines): "
                   "the model was not loaded", file=sys.stderr)
 
 
+def _read_input(path: str, max_line_bytes: int):
+    """read_batch_file, with a fault reading the input a JobFileError naming it."""
+    items = read_batch_file(path, max_line_bytes)
+    while True:
+        with file_operation("read", path):
+            item = next(items, None)
+        if item is None:
+            return
+        yield item
+
+
 def _openai_logprobs(engine: LLMEngine, done, request: BatchRequest) -> dict | None:
-    if done.logprobs is None or engine.tokenizer is None:
+    if done.logprobs is None:
         return None
-    decode = engine.tokenizer.decode
+    vocabulary = engine.tokenizer.vocabulary if engine.tokenizer is not None else None  # None: "token_id:N"
     return openai_logprobs(request.endpoint, done.output_token_ids, done.logprobs, request.sampling.logprobs,
-                           lambda token_id: decode([token_id], skip_special_tokens=False))
+                           vocabulary, done.text)

@@ -9,6 +9,7 @@ thread counts them there.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -69,13 +70,18 @@ class StopSignals:
         if self.num_signals == 1:
             self.stop.exit_code = 128 + signum
             self.stop.signal_name = name
-            print(f"\n{name}: stopping after the current step, saving what is done "
-                  "(send it again to stop at once) ...", file=sys.stderr, flush=True)
+            if self.stop.finalizing:
+                print(f"\n{name}: every line is answered; finishing the output file "
+                      "(send it again to stop at once) ...", file=sys.stderr, flush=True)
+            else:
+                print(f"\n{name}: stopping after the current step, saving what is done "
+                      "(send it again to stop at once) ...", file=sys.stderr, flush=True)
             return
-        print(f"\n{name} again: stopping now; the records already journaled are kept", file=sys.stderr, flush=True)
-        if self.stop.on_exit_now is not None:
-            self.stop.on_exit_now()
-        sys.stdout.flush()
+        on_exit_now = self.stop.on_exit_now
+        note = on_exit_now() if on_exit_now is not None else None
+        print(f"\n{name} again: stopping now" + (f"; {note}" if note else ""), file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
         os._exit(128 + signum)
 
 

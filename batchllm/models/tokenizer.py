@@ -18,6 +18,16 @@ class Tokenizer:
 
     def __init__(self, hf_tokenizer) -> None:
         self.hf = hf_tokenizer
+        self._vocabulary = None
+
+    @property
+    def vocabulary(self):
+        """VocabularyBytes: each token's real bytes (built on first use: a pass over the vocabulary)."""
+        if self._vocabulary is None:
+            from batchllm.models.token_bytes import VocabularyBytes
+
+            self._vocabulary = VocabularyBytes.from_hf(self.hf)
+        return self._vocabulary
 
     @property
     def eos_token_id(self) -> int | None:

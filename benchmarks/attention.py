@@ -9,12 +9,9 @@ included or not) and FlashInfer's 2-level cascade (decode, where installed).
 --scenarios dense: causal self-attention without sharing and the last 2048 rows of a 16384-token
 context (with and without a shared prefix): ours, with and without dense calls, against SDPA's
 cuDNN and flash backends at their best settings. --scenarios all: both.
---scenarios decode_sweep: the candidate decode tiles (tile_config.decode_tile_candidates) on FP8 and
-bf16 caches, run as the engine's CUDA graphs run decode steps; prints a table of us and fraction
-of the copy ceiling (unique KV bytes) last.
 
 Usage: PYTHONPATH=. python3 benchmarks/attention.py --out results.json [--markdown table.md]
-  [--scenarios shared|dense|all|decode_sweep]
+  [--scenarios shared|dense|all]
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ import json
 import sys
 import time
 from dataclasses import replace
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -35,13 +31,9 @@ from torch.nn.attention.bias import causal_lower_right
 import triton
 import triton.testing
 
-from batchllm.attention_plan.tile_config import TileConfig, decode_tile_candidates, default_tile_config
-from batchllm.engine.attention.protocol import AttentionMetadata
-from batchllm.engine.attention.triton_backend import TritonBackend
-from batchllm.ops.kv_quant import is_fp8, quantize_e4m3
+from batchllm.attention_plan.tile_config import TileConfig, default_tile_config
 from batchllm.ops.prefix_attention import prefix_shared_attention
 from batchllm.ops.reference import kv_slots_of_seq, paged_attention_reference
-from batchllm.perf.roofline import H200_COPY_BANDWIDTH_BYTES_PER_S
 from batchllm.perf.runner import git_commit
 from batchllm.attention_plan.work_list import DEFAULT_WORK_ORDER, build_prefix_shared_plan
 from batchllm.ops.plan_device import device_num_sms, plan_to_device
@@ -345,81 +337,6 @@ def dense_markdown_table(result) -> str:
     return "\n".join(lines) + "\n"
 
 
-# --scenarios decode_sweep: decode steps of a uniform 1000/1000 run (requests x context, no sharing)
-# and the shared settings above; K, V scales of the FP8 cache (N(0, 1) values stay within 448 * scale)
-SWEEP_SHAPES, DRY_SWEEP_SHAPES = [(512, 1000), (1024, 1500), (1536, 1000), (1536, 2000), (2048, 2000)], [(3, 40)]
-SWEEP_SCALES = {True: (0.02, 0.015), False: (1.0, 1.0)}
-
-
-def decode_step(b, caches, tile: TileConfig, dev: str):
-    """The step's attention as the engine runs it (its backend's plan, the persistent class-split
-    launches of engine/cuda_graphs.py), as a callable: a CUDA graph's replay on a GPU."""
-    kv_fp8 = is_fp8(caches[0].dtype)
-    backend = TritonBackend(BLOCK_SIZE, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, torch.device(dev), True, kv_fp8=kv_fp8)
-    backend.decode_tile = tile
-    plan = backend.build_plan(SimpleNamespace(**b.metadata_numpy(), decode_only=True))
-    counts = torch.tensor([len(items) for items in plan.class_lists()], dtype=torch.int32, device=dev)
-    plan = replace(backend.plan_to_device(plan, torch.device(dev)), num_items=counts,
-                   persistent_programs=backend.num_sms * tile.graph_programs_per_sm)
-    metadata = AttentionMetadata(b.slot_mapping, torch.zeros_like(b.slot_mapping), plan)
-    step = lambda: backend.attend(b.query, *caches, metadata, HEAD_DIM ** -0.5, None, *SWEEP_SCALES[kv_fp8])  # noqa: E731
-    if dev != "cuda":
-        return step
-    step()  # compiles (outside the capture)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
-    return lambda: (graph.replay(), out)[1]
-
-
-def run_decode_sweep(args, dev: str, dtype, rows: list, notes: list) -> None:
-    candidates = {fp8: decode_tile_candidates(HEAD_DIM, NUM_HEADS // NUM_KV_HEADS, fp8) for fp8 in (True, False)}
-    shapes = [(f"{n}x{c}", [SeqSpec(1, c)] * n) for n, c in (DRY_SWEEP_SHAPES if args.dry_run else SWEEP_SHAPES)]
-    shapes += [(f"{p}/{d}/{g}", scenario_seqs(p, d, g, False, False))
-               for p, d, g in (DRY_SETTINGS[:1] if args.dry_run else SETTINGS)]
-    for shape, seqs in shapes:
-        b = synthetic_step(seqs, dtype, dev)
-        sample = torch.arange(0, len(seqs), max(1, len(seqs) // 32))  # rows (decode: row i is seq i's) checked
-        for kv_fp8, tiles in candidates.items():
-            scales = SWEEP_SCALES[kv_fp8]
-            caches = tuple(quantize_e4m3(c, x) if kv_fp8 else c for c, x in zip((b.k_cache, b.v_cache), scales))
-            ref = paged_attention_reference(  # of the sampled rows (seqs)
-                b.query[sample].float(), *caches, torch.arange(len(sample) + 1, device=dev),
-                *(t[sample] for t in (b.seq_lens, b.shared_kv_lens, b.block_tables)), HEAD_DIM ** -0.5, None, *scales)
-            unique_bytes = kv_bytes_unique(seqs, caches[0].element_size())
-            for name, tile in tiles.items():
-                try:
-                    step = decode_step(b, caches, tile, dev)
-                    err, us = (step()[sample].float() - ref).abs().max().item(), bench_us(step, rep_ms=40)
-                except Exception as exc:  # noqa: BLE001
-                    notes.append(f"{shape} {name} failed: {exc!r}"[:300])
-                    print(notes[-1], flush=True)
-                    continue
-                print(f"{shape} {str(caches[0].dtype)[6:]} {name}: {us:.0f} us, max abs err {err:.2g}", flush=True)
-                rows.append({"scenario": "decode_sweep", "shape": shape, "cache": str(caches[0].dtype)[6:],
-                             "config": name, "us": round(us, 1), "kv_tb_per_s": round(unique_bytes / us / 1e6, 3),
-                             "of_copy_ceiling": unique_bytes / us * 1e6 / H200_COPY_BANDWIDTH_BYTES_PER_S,
-                             "max_abs_err": err, "valid": err < VALID_MAX_ABS_ERR, "tile": vars(tile)})
-        del b, caches
-        if dev == "cuda":
-            torch.cuda.empty_cache()
-
-
-def decode_sweep_table(result) -> str:
-    """Cache and config x shape: us and the fraction of the copy ceiling, their geometric mean last."""
-    rows = [r for r in result["rows"] if r["scenario"] == "decode_sweep"]
-    cells, shapes = {}, list(dict.fromkeys(r["shape"] for r in rows))
-    for r in rows:
-        cells.setdefault(f"{r['cache']} {r['config']}", {})[r["shape"]] = r
-    cell = lambda r: f"{r['us']:.0f} us {r['of_copy_ceiling']:.0%}" + ("" if r["valid"] else " INVALID")  # noqa: E731
-    lines = ["| cache config | " + " | ".join(shapes) + " | geo-mean |", "|" + "---|" * (len(shapes) + 2)]
-    for key, by_shape in cells.items():
-        mean = np.exp(np.mean(np.log([max(r["of_copy_ceiling"], 1e-12) for r in by_shape.values()])))
-        lines.append(f"| {key} | " + " | ".join(cell(by_shape[s]) if s in by_shape else "-" for s in shapes)
-                     + f" | {mean:.0%} |")
-    return "\n".join(lines) + "\n"
-
-
 def save(result: dict, path: str, t_start: float) -> None:
     result["wall_s"] = round(time.time() - t_start, 1)
     with open(path, "w") as f:
@@ -441,8 +358,6 @@ def run(args):
     tile = default_tile_config(HEAD_DIM, NUM_HEADS // NUM_KV_HEADS)
     result["tile_configs"] = {"default": vars(tile)}
     t_start = time.time()
-    if args.scenarios == "decode_sweep":
-        run_decode_sweep(args, dev, dtype, rows, notes)
     if args.scenarios in ("dense", "all"):
         result["tile_configs"] = {t: vars(c) for t, c in run_dense(args, dev, dtype, scale, tile, rows, notes).items()}
     scenarios = [(setting, mode, jitter) for setting in (DRY_SETTINGS if args.dry_run else SETTINGS)
@@ -467,14 +382,12 @@ def run(args):
         if dev == "cuda":
             torch.cuda.empty_cache()
     save(result, args.out, t_start)
-    kinds = {r["scenario"] if r["scenario"] in ("dense", "decode_sweep") else "shared" for r in rows}
-    tables = [table(result) for kind, table in (("shared", markdown_table), ("dense", dense_markdown_table),
-                                                ("decode_sweep", decode_sweep_table)) if kind in kinds]
+    kinds = {r["scenario"] if r["scenario"] == "dense" else "shared" for r in rows}
+    tables = [table(result) for kind, table in (("shared", markdown_table), ("dense", dense_markdown_table))
+              if kind in kinds]
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write("\n".join(tables))
-    if "decode_sweep" in kinds:
-        print(tables[-1], flush=True)
     return result
 
 
@@ -482,7 +395,7 @@ def markdown_table(result) -> str:
     """The shared scenarios' table; the FlashInfer columns only where some row has FlashInfer."""
     by_key = {}
     for r in result["rows"]:
-        if r["scenario"] not in ("dense", "decode_sweep"):
+        if r["scenario"] != "dense":
             by_key.setdefault((r["prefix"], r["distinct"], r["group"], r["scenario"]), {})[r["impl"]] = r
     flashinfer = any("flashinfer" in r for r in by_key.values())
     impls = ["fused", "fused_interleave", "fused_auto", "plain", "sdpa", "sdpa_nogather"] + ["flashinfer"] * flashinfer
@@ -504,10 +417,9 @@ def main(argv=None):
     parser.add_argument("--out", default="attention.json")
     parser.add_argument("--markdown", default=None)
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU (TRITON_INTERPRET=1)")
-    parser.add_argument("--scenarios", choices=("shared", "dense", "all", "decode_sweep"), default="all",
+    parser.add_argument("--scenarios", choices=("shared", "dense", "all"), default="all",
                         help="shared: the prefix-sharing decode and mixed scenarios; dense: causal attention "
-                             "without sharing against SDPA's cuDNN and flash backends; all: both (default); "
-                             "decode_sweep: candidate decode tiles on FP8 and bf16 caches, as CUDA graphs run them")
+                             "without sharing against SDPA's cuDNN and flash backends; all: both (default)")
     args = parser.parse_args(argv)
     if args.dry_run:
         global NUM_DECODE, NUM_CHUNKS, CHUNK_TOKENS, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from batchllm.attention_plan.tile_config import decode_tile_candidates
+from batchllm.attention_plan.tile_config import decode_tile_config
 from batchllm.attention_plan.work_list import build_prefix_shared_plan
 from batchllm.engine.attention.paged import PagedAttention
 from batchllm.engine.attention.protocol import AttentionMetadata
@@ -280,15 +280,23 @@ def _decode_plan(b, heads, device, tile):
                    persistent_programs=device_num_sms(device) * tile.graph_programs_per_sm)
 
 
+def _decode_rows(kv_fp8: bool) -> dict[str, object]:
+    """The decode tiles of the GPU table (Llama-3.1-8B heads) that run on a cache of this kind: the
+    FP8 row (float16 MMAs, PTX conversion) and the bf16 row (tiles converted to the query dtype)
+    on an FP8 cache; the bf16 row on a cache in the model dtype."""
+    rows = {"bf16_row": decode_tile_config(128, 4, interpret=False)}
+    if kv_fp8:
+        rows["fp8_row"] = decode_tile_config(128, 4, interpret=False, kv_fp8=True)
+    return rows
+
+
 @pytest.mark.parametrize("kv_fp8", [True, False], ids=["fp8", "query_dtype"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_every_decode_sweep_candidate_matches_reference(device, dtype, kv_fp8):
-    """Each decode tile that benchmarks/attention.py --scenarios decode_sweep times (on the
-    Llama-3.1-8B head shape) computes the reference's attention on the cache it is for; with
-    float16 MMAs, float32 queries are rounded to float16 (and the probabilities), hence the
-    float16 tolerance."""
-    candidates = decode_tile_candidates(128, 4, kv_fp8)
-    assert len(candidates) >= 4 and "table" in candidates
+def test_every_decode_row_matches_reference(device, dtype, kv_fp8):
+    """Each decode tile of the GPU table (on the Llama-3.1-8B head shape) computes the reference's
+    attention on the cache it runs on; with float16 MMAs, float32 queries are rounded to float16
+    (and the probabilities), hence the float16 tolerance."""
+    candidates = _decode_rows(kv_fp8)
     heads = (8, 2, 128)
     b = make_batch(DECODE, num_heads=8, num_kv_heads=2, head_dim=128, block_size=16, dtype=dtype, device=device)
     caches, scales = (_fp8_caches(b), (K_SCALE, V_SCALE)) if kv_fp8 else ((b.k_cache, b.v_cache), (1.0, 1.0))
@@ -335,15 +343,12 @@ def test_fp8_decode_row_on_the_gpu_table():
     assert decode_tile_config(64, 3, interpret=True, kv_fp8=True).fp8_conversion == "float16_ptx"  # the CPU tests' row
 
 
-def test_decode_candidates_differ_and_fit_their_programs_per_sm():
-    """Every candidate of the sweep is its own TileConfig value, and one with a register cap lets
-    an SM hold its graph_programs_per_sm programs (65536 registers an SM)."""
-    for kv_fp8 in (True, False):
-        tiles = list(decode_tile_candidates(128, 4, kv_fp8).values())
-        assert len(set(tiles)) == len(tiles) and all(tile.split_classes for tile in tiles)
-        for tile in tiles:
-            threads = tile.graph_programs_per_sm * (tile.small_num_warps or tile.num_warps) * 32
-            assert tile.small_max_registers is None or threads * tile.small_max_registers <= 65536
+def test_decode_rows_fit_their_programs_per_sm():
+    """A row with a register cap lets an SM hold its graph_programs_per_sm programs (65536
+    registers an SM)."""
+    for tile in (*_decode_rows(True).values(), *_decode_rows(False).values()):
+        threads = tile.graph_programs_per_sm * (tile.small_num_warps or tile.num_warps) * 32
+        assert tile.split_classes and (tile.small_max_registers is None or threads * tile.small_max_registers <= 65536)
 
 
 def test_tile_config_refuses_an_unknown_fp8_conversion():
@@ -370,12 +375,12 @@ def test_triton_backends_plan_decode_steps_with_the_cache_rows_tiles(backend_nam
 
 
 @pytest.mark.gpu
-def test_fp8_decode_candidates_replayed_in_cuda_graphs_gpu():
-    """bf16 queries on the Llama-3.1-8B heads: the step of every FP8 decode candidate of the sweep,
+def test_fp8_decode_rows_replayed_in_cuda_graphs_gpu():
+    """bf16 queries on the Llama-3.1-8B heads: the step of the FP8 row and of the bf16 row on an FP8 cache,
     captured in a CUDA graph (BIG launch on a side stream) and replayed, equals the reference on
     the same cache; float16 MMAs round the probabilities to 11 bits, not 8, so their error is the
     smaller one."""
-    candidates = decode_tile_candidates(128, 4, kv_fp8=True)
+    candidates = _decode_rows(kv_fp8=True)
     seqs = [SeqSpec(1, 1000 + 37 * i) for i in range(40)] + [SeqSpec(1, 2048 + 7 * i, 2048, g)
                                                              for g in range(2) for i in range(16)]
     b = make_batch(seqs, num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16,

@@ -112,25 +112,3 @@ def decode_tile_config(head_dim: int, group_size: int, interpret: bool | None = 
     # 64 and 512), and 3 programs per SM of 168 registers (74 KiB of shared memory each).
     return replace(bf16, small_n=128, min_kv_split_tokens=1024, small_max_registers=168, graph_programs_per_sm=3,
                    fp8_conversion="float16_ptx")
-
-
-def decode_tile_candidates(head_dim: int, group_size: int, kv_fp8: bool) -> dict[str, TileConfig]:
-    """The decode tiles that benchmarks/attention.py --scenarios decode_sweep times on the GPU, each
-    a value of TileConfig fields: the table's row for the cache ("table") and variations of it.
-    FP8: the bf16 row (an FP8 cache's tiles before its own row), with its register cap; Triton's
-    float16 conversion; the PTX conversion at 64 positions a step with 2, 3 (the block-table load
-    one step ahead) or 5 stages (K and V double-buffered), or with 5 programs per SM; the table's
-    128 positions with 3 stages, or 8 warps."""
-    table = decode_tile_config(head_dim, group_size, interpret=False, kv_fp8=kv_fp8)
-    if not kv_fp8:
-        return {"table": table, "s3": replace(table, small_num_stages=3),
-                "s5": replace(table, small_num_stages=5, graph_programs_per_sm=3),
-                "n128": replace(table, small_n=128, small_max_registers=168, graph_programs_per_sm=3)}
-    bf16_row = decode_tile_config(head_dim, group_size, interpret=False)
-    ptx_n64 = replace(bf16_row, small_max_registers=128, fp8_conversion="float16_ptx")
-    return {"bf16_row": bf16_row, "bf16_row_r128": replace(bf16_row, small_max_registers=128),
-            "f16_n64": replace(ptx_n64, fp8_conversion="float16"), "ptx_n64": ptx_n64,
-            "ptx_n64_s3": replace(ptx_n64, small_num_stages=3), "ptx_n64_s5": replace(ptx_n64, small_num_stages=5),
-            "ptx_n64_p5": replace(ptx_n64, small_max_registers=96, graph_programs_per_sm=5), "table": table,
-            "n128_s3": replace(table, small_num_stages=3),
-            "n128_w8": replace(table, small_num_warps=8, small_max_registers=128, graph_programs_per_sm=2)}

@@ -177,6 +177,7 @@ def prefix_shared_attention(
     k_scale: float = 1.0,  # a float8_e4m3fn cache's scales: a stored value q stands for q * scale
     v_scale: float = 1.0,
     side_stream: torch.cuda.Stream | None = None,
+    out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]: where the output goes
 ) -> torch.Tensor:
     """Fused prefix-shared attention: one launch for all prefix and distinct tiles (two with
     plan.tile.split_classes), the plan's dense calls on a library kernel, then the merge kernel
@@ -187,7 +188,7 @@ def prefix_shared_attention(
     With a sliding window W, a row at position p sees KV positions in (p - W, p] only: also in
     prefix tiles, where rows far past the prefix see none of its beginning.
     The caches are in the query dtype, or float8_e4m3fn with their scales k_scale / v_scale.
-    Returns out [num_tokens, num_heads, head_dim] in the query dtype.
+    Returns out [num_tokens, num_heads, head_dim] in the query dtype (`out` itself when given).
     """
     _validate(query, k_cache, v_cache, plan, k_scale, v_scale)
     check(sliding_window is None or not plan.dense,
@@ -197,11 +198,15 @@ def prefix_shared_attention(
               f"sliding_window must be an integer >= 1, got {sliding_window!r}")
         check(positions is not None and positions.shape == (query.shape[0],) and positions.dtype == torch.int64,
               "a sliding window needs positions: [num_tokens] int64")
+    if out is not None:
+        check(out.shape == query.shape and out.dtype == query.dtype and out.is_contiguous()
+              and out.device == query.device, "out must be a contiguous tensor shaped like query, on its device")
     whole = whole_step_call(plan)
     if whole is not None:  # a view of cuDNN's output ([B, L, H, D] in memory, as the query's rows)
         o, _ = _dense_output(whole, query, k_cache, v_cache, scale, k_scale, v_scale)
-        return o.reshape(query.shape).to(query.dtype)
-    out = torch.empty_like(query)
+        o = o.reshape(query.shape).to(query.dtype)
+        return o if out is None else out.copy_(o)
+    out = torch.empty_like(query) if out is None else out
     slots = max(plan.num_partial_slots, 1)
     part_out = torch.empty((slots, plan.num_heads, query.shape[2]), dtype=torch.float32, device=query.device)
     part_lse = torch.empty((slots, plan.num_heads), dtype=torch.float32, device=query.device)

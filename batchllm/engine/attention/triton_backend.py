@@ -15,6 +15,7 @@ from batchllm.attention_plan.work_list import PrefixSharedPlan, build_prefix_sha
 from batchllm.engine.attention.protocol import AttentionMetadata
 from batchllm.engine.step_inputs import StepInputs
 from batchllm.ops.plan_device import PrefixSharedPlanOnDevice, device_num_sms, plan_to_device
+from batchllm.ops.transfer import Upload
 
 
 class TritonBackend:
@@ -56,14 +57,16 @@ class TritonBackend:
             head_dim=self.head_dim, tile=tile, num_sms=self.num_sms, **programs,
         )
 
-    def plan_to_device(self, plan: PrefixSharedPlan, device: torch.device) -> PrefixSharedPlanOnDevice:
-        return plan_to_device(plan, device)
+    def plan_to_device(self, plan: PrefixSharedPlan, device: torch.device,
+                       upload: Upload | None = None) -> PrefixSharedPlanOnDevice:
+        return plan_to_device(plan, device, upload)
 
     def store(self, key, value, k_cache, v_cache, metadata: AttentionMetadata, k_scale: float = 1.0,
               v_scale: float = 1.0) -> None:
         self._store_kv(key, value, k_cache, v_cache, metadata.slot_mapping, k_scale, v_scale)
 
     def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata[PrefixSharedPlanOnDevice], scale: float,
-               window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+               window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         return self._attention(query, k_cache, v_cache, metadata.plan, scale, window, metadata.positions,
-                                       k_scale, v_scale, self.side_stream)
+                               k_scale, v_scale, self.side_stream, out)

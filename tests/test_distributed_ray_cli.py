@@ -92,7 +92,7 @@ def test_ray_job_killed_mid_run_resumes_to_the_uninterrupted_file(ray_address, j
     assert resumed.returncode == 0, stderr
     assert f"resuming from {partial_path}: {kept} records kept" in stderr
     assert f"({kept} resumed from an earlier run)" in stdout
-    num_steps = int(stdout.split(" generated, ")[1].split(" steps)")[0])
+    num_steps = int(stdout.split(" generated tokens/s (")[1].split(" steps)")[0])
     assert num_steps >= LONG_MAX_TOKENS, stdout  # the replicas' steps, summed (a long request is left)
     assert normalized_records(output_path) == reference
     assert not os.path.exists(partial_path)

@@ -35,6 +35,20 @@ def test_eos_and_stop_ids_and_ignore_eos():
     assert ignoring.final_text([2, 5], "stop", _letters) == "c"
 
 
+def test_stop_reason_names_the_stop_id_or_string_as_vllm():
+    params = SamplingParams(max_tokens=10, stop_token_ids=[2, 5], stop=["dd"])
+    checker = StopChecker(params, 10, frozenset({2}), _letters)
+    assert checker.check([0, 2]) == "stop" and checker.stop_reason([0, 2], "stop") is None  # EOS first
+    checker = StopChecker(params, 10, frozenset({2}), _letters)
+    assert checker.check([0, 5]) == "stop" and checker.stop_reason([0, 5], "stop") == 5
+    ignoring = StopChecker(SamplingParams(max_tokens=10, stop_token_ids=[2], ignore_eos=True), 10, frozenset({2}),
+                           _letters)
+    assert ignoring.check([2]) == "stop" and ignoring.stop_reason([2], "stop") == 2
+    checker = StopChecker(params, 10, frozenset({2}), _letters)
+    assert _feed(checker, [0, 3, 3]) == (3, "stop") and checker.stop_reason([0, 3, 3], "stop") == "dd"
+    assert checker.stop_reason([0, 3, 3], "length") is None
+
+
 def test_length():
     state = StopChecker(SamplingParams(max_tokens=3), 3, frozenset(), _letters)
     assert state.check([0, 1]) is None

@@ -84,8 +84,8 @@ def test_hf_config_translation(tmp_path):
 def test_bad_specs(tmp_path):
     with pytest.raises(FileNotFoundError, match="not found"):
         load_model(str(tmp_path / "missing"))
-    with pytest.raises(ValueError, match="neither"):
-        load_model(str(tmp_path))  # a directory without config.json
+    with pytest.raises(ValueError, match="is a directory without config.json"):
+        load_model(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(ValueError, match="not supported"):
         load_model(str(tmp_path))

@@ -270,10 +270,7 @@ def bench_command(args) -> int:
         return 2
     if not result["rows"]:
         if result.get("load_errors"):
-            first = result["load_errors"][0]
-            fp8 = first["quantization"] == "fp8" or first["kv_cache_dtype"] == "fp8"
-            print(f"error: {first['error']} (fix: pass --model a .gguf file, a HF model directory or "
-                  f"random:PRESET{', or leave out the FP8 flags' if fp8 else ''})", file=sys.stderr)
+            print(f"error: {result['load_errors'][0]['error']}", file=sys.stderr)  # it names its own fix
         else:
             print("error: nothing ran (no request could run)", file=sys.stderr)
         return 2

@@ -11,9 +11,14 @@ def add_parser(subparsers) -> None:
         "plot",
         help="draw tokens-per-iteration timelines from step traces (one panel per trace)",
         description=(
-            "Draw, for each TRACE.json written by `batchllm simulate --trace` or a run, the tokens\n"
-            "of every iteration stacked by kind (decode / distinct prompt / common prefix), with\n"
-            "the token budget and the valley line (half the budget), like the paper's Fig. 2 / 9."
+            "Draw, for each TRACE.json written by `batchllm simulate --trace OUT.json` or\n"
+            "`batchllm bench --trace-dir DIR`, the tokens of every iteration stacked by kind (decode /\n"
+            "distinct prompt / common prefix), with the token budget and the valley line (half the\n"
+            "budget), like the paper's Fig. 2 / 9; one panel per trace, into one PNG. Needs matplotlib\n"
+            "(pip install matplotlib).\n\n"
+            "Example:\n"
+            "  batchllm simulate examples/batch.jsonl --trace steps.json\n"
+            "  batchllm plot steps.json -o steps.png"
         ),
     )
     parser.add_argument("traces", metavar="TRACE.json", nargs="+")
@@ -23,8 +28,15 @@ def add_parser(subparsers) -> None:
 
 
 def plot_command(args: argparse.Namespace) -> int:
+    import importlib.util
+
     from batchllm.perf.plot import plot_timelines
     from batchllm.sched.trace import read_trace
+
+    if importlib.util.find_spec("matplotlib") is None:
+        print("batchllm plot: error: it draws with matplotlib, which is not installed (fix: pip install matplotlib)",
+              file=sys.stderr)
+        return 2
 
     try:
         traces = [read_trace(path) for path in args.traces]

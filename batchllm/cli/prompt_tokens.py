@@ -12,14 +12,15 @@ import argparse
 
 def add_model_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
-                        help="a .gguf file or HF model directory whose tokenizer encodes text prompts "
+                        help="a .gguf file, Hugging Face model directory or cached model id whose tokenizer encodes "
+                             "text prompts "
                              "(default: SmolLM2-135M-Instruct, the default model of `batchllm run`)")
 
 
 def read_prompts(path: str, model: str | None, where: str = ""):
     """(item, prompt token ids) for each line: a BatchRequest, or a BatchError with no ids. A text
     that cannot be tokenized raises ValueError("{where}line N: why")."""
-    from batchllm.models.default_model import tokenizer_source
+    from batchllm.models.model_path import tokenizer_source
     from batchllm.io.batch_input import BatchError, read_batch_file
     from batchllm.models.tokenizer import load_tokenizer
 

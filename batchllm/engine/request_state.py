@@ -35,6 +35,7 @@ class FinishedOutput:
     logprobs: list[dict[int, float]] | None = None
     num_cached_prompt_tokens: int = 0
     error: str | None = None  # set when the request could not run or failed while running
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it (StopChecker)
 
 
 @dataclass
@@ -103,6 +104,7 @@ class RequestState:
         if self.error is None:
             try:
                 output.text = self.stop.final_text(self.output_token_ids, self.finish_reason, decode)
+                output.stop_reason = self.stop.stop_reason(self.output_token_ids, self.finish_reason)
             except Exception as error:  # noqa: BLE001 - finish this request only
                 self.fail(error)
                 output.finish_reason, output.error = self.finish_reason, self.error

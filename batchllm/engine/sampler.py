@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from batchllm.engine.sampling_rows import SamplingRows
-from batchllm.ops.transfer import to_device
+from batchllm.ops.transfer import Upload, to_device
 from batchllm.sampling_params import GREEDY_TEMPERATURE, SamplingParams
 
 _MASK32 = 0xFFFFFFFF
@@ -28,6 +28,10 @@ def mix_seed(base_seed: int, request_id: int) -> int:
     return ((base_seed & _MASK32) * 0x9E3779B1 + request_id * 0x85EBCA6B + 0x27D4EB2F) & _MASK32
 
 
+def _to_device(array: np.ndarray, device: torch.device, upload: Upload | None) -> torch.Tensor:
+    return upload({"array": array})["array"] if upload is not None else to_device(array, device)
+
+
 @dataclass(frozen=True)
 class LogitBias:
     """Every (row, token id, bias) triple of a step, flattened: [num_entries] each."""
@@ -37,18 +41,20 @@ class LogitBias:
     biases: torch.Tensor  # float32
 
     @classmethod
-    def build(cls, per_row: tuple, device: torch.device) -> LogitBias | None:
-        """per_row: a (token_id, bias) pair tuple (or None) per row; None when no row has any."""
-        return cls.from_rows(list(range(len(per_row))), per_row, device)
+    def build(cls, per_row: tuple, device: torch.device, upload: Upload | None = None) -> LogitBias | None:
+        """per_row: a (token_id, bias) pair tuple (or None) per row; None when no row has any.
+        upload: how the entries travel (the runner's PinnedStaging.upload); None: a one-off copy."""
+        return cls.from_rows(list(range(len(per_row))), per_row, device, upload)
 
     @classmethod
-    def from_rows(cls, rows: list[int], per_row: Sequence, device: torch.device) -> LogitBias | None:
+    def from_rows(cls, rows: list[int], per_row: Sequence, device: torch.device,
+                  upload: Upload | None = None) -> LogitBias | None:
         """per_row[i]: the (token_id, bias) pairs (or None) of row rows[i]; None when none has any."""
         entries = [(row, token_id, bias) for row, pairs in zip(rows, per_row) for token_id, bias in pairs or ()]
         if not entries:
             return None
         # [rows, token ids, biases] in one copy; float64 holds ids < 2**53 exactly.
-        packed = to_device(torch.tensor(list(zip(*entries)), dtype=torch.float64), device)
+        packed = _to_device(np.array(list(zip(*entries)), dtype=np.float64), device, upload)
         return cls(packed[0].to(torch.int64), packed[1].to(torch.int64), packed[2].to(torch.float32))
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
@@ -76,17 +82,18 @@ class SamplingBatch:
     logit_bias: LogitBias | None = None
 
     @classmethod
-    def build(cls, rows: SamplingRows | Sequence[tuple], device: torch.device) -> SamplingBatch:
+    def build(cls, rows: SamplingRows | Sequence[tuple], device: torch.device,
+              upload: Upload | None = None) -> SamplingBatch:
         """rows: the step loop's SamplingRows, or sampling_row(...) per row: (temperature, top_p,
         top_k, min_p, seed, output_index, logprobs, logit_bias). The settings travel in one buffer
-        (ops/transfer.py)."""
+        (ops/transfer.py); upload: how (the runner's PinnedStaging.upload), None: a one-off copy."""
         if not isinstance(rows, SamplingRows):
             rows = SamplingRows.from_tuples(rows)
         greedy = rows.temperature < GREEDY_TEMPERATURE
         if greedy.any():  # greedy rows hold 0
             rows = replace(rows, temperature=np.where(greedy, 0.0, rows.temperature))
         # float64 holds every field exactly (seeds < 2**32, indices and top_k far below 2**53).
-        packed = to_device(torch.from_numpy(rows.packed()), device)
+        packed = _to_device(rows.packed(), device, upload)
         floats = packed[:3].to(torch.float32)
         ints = packed[3:].to(torch.int64)
         return cls(
@@ -101,7 +108,7 @@ class SamplingBatch:
             needs_top_p=bool((rows.top_p < 1.0).any()),
             needs_min_p=bool((rows.min_p > 0.0).any()),
             max_logprobs=rows.max_logprobs,
-            logit_bias=LogitBias.from_rows(rows.logit_bias_rows.tolist(), rows.logit_bias, device),
+            logit_bias=LogitBias.from_rows(rows.logit_bias_rows.tolist(), rows.logit_bias, device, upload),
         )
 
 

@@ -41,6 +41,7 @@ class StopChecker:
         self.max_tokens = max_tokens  # resolved: never past the context length
         self.eos_token_ids = eos_token_ids
         self.stop_text: str | None = None  # the returned text when a stop string matched
+        self.stop_string: str | None = None  # the stop string that matched
         self._text = IncrementalText(decode) if params.stop else None
         self._longest_stop = max((len(s) for s in params.stop), default=0)
         self._num_searched_chars = 0  # final characters already searched without a match
@@ -68,8 +69,20 @@ class StopChecker:
             return False
         index, stop = min(matches)
         end = index + (len(stop) if self.params.include_stop_str_in_output else 0)
-        self.stop_text = text[:end]
+        self.stop_text, self.stop_string = text[:end], stop
         return True
+
+    def stop_reason(self, output_token_ids: list[int], finish_reason: str | None) -> str | int | None:
+        """vLLM's stop_reason: the stop string or the stop_token_ids id that ended the request;
+        None for EOS (checked first, as vLLM does), length and errors."""
+        if finish_reason != "stop":
+            return None
+        if self.stop_string is not None:
+            return self.stop_string
+        last = output_token_ids[-1]
+        if not self.params.ignore_eos and last in self.eos_token_ids:
+            return None
+        return last if last in self.params.stop_token_ids else None
 
     def final_text(self, output_token_ids: list[int], finish_reason: str,
                    decode: Callable[[list[int]], str]) -> str:

@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -47,6 +48,7 @@ class BatchJobOptions:
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES  # a longer input line is a line_too_long record
     show_progress: bool = True
     max_printed_warnings: int = 20  # internal errors printed as they happen; the rest are counted
+    chat_template: str | None = None  # Jinja text that renders chat lines (None: the model's template)
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
@@ -93,10 +95,15 @@ class BatchJobSummary:
     num_prompt_tokens: int  # of this run's requests
     num_output_tokens: int
     num_steps: int
-    seconds: float  # engine time (after loading and tokenizing)
+    seconds: float  # generation: engine time (after loading and tokenizing)
     num_resumed: int = 0  # records taken from an earlier run's journal
     journal_path: str = ""
     interrupted_by: str | None = None  # signal name when stopped early (no final output yet)
+    load_seconds: float | None = None  # loading the model (None: this run loaded none)
+    num_answered_now: int = 0  # requests the engine answered in this run
+    # prompt tokens whose KV this run computed (the rest came from shared prefixes); None where
+    # the engine does not report its steps (Ray replicas)
+    num_computed_prompt_tokens: int | None = None
 
     def describe(self) -> str:
         if self.interrupted_by:
@@ -104,33 +111,47 @@ class BatchJobSummary:
                     f"{self.num_errors} errors are saved in {self.journal_path}.\n"
                     f"Run the same command again to resume (add --restart to start over).")
         resumed = f" ({self.num_resumed} resumed from an earlier run)" if self.num_resumed else ""
-        seconds = self.seconds or float("inf")  # no engine time: 0 req/s
-        return (
-            f"{self.num_requests} requests answered, {self.num_errors} errors -> {self.output_path}{resumed}\n"
-            f"{self.seconds:.2f} s: {self.num_requests / seconds:.2f} req/s, "
-            f"{self.num_output_tokens / seconds:.1f} generated tok/s "
-            f"({self.num_prompt_tokens} prompt tokens, {self.num_output_tokens} generated, {self.num_steps} steps)"
-        )
+        lines = [f"{self.num_requests} requests answered, {self.num_errors} errors -> {self.output_path}{resumed}"]
+        if self.load_seconds is not None:
+            lines.append(f"model loaded in {self.load_seconds:.1f} s")
+        if self.num_steps:
+            seconds = max(self.seconds, 1e-9)
+            lines.append(f"generation: {self.seconds:.2f} s, {self.num_answered_now / seconds:.2f} requests/s, "
+                         f"{self.num_output_tokens / seconds:.1f} generated tokens/s ({self.num_steps} steps)")
+            lines.append(f"tokens: {self.num_prompt_tokens:,} prompt{self._prefix_sharing()}, "
+                         f"{self.num_output_tokens:,} generated")
+        return "\n".join(lines)
+
+    def _prefix_sharing(self) -> str:
+        computed = self.num_computed_prompt_tokens
+        if computed is None or not self.num_prompt_tokens:
+            return ""
+        saved = self.num_prompt_tokens - computed
+        return f" ({computed:,} computed: prefix sharing saved {saved:,}, {saved / self.num_prompt_tokens:.1%})"
 
 
-def tokenize_request(engine: LLMEngine, request: BatchRequest, max_num_tokens: int | None = None) -> list[int]:
+def tokenize_request(engine: LLMEngine, request: BatchRequest, max_num_tokens: int | None = None,
+                     chat_template: str | None = None) -> list[int]:
     """The prompt's token ids; with max_num_tokens, tokenizing may stop once the prompt is
-    known to hold more (the result is then a prefix, longer than max_num_tokens)."""
+    known to hold more (the result is then a prefix, longer than max_num_tokens). chat_template:
+    renders chat messages instead of the model's template."""
     if request.prompt_token_ids is not None:
         return list(request.prompt_token_ids)
     if engine.tokenizer is None:
         raise NoTokenizerError(f"model {engine.model_name} has no tokenizer: give prompt_token_ids")
     if request.messages is not None:
-        return engine.tokenizer.encode_chat(request.messages, max_num_tokens=max_num_tokens)
+        return engine.tokenizer.encode_chat(request.messages, max_num_tokens=max_num_tokens,
+                                            chat_template=chat_template)
     return engine.tokenizer.encode_prompt(request.prompt, max_num_tokens=max_num_tokens)
 
 
-def prepare_request(engine: LLMEngine, request: BatchRequest, limits: RequestLimits | None = None):
+def prepare_request(engine: LLMEngine, request: BatchRequest, limits: RequestLimits | None = None,
+                    chat_template: str | None = None):
     """(int32 token ids, checked params) or an error record (prompt too long, no tokenizer, ...).
     limits: what a request may hold (default: the engine's)."""
     limits = limits or engine.limits
     try:
-        token_ids = tokenize_request(engine, request, max_num_tokens=limits.token_limit)
+        token_ids = tokenize_request(engine, request, max_num_tokens=limits.token_limit, chat_template=chat_template)
     except NoTokenizerError as error:
         return error_line(request.custom_id, "invalid_request", str(error), request.line_number)
     except Exception as error:  # a tokenizer or chat template failing on one line's content
@@ -170,7 +191,8 @@ def run_batch_file(engine: LLMEngine | LazyEngine, input_path: str, output_path:
 def _run_locked(engine, input_path: str, output_path: str, options: BatchJobOptions,
                 stop: StopRequest) -> BatchJobSummary:
     num_lines = count_lines(input_path)
-    journal = Journal(journal_path_for(output_path), job_header(engine.config, options.max_line_bytes),
+    journal = Journal(journal_path_for(output_path),
+                      job_header(engine.config, options.max_line_bytes, options.chat_template),
                       restart=options.restart, num_input_lines=num_lines)
     _print_resume(journal)
     run = _JobRun(engine, journal, options, stop, num_lines)
@@ -199,9 +221,11 @@ def _run_locked(engine, input_path: str, output_path: str, options: BatchJobOpti
     run.print_notes(input_path)
     num_answered, num_errors = journal.counts(confirmed_only=completed)
     stats = run.stats
+    computed = run.num_computed_prompt_tokens if run.num_recorded_steps == stats.num_steps else None
     return BatchJobSummary(output_path, num_answered, num_errors, stats.num_prompt_tokens, stats.num_output_tokens,
                            stats.num_steps, stats.seconds, journal.resume.num_entries, journal.path,
-                           None if completed else stop.signal_name)
+                           None if completed else stop.signal_name, run.load_seconds, run.progress.num_answered,
+                           computed)
 
 
 def _flush_journal(journal: Journal) -> Callable[[], str]:
@@ -260,12 +284,15 @@ class _JobRun:
         self.limits: RequestLimits | None = None  # what a request may hold, settled when the engine loads
         self.journal, self.options, self.stop = journal, options, stop
         self.stats = RunStats()
+        self.load_seconds: float | None = None
+        # prefill tokens computed, from the engine's step records (folded in and dropped after each window)
+        self.num_computed_prompt_tokens = 0
+        self.num_recorded_steps = 0
         self.num_warnings = 0
         self.num_records = 0  # input lines that get a record (every line but blank ones)
         # fields accepted without effect: (field, reason) -> [number of lines, first line]
         self.field_warnings: dict[FieldWarning, list[int]] = {}
-        self.progress = Progress(num_lines, enabled=options.show_progress, description="lines")
-        self.progress.update(journal.resume.num_entries, 0)
+        self.progress = Progress(num_lines, enabled=options.show_progress, description="lines", unit="lines")
 
     @property
     def engine(self) -> LLMEngine:
@@ -274,7 +301,12 @@ class _JobRun:
         depends on them."""
         if self._engine is None:
             source = self._engine_source
-            engine = source.load() if isinstance(source, LazyEngine) else source
+            if isinstance(source, LazyEngine):
+                started = time.perf_counter()
+                engine = source.load()
+                self.load_seconds = time.perf_counter() - started
+            else:
+                engine = source
             settings = engine_settings(engine)
             check_engine_settings(self.journal.path, self.journal.engine_settings, settings)
             self.limits = held_limits(engine.limits, self.journal.engine_settings)
@@ -296,14 +328,17 @@ class _JobRun:
             if isinstance(item, BatchError):
                 if item.code == "duplicate_custom_id" or not self.journal.keep(item.line_number, item.digest):
                     self._write(item, error_line(item.custom_id, item.code, item.message, item.line_number))
+                else:
+                    self.progress.skip(1)  # its error record is kept from an earlier run
                 continue
             if self.journal.keep(item.line_number, item.digest):
+                self.progress.skip(1)  # answered by an earlier run
                 continue
             for warning in item.warnings:
                 self.field_warnings.setdefault(warning, [0, item.line_number])[0] += 1
             engine = self.engine  # loading the model is not one line's fault
             try:
-                prepared = prepare_request(engine, item, self.limits)
+                prepared = prepare_request(engine, item, self.limits, self.options.chat_template)
             except Exception as error:
                 prepared = self._internal_error(item, error)
             if isinstance(prepared, dict):
@@ -322,8 +357,20 @@ class _JobRun:
                     for request, ids, params in pending]
         requests = {request.line_number: request for request, _, _ in pending}
         pending.clear()
-        self._serve(prepared, requests)
+        self.progress.start()
+        try:
+            self._serve(prepared, requests)
+        finally:
+            self._fold_step_records()
         self.journal.sync()
+
+    def _fold_step_records(self) -> None:
+        """Count the window's computed prefill tokens and drop its step records (a long job keeps
+        no record per step)."""
+        records = self.stats.step_records
+        self.num_computed_prompt_tokens += sum(r.num_distinct_tokens + r.num_prefix_tokens for r in records)
+        self.num_recorded_steps += len(records)
+        records.clear()
 
     def _serve(self, prepared: list[PreparedRequest], requests: dict[int, BatchRequest]) -> None:
         """Run requests; if the engine fails, the unfinished ones run again in halves until the
@@ -373,7 +420,7 @@ class _JobRun:
 
     def _write(self, item: BatchRequest | BatchError, record: dict) -> None:
         self.journal.append(item.line_number, record, dumps(record), item.digest)
-        self.progress.update(1, 0)
+        self.progress.skip(1)
 
     def _print_warning(self, text: str) -> None:
         self.num_warnings += 1

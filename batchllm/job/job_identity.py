@@ -3,9 +3,10 @@ answers of two setups (README, "Crashes, Ctrl-C and resuming").
 
 Known before the model loads (the journal header): the model's identity (its files' names,
 sizes and modification times; a random preset's full spec), the dtype and device kind it runs
-in, quantization, the KV cache dtype, the seed, --max-model-len, --max-line-bytes and the
-sampling defaults. Known once the engine has loaded (a journal line of its own): its dtype and
-the most tokens one request may hold (context and KV cache), which clamps max_tokens.
+in, quantization, the KV cache dtype, the seed, --max-model-len, --max-line-bytes, the
+sampling defaults and --chat-template. Known once the engine has loaded (a journal line of its
+own): its dtype and the most tokens one request may hold (context and KV cache), which clamps
+max_tokens.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import os
 
 from batchllm.engine.request_limits import RequestLimits
 from batchllm.io.journal import JournalHeader, JournalMismatchError
-from batchllm.models.default_model import RANDOM_PREFIX, default_model_path
+from batchllm.models.default_model import RANDOM_PREFIX
+from batchllm.models.model_path import find_model_files
 from batchllm.sampling_params import SamplingParams
 
 HEADER_LABELS = {
@@ -25,10 +27,11 @@ HEADER_LABELS = {
     "quantization": "--quantization", "kv_cache_dtype": "--kv-cache-dtype", "seed": "--seed",
     "max_model_len": "--max-model-len", "max_line_bytes": "--max-line-bytes",
     "sampling_defaults": "the sampling defaults (another batchllm version)",
+    "chat_template": "--chat-template (a digest of its text)",
 }
 
 
-def job_header(config, max_line_bytes: int) -> JournalHeader:
+def job_header(config, max_line_bytes: int, chat_template: str | None = None) -> JournalHeader:
     """The journal header of a job on EngineConfig `config`. Records written before any engine
     ran (a line that does not parse, a duplicate id, a line over --max-line-bytes) depend only on
     --max-line-bytes, so the engine's options may change until an engine has run (e.g. a --model
@@ -43,6 +46,7 @@ def job_header(config, max_line_bytes: int) -> JournalHeader:
         "device": device, "quantization": config.quantization, "kv_cache_dtype": config.cache.kv_cache_dtype,
         "seed": config.seed, "max_model_len": config.max_model_len, "max_line_bytes": max_line_bytes,
         "sampling_defaults": sampling_defaults,
+        "chat_template": None if chat_template is None else _digest(chat_template),
     }, HEADER_LABELS, frozenset(HEADER_LABELS) - {"max_line_bytes"})
 
 
@@ -60,16 +64,19 @@ def resolved_device_and_dtype(config) -> tuple[str, str]:
 
 
 def model_fingerprint(spec: str | None) -> str | None:
-    """A digest of what the model's answers come from: for a file or directory the names, sizes
-    and modification times of its files (a model replaced under the same path differs); for a
-    random preset its resolved architecture and seed. None where nothing is found (loading the
+    """A digest of what the model's answers come from: for a file or directory (a model id's
+    snapshot in the Hugging Face cache) the names, sizes and modification times of its files (a
+    model replaced under the same path differs); for a random preset its resolved architecture
+    and seed. None where nothing is found (loading the
     model then fails with its own message)."""
     if spec is not None and spec.startswith(RANDOM_PREFIX):
         return _random_fingerprint(spec)
     try:
-        path = str(default_model_path()) if spec is None else os.path.expanduser(spec)
+        path = str(find_model_files(spec).path)  # a model id: its snapshot in the Hugging Face cache
     except FileNotFoundError:
         return None
+    except ValueError:  # a path that is no model: its files still identify it
+        path = os.path.expanduser(spec)
     if os.path.isfile(path):
         files = [(os.path.basename(path), os.stat(path))]
     elif os.path.isdir(path):

@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from batchllm.models.refusals import SUPPORTED_CHECKPOINTS_TEXT, UnsupportedModelError, unsupported_quantization
+
 
 @dataclass(frozen=True)
 class Fp8CheckpointFormat:
@@ -33,30 +35,34 @@ def fp8_checkpoint_format(model_dir: Path) -> Fp8CheckpointFormat | None:
     method = section.get("quant_method")
     if method == "fp8":
         if section.get("weight_block_size"):
-            raise ValueError(f"{model_dir}: block-wise FP8 weights (weight_block_size) are not supported; "
-                             "per-tensor and per-channel FP8 checkpoints are")
+            raise UnsupportedModelError(
+                f"{model_dir}: block-wise FP8 weights (weight_block_size) are not supported (fix: a per-tensor or "
+                f"per-channel FP8 checkpoint, or the model's bf16 release with --quantization fp8)")
         return Fp8CheckpointFormat(method, section.get("activation_scheme", "dynamic") == "static")
     if method == "fbgemm_fp8":
         return Fp8CheckpointFormat(method, False)
     if method == "compressed-tensors":
         return Fp8CheckpointFormat(method, _compressed_tensors_static(model_dir, section))
-    raise ValueError(f"{model_dir}: quantization method {method!r} is not supported; FP8 checkpoints "
-                     "(quant_method fp8, fbgemm_fp8 or compressed-tensors float 8-bit) are")
+    raise unsupported_quantization(str(model_dir), f"config.json quant_method {method!r}")
 
 
 def _compressed_tensors_static(model_dir: Path, section: dict) -> bool:
     groups = list((section.get("config_groups") or {}).values())
     if not groups:
-        raise ValueError(f"{model_dir}: compressed-tensors config without config_groups")
+        raise UnsupportedModelError(f"{model_dir}: a compressed-tensors config without config_groups is not "
+                                    f"supported (fix: use {SUPPORTED_CHECKPOINTS_TEXT})")
     static = set()
     for group in groups:
         weights = group.get("weights") or {}
         if weights.get("type") != "float" or weights.get("num_bits") != 8 or \
                 weights.get("strategy") not in ("tensor", "channel"):
-            raise ValueError(f"{model_dir}: compressed-tensors weights {weights} are not supported; "
-                             "8-bit float weights per tensor or per channel are")
+            raise unsupported_quantization(
+                str(model_dir), f"its compressed-tensors weights ({weights.get('type')}, "
+                f"{weights.get('num_bits')} bits, strategy {weights.get('strategy')}; 8-bit float weights per "
+                "tensor or per channel are loaded)")
         activations = group.get("input_activations")
         static.add(bool(activations) and not activations.get("dynamic", True))
     if len(static) > 1:
-        raise ValueError(f"{model_dir}: mixed static and dynamic activation groups are not supported")
+        raise UnsupportedModelError(f"{model_dir}: mixed static and dynamic activation groups are not supported "
+                                    f"(fix: use {SUPPORTED_CHECKPOINTS_TEXT})")
     return static.pop()

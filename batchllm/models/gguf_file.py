@@ -79,7 +79,8 @@ def read_gguf(path: str | Path) -> GGUFFile:
     buffer = np.memmap(path, dtype=np.uint8, mode="r")
     cursor = _Cursor(buffer)
     if bytes(cursor.bytes[:4]) != GGUF_MAGIC:
-        raise ValueError(f"{path} is not a GGUF file (bad magic)")
+        raise ValueError(f"{path} is not a GGUF file (bad magic) (fix: pass a .gguf file; this one is of another "
+                         "format, or damaged)")
     cursor.offset = 4
     version = cursor.scalar("<I")
     if version < 2:

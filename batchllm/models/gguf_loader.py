@@ -17,6 +17,7 @@ import torch
 
 from batchllm.models.config import SUPPORTED_ARCHITECTURES, ModelArchConfig
 from batchllm.models.gguf_file import GGUFFile, GGUFTensorInfo
+from batchllm.models.refusals import SUPPORTED_ARCHITECTURES_TEXT, UnsupportedModelError, unsupported_architecture
 
 # Architectures whose q/k rows llama.cpp permuted at conversion (it writes Mistral models as "llama").
 _PERMUTED_QK = {"llama", "mistral"}
@@ -44,8 +45,7 @@ def gguf_arch_config(gguf: GGUFFile) -> ModelArchConfig:
     metadata = gguf.metadata
     gguf_arch = metadata.get("general.architecture")
     if gguf_arch not in SUPPORTED_ARCHITECTURES:
-        supported = sorted(SUPPORTED_ARCHITECTURES)
-        raise ValueError(f"GGUF architecture {gguf_arch!r} is not supported; supported: {supported}")
+        raise unsupported_architecture("GGUF general.architecture", gguf_arch)
     tensor_names = {tensor.name for tensor in gguf.tensors}
 
     def key(name: str, default: object = None) -> object:
@@ -96,7 +96,8 @@ def _rope_scaling(gguf: GGUFFile, gguf_arch: str) -> dict | None:
         return None
     if scaling_type == "linear":
         return {"rope_type": "linear", "factor": float(metadata[f"{gguf_arch}.rope.scaling.factor"])}
-    raise NotImplementedError(f"GGUF rope scaling type {scaling_type!r} is not supported")
+    raise UnsupportedModelError(f"GGUF RoPE scaling {scaling_type!r} is not supported "
+                                "(fix: a model with plain RoPE, linear or llama3 scaling)")
 
 
 def reverse_permute_qk(weights: np.ndarray, num_heads: int) -> np.ndarray:
@@ -113,7 +114,9 @@ def _hf_name(gguf_name: str) -> str | None:
         return None  # folded into the config's rope_scaling
     match = _LAYER_TENSOR.match(gguf_name)
     if match is None or match.group(2) not in _LAYER_RENAMES:
-        raise KeyError(f"unexpected GGUF tensor {gguf_name!r}")
+        raise UnsupportedModelError(
+            f"GGUF tensor {gguf_name!r} is not part of the Llama-family layout this engine runs (fix: a model of a "
+            f"supported architecture: {SUPPORTED_ARCHITECTURES_TEXT})")
     layer, kind, suffix = match.groups()
     return f"model.layers.{layer}.{_LAYER_RENAMES[kind]}.{suffix}"
 
@@ -125,7 +128,13 @@ def _dequantized(tensor: GGUFTensorInfo, config: ModelArchConfig, permute_qk: bo
     if tensor.ggml_type == GGMLQuantizationType.F32:
         weights = tensor.data  # read-only memmap view; copied into the parameter
     else:
-        weights = dequantize(tensor.data, GGMLQuantizationType(tensor.ggml_type))  # float32 [out, in]
+        quant_type = GGMLQuantizationType(tensor.ggml_type)
+        try:
+            weights = dequantize(tensor.data, quant_type)  # float32 [out, in]
+        except NotImplementedError:
+            raise UnsupportedModelError(
+                f"GGUF tensor {tensor.name!r} is stored as {quant_type.name}, which the gguf package cannot "
+                "dequantize (fix: a GGUF of another quantization type, such as F16, Q8_0 or Q4_K_M)") from None
     if permute_qk:
         if ".attn_q." in tensor.name:
             weights = reverse_permute_qk(weights, config.num_heads)

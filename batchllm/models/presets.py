@@ -66,7 +66,8 @@ def parse_random_spec(spec: str) -> RandomSpec:
         raise ValueError(f"not a random preset spec: {spec!r}")
     name, _, query = spec[len(RANDOM_PREFIX) :].partition("?")
     if name not in PRESETS:
-        raise ValueError(f"unknown random preset {name!r}; known: {sorted(PRESETS)}")
+        raise ValueError(f"unknown random preset {name!r} (fix: one of "
+                         f"{', '.join(RANDOM_PREFIX + known for known in sorted(PRESETS))})")
     seed = 0
     overrides: dict[str, object] = {}
     field_types = typing.get_type_hints(ModelArchConfig)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from batchllm.models.refusals import UnsupportedModelError
+
 
 CAP_MARGIN_TOKENS = 64  # tokens a cut inside the text may merge away (far more than BPE merges across a cut)
 
@@ -37,10 +39,28 @@ class Tokenizer:
         # Same call HF users make (tokenizer(text)), so special tokens such as BOS match theirs.
         return self._encode(text, True, max_num_tokens)
 
-    def encode_chat(self, messages: Sequence[dict], max_num_tokens: int | None = None) -> list[int]:
-        if not getattr(self.hf, "chat_template", None):
-            raise TokenizerUnavailableError("this model's tokenizer has no chat template: use /v1/completions prompts")
-        text = self.hf.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    def render_chat(self, messages: Sequence[dict], chat_template: str | None = None,
+                    add_generation_prompt: bool = True, continue_final_message: bool = False) -> str:
+        """The prompt text of a conversation, as vLLM and transformers render it: the model's chat
+        template (or chat_template, Jinja text), ending with the assistant's header
+        (add_generation_prompt) or inside the last message, left open (continue_final_message)."""
+        if chat_template is None and not getattr(self.hf, "chat_template", None):
+            raise TokenizerUnavailableError("this model's tokenizer has no chat template: use /v1/completions prompts "
+                                            "or give a chat template (--chat-template FILE, chat_template=...)")
+        if add_generation_prompt and continue_final_message:
+            raise ValueError("add_generation_prompt and continue_final_message cannot both be true (fix: pass "
+                             "add_generation_prompt=False to continue the last message)")
+        return self.hf.apply_chat_template(list(messages), chat_template=chat_template, tokenize=False,
+                                           add_generation_prompt=add_generation_prompt,
+                                           continue_final_message=continue_final_message)
+
+    def encode_chat(self, messages: Sequence[dict], max_num_tokens: int | None = None,
+                    chat_template: str | None = None) -> list[int]:
+        return self.encode_rendered_chat(self.render_chat(messages, chat_template), max_num_tokens)
+
+    def encode_rendered_chat(self, text: str, max_num_tokens: int | None = None) -> list[int]:
+        """The token ids of render_chat's text: the template wrote the special tokens (BOS
+        included) itself, so none are added."""
         return self._encode(text, False, max_num_tokens)
 
     def _encode(self, text: str, add_special_tokens: bool, max_num_tokens: int | None) -> list[int]:
@@ -62,15 +82,23 @@ class Tokenizer:
 
 
 def load_tokenizer(source: dict | None) -> Tokenizer | None:
-    """Load the tokenizer a model loader pointed at; None for models without one (random presets)."""
+    """Load the tokenizer a model loader pointed at; None for models without one (random presets).
+    UnsupportedModelError, naming the fix, when transformers cannot build it."""
     if not source or source.get("kind") == "none":
         return None
     from transformers import AutoTokenizer
 
     kind, path = source["kind"], source["path"]
-    if kind == "gguf":
-        directory, name = os.path.split(os.path.abspath(path))
-        return Tokenizer(AutoTokenizer.from_pretrained(directory, gguf_file=name))
-    if kind == "hf_dir":
+    if kind not in ("gguf", "hf_dir"):
+        raise ValueError(f"unknown tokenizer source kind {kind!r}")
+    try:
+        if kind == "gguf":
+            directory, name = os.path.split(os.path.abspath(path))
+            return Tokenizer(AutoTokenizer.from_pretrained(directory, gguf_file=name))
         return Tokenizer(AutoTokenizer.from_pretrained(path))
-    raise ValueError(f"unknown tokenizer source kind {kind!r}")
+    except (ValueError, OSError, KeyError) as error:
+        what = "the tokenizer files (tokenizer.json, tokenizer_config.json)" if kind == "hf_dir" else \
+            "a GGUF whose tokenizer transformers reads"
+        reason = " ".join(str(error).split())
+        raise UnsupportedModelError(f"cannot load the tokenizer of {path}: {reason} (fix: a model with {what}, "
+                                    "as its release has them)") from None

@@ -41,7 +41,7 @@ def cut_tokens(token_ids: Sequence[int], num_tokens: int) -> list[int]:
 
 def text_token_ids(model: str | None, num_tokens: int, root: Path | None = None) -> list[int]:
     """build_text(root) through the model's own tokenizer (as the engine loads it), cut to num_tokens."""
-    from batchllm.models.default_model import tokenizer_source
+    from batchllm.models.model_path import tokenizer_source
     from batchllm.models.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_source(model))

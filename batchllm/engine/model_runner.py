@@ -15,7 +15,7 @@ from batchllm.engine.batch_rows import BatchRows
 from batchllm.engine.cuda_graphs import DecodeGraphRunner
 from batchllm.engine.kv_cache import KVCache
 from batchllm.engine.last_tokens import FedRows, LastTokenColumn
-from batchllm.engine.sampler import SamplerOutput, SamplingBatch, sample
+from batchllm.engine.sampler import SamplerOutput, SamplingBatch, StepConstraint, sample
 from batchllm.engine.step_inputs import StepInputs, build_step_inputs
 from batchllm.engine.step_observer import StepObserver
 from batchllm.engine.step_result import StepResult
@@ -45,21 +45,24 @@ class ModelRunner:
         # A profiler's hook around every execute (StepObserver); None: no cost but this check.
         self.observer: StepObserver | None = None
 
-    def execute(self, output: SchedulerOutput, sampling_rows: list[tuple], allow_graph: bool = True) -> StepResult:
+    def execute(self, output: SchedulerOutput, sampling_rows: list[tuple], allow_graph: bool = True,
+                constraint: StepConstraint | None = None) -> StepResult:
         """sampling_rows: one SamplingBatch.build row per sampled chunk, in chunk order.
-        allow_graph: False runs a decode step eagerly even when a CUDA graph could replay it."""
+        allow_graph: False runs a decode step eagerly even when a CUDA graph could replay it.
+        constraint: gives the token bitmask of the structured-output rows, asked for after the forward is queued."""
         observer = self.observer
         if observer is None:
-            return self._execute(output, sampling_rows, allow_graph)
+            return self._execute(output, sampling_rows, allow_graph, constraint)
         replays = self.graphs.num_replays if self.graphs is not None else 0
         observer.step_started(output)
         try:
-            return self._execute(output, sampling_rows, allow_graph)
+            return self._execute(output, sampling_rows, allow_graph, constraint)
         finally:
             observer.step_launched(output, self.graphs is not None and self.graphs.num_replays > replays)
 
     @torch.inference_mode()
-    def _execute(self, output: SchedulerOutput, sampling_rows: list[tuple], allow_graph: bool) -> StepResult:
+    def _execute(self, output: SchedulerOutput, sampling_rows: list[tuple], allow_graph: bool,
+                 constraint: StepConstraint | None = None) -> StepResult:
         inputs = self.step_inputs(output)
         if not sampling_rows:  # (then no row is fed either: a decode row samples)
             self.forward(inputs, allow_graph)
@@ -71,7 +74,8 @@ class ModelRunner:
         hidden = self.forward(inputs, allow_graph, _fed_rows(inputs, indices))
         # Only the rows that sample pay for the LM head.
         logits = self.model.compute_logits(hidden[indices["sample_rows"]])
-        sampled = sample(logits, batch)
+        bitmask = constraint.token_bitmask(logits.shape[-1], self.device) if constraint is not None else None
+        sampled = sample(logits, batch, bitmask)
         self.last_tokens.store(indices["sample_batch_rows"], sampled.token_ids)
         if self.device.type != "cuda":
             return StepResult(inputs.sample_seq_ids, sampled)

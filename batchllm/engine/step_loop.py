@@ -9,12 +9,17 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
+from batchllm.engine.grammar_constraint import GrammarConstraint
 from batchllm.engine.request_state import FinishedOutput, RequestState, RunStats
 from batchllm.engine.step_result import StepResult
 from batchllm.engine.step_runner import StepRunner
 from batchllm.sched.interface import FinishedRequest, Scheduler, SchedulerOutput
 from batchllm.sched.trace import StepRecord
+
+if TYPE_CHECKING:  # xgrammar loads only for structured outputs
+    from batchllm.structured.token_bitmask import TokenBitmaskFiller
 
 
 @dataclass
@@ -41,6 +46,7 @@ class StepLoop:
     decode: Callable[[list[int]], str]
     stats: RunStats
     on_step: Callable[[int, int], None] | None = None
+    bitmask_filler: TokenBitmaskFiller | None = None  # set when a request has a structured output
     _last_completed_s: float = 0.0
 
     def run(self) -> Iterator[FinishedOutput]:
@@ -50,7 +56,7 @@ class StepLoop:
         while self.scheduler.has_unfinished() or inflight:
             launched = None
             if self.scheduler.has_unfinished():
-                launched = self._launch()
+                launched = self._launch(inflight)
                 inflight.append(launched)
             num_unread = self.depth if launched is not None else 0
             for step in list(inflight)[:len(inflight) - num_unread]:
@@ -61,19 +67,29 @@ class StepLoop:
             while inflight and inflight[0].read and inflight[0].finished is not None:
                 yield from self._complete(inflight.popleft())
 
-    def _launch(self) -> _Step:
+    def _launch(self, inflight: deque[_Step]) -> _Step:
         started = time.perf_counter()
         output = self.scheduler.schedule()
         if output.is_empty:
             raise RuntimeError("the scheduler returned an empty step with requests left: a scheduler bug")
         scheduled = time.perf_counter()
-        rows = []
+        rows, constrained = [], []
         for chunk in output.chunks:
             if chunk.sample:
                 state = self.states[chunk.seq_id]
+                if state.grammar is not None:
+                    constrained.append((len(rows), state))
                 rows.append(state.sampling_row(state.output_index(chunk.kv_len)))
-        result = self.runner.execute(output, rows, allow_graph=self.allow_graph)
+        constraint = None
+        if constrained:  # structured outputs: their bitmask needs the earlier steps' tokens
+            constraint = GrammarConstraint(constrained, self.bitmask_filler, partial(self._read_all, inflight))
+        result = self.runner.execute(output, rows, allow_graph=self.allow_graph, constraint=constraint)
         return _Step(output, result, scheduled - started, time.perf_counter() - scheduled)
+
+    def _read_all(self, steps: deque[_Step]) -> None:
+        for step in steps:
+            if not step.read:
+                self._read(step)
 
     def _read(self, step: _Step) -> None:
         """Wait for the step's tokens (its only device sync); append them to the requests' outputs

@@ -1,7 +1,9 @@
 """Twenty JSON schemas of extraction and classification jobs, each with a prompt that asks for it
 (tests/test_structured_outputs_model.py). They use what such jobs use: nested objects, arrays with
 bounds, enums, required and optional fields, integers and numbers with ranges, booleans, strings
-with length bounds, patterns and formats (date, email, uri, uuid), const, anyOf and nullable fields."""
+with length bounds, patterns and formats (date, date-time, email, uuid), const, anyOf and nullable
+fields. A string is bounded by maxLength, a pattern or a fixed-length format: a small model left an
+unbounded string can run on to max_tokens (xgrammar enforces no length on a string with a format)."""
 
 from __future__ import annotations
 
@@ -56,7 +58,8 @@ SCHEMAS: list[tuple[str, dict]] = [
         "required": ["rating"]}),
     ("Give a product id and its web page.", {
         "type": "object",
-        "properties": {"id": {"type": "string", "format": "uuid"}, "url": {"type": "string", "format": "uri"}},
+        "properties": {"id": {"type": "string", "format": "uuid"},
+                       "url": {"type": "string", "pattern": "^https://[a-z]{1,20}[.](com|org)(/[a-z]{1,12})?$"}},
         "required": ["id", "url"]}),
     ("Extract the address: 12 Main Street, Springfield, 62704, USA.", {
         "type": "object",
@@ -72,7 +75,7 @@ SCHEMAS: list[tuple[str, dict]] = [
         "type": "object",
         "properties": {"topic": SHORT_TEXT, "start": {"type": "string", "format": "date-time"},
                        "attendees": {"type": "array", "minItems": 1, "maxItems": 3,
-                                     "items": {"type": "string", "format": "email"}}},
+                                     "items": {"type": "string", "pattern": "^[a-z]{1,12}@[a-z]{1,12}[.](com|org)$"}}},
         "required": ["topic", "start", "attendees"]}),
     ("Give an order with line items.", {
         "type": "object",

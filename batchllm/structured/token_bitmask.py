@@ -15,8 +15,8 @@ from batchllm.structured.grammar_state import GrammarState
 class TokenBitmaskFiller:
     def __init__(self, max_threads: int | None = None) -> None:
         """max_threads: xgrammar's fill threads (default: half the CPUs, at most 8)."""
-        threads = max_threads if max_threads is not None else max(1, min(8, (os.cpu_count() or 2) // 2))
-        self._batch = xgrammar.BatchGrammarMatcher(threads)
+        self.num_threads = max_threads if max_threads is not None else max(1, min(8, (os.cpu_count() or 2) // 2))
+        self._batch = xgrammar.BatchGrammarMatcher(self.num_threads)
 
     def fill(self, states: Sequence[GrammarState], rows: Sequence[int], vocab_size: int,
              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

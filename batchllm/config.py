@@ -107,7 +107,7 @@ class EngineConfig:
     seed: int = 0  # seeds requests that have no seed of their own
     # Triton kernels for RMSNorm / RoPE / SwiGLU; None: on for CUDA, off on CPU.
     fused_kernels: bool | None = None
-    # True: never capture CUDA graphs (decode steps run eagerly; for debugging and comparison).
+    # True: never capture CUDA graphs (every step runs eagerly; for debugging and comparison).
     enforce_eager: bool = False
     # True: schedule and launch step N+1 while the GPU runs step N; its decode rows take their
     # input ids from step N's sampled tokens on the device (a request that stops by EOS or a

@@ -1,34 +1,14 @@
-"""Attention kernel benchmark (BatchLLM section 6.3.3 settings), one process on one GPU, the
-engine's default tile config.
+"""Attention kernel benchmark (BatchLLM section 6.3.3 settings), one process on one GPU; every
+output is validated against a float32 reference first. Rows, implementations and tables:
+BENCHMARKS.md, "Attention kernels" and "Dense causal attention against cuDNN".
 
-Shared scenarios (--scenarios shared or all): pure decode of 256 requests, and chunked prefill
-(7 prefill chunks + 256 decode requests), over prefix/distinct/group-size settings, with and
-without jittered distinct lengths. Implementations, all validated against the float32 reference
-first:
-  fused      ours, ONE launch of prefix + distinct tiles, then the LSE merge kernel; work list
-             in "cost" order (largest first: in practice all BIG tiles, then all SMALL ones)
-  fused_interleave  the same kernel and items, work list in "interleave" order (BIG and SMALL
-             tiles merged by cumulative cost, so tensor-core and KV-streaming tiles co-run)
-  fused_auto the engine's default order ("auto": interleave when the step has prefill chunks)
-  plain      ours without sharing knowledge (each request reads its whole KV)
-  sdpa       PyTorch SDPA on KV gathered per request from the paged cache (gather included)
-  sdpa_nogather  the same SDPA calls on pre-gathered dense KV (gather excluded)
-  flashinfer FlashInfer MultiLevelCascadeAttentionWrapper (2 levels), decode scenarios only,
-             where FlashInfer is installed
-
-Dense scenarios (--scenarios dense or all): causal self-attention of B sequences of L tokens
-with no sharing (8 x 2048, 2 x 8192, 1 x 16384), the last 2048 rows of a 16384-token context,
-and the same rows with the first 14336 tokens as a shared prefix (prefix tiles). Rows carry
-`impl` and `tflop_per_s` (4 x heads x head_dim x the causal query-key pairs):
-  batchllm    our fused kernel on the paged cache (the engine's work order and config), and the
-              same config without dense calls ("tiles_only")
-  sdpa_cudnn  PyTorch SDPA with only the cuDNN backend on dense contiguous K/V, at its best of
-              three settings: KV heads repeated beforehand (excluded from the timing), the KV
-              heads as they are with enable_gqa, and (square shapes) cuDNN's op called directly;
-              each with the tensors head-major and token-major (the token-major output is
-              already in the packed layout that ours is returned in)
-  sdpa_flash  the same with only the flash backend (the first two settings, both layouts)
-Each output is checked first against a float32 reference computed in row chunks.
+--scenarios shared: pure decode of 256 requests, and chunked prefill (7 prefill chunks + 256 decode
+requests), over prefix/distinct/group-size settings: ours (fused in cost, interleave and the
+engine's auto order; plain, without sharing knowledge), PyTorch SDPA on gathered KV (gather
+included or not) and FlashInfer's 2-level cascade (decode, where installed).
+--scenarios dense: causal self-attention without sharing and the last 2048 rows of a 16384-token
+context (with and without a shared prefix): ours, with and without dense calls, against SDPA's
+cuDNN and flash backends at their best settings. --scenarios all: both.
 
 Usage: PYTHONPATH=. python3 benchmarks/attention.py --out results.json [--markdown table.md]
   [--scenarios shared|dense|all]
@@ -38,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import sys
 import time
@@ -45,14 +26,18 @@ from dataclasses import replace
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 import triton
+import triton.testing
 
-from batchllm.ops.prefix_attention import prefix_shared_attention
-from batchllm.ops.reference import paged_attention_reference
-from batchllm.perf.runner import git_commit
 from batchllm.attention_plan.tile_config import TileConfig, default_tile_config
+from batchllm.ops.prefix_attention import prefix_shared_attention
+from batchllm.ops.reference import kv_slots_of_seq, paged_attention_reference
+from batchllm.perf.runner import git_commit
 from batchllm.attention_plan.work_list import DEFAULT_WORK_ORDER, build_prefix_shared_plan
 from batchllm.ops.plan_device import device_num_sms, plan_to_device
+from tests.op_references import dense_reference
 from tests.synthetic_batch import SeqSpec, make_batch
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16  # Llama-3.1-8B
@@ -66,17 +51,26 @@ def scenario_seqs(prefix: int, distinct: int, group: str | int, mixed: bool, jit
     rng = np.random.default_rng(seed)
     group_size = NUM_DECODE if group == "all" else int(group)
     num_groups = NUM_DECODE // group_size
-    seqs = []
+    seqs, q = [], min(CHUNK_TOKENS, distinct)
     for g in range(num_groups):
-        if mixed:  # prefill chunks: members' first distinct chunks, spread over the groups
-            for c in range(NUM_CHUNKS):
-                if c % num_groups == g:
-                    q = min(CHUNK_TOKENS, distinct)
-                    seqs.append(SeqSpec(q, prefix + q, prefix, g))
+        # prefill chunks: members' first distinct chunks, spread over the groups
+        seqs += [SeqSpec(q, prefix + q, prefix, g) for c in range(NUM_CHUNKS) if mixed and c % num_groups == g]
         for _ in range(group_size):
             d = int(round(distinct * rng.uniform(0.25, 1.75))) if jitter else distinct  # noqa: RUF046
             seqs.append(SeqSpec(1, prefix + max(d, 1), prefix, g))
     return seqs
+
+
+def synthetic_step(seqs, dtype, dev):
+    return make_batch(seqs, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM, block_size=BLOCK_SIZE,
+                      dtype=dtype, device=dev)
+
+
+def device_plan(meta: dict, tile: TileConfig, dev, **kw):
+    """The step's work list on the device, as build_prefix_shared_plan makes it for the engine."""
+    return plan_to_device(build_prefix_shared_plan(**meta, block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS,
+                                                   num_heads=NUM_HEADS, head_dim=HEAD_DIM, tile=tile,
+                                                   num_sms=device_num_sms(dev), **kw), dev)
 
 
 def bench_us(fn, rep_ms=60) -> float:
@@ -84,9 +78,7 @@ def bench_us(fn, rep_ms=60) -> float:
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e6
-    from triton.testing import do_bench
-
-    return float(do_bench(fn, warmup=15, rep=rep_ms)) * 1e3
+    return float(triton.testing.do_bench(fn, warmup=15, rep=rep_ms)) * 1e3
 
 
 class Sdpa:
@@ -94,40 +86,33 @@ class Sdpa:
 
     def __init__(self, b, seqs, scale):
         self.b, self.scale = b, scale
-        lens, shared = b.seq_lens.tolist(), b.shared_kv_lens.tolist()
-        starts = b.query_start_loc.tolist()
+        lens, shared, starts = b.seq_lens.tolist(), b.shared_kv_lens.tolist(), b.query_start_loc.tolist()
         dev = b.query.device
-        flat = lambda s: torch.as_tensor(
-            _slots(b.block_tables[s].cpu().numpy(), lens[s], shared[s]), device=dev)
+        flat = lambda s: kv_slots_of_seq(b.block_tables[s], lens[s], shared[s], BLOCK_SIZE)  # noqa: E731
         self.decode = [s for s, x in enumerate(seqs) if x.q_len == 1]
         self.chunks = [s for s, x in enumerate(seqs) if x.q_len > 1]
         max_len = max(lens[s] for s in self.decode)
-        slots = torch.zeros(len(self.decode), max_len, dtype=torch.long, device=dev)
+        self.decode_slots = torch.zeros(len(self.decode), max_len, dtype=torch.long, device=dev)
         self.mask = torch.zeros(len(self.decode), 1, 1, max_len, dtype=torch.bool, device=dev)
         for i, s in enumerate(self.decode):
-            slots[i, :lens[s]] = flat(s)
+            self.decode_slots[i, :lens[s]] = flat(s)
             self.mask[i, ..., :lens[s]] = True
-        self.decode_slots = slots
         self.decode_rows = torch.tensor([starts[s] for s in self.decode], device=dev)
         self.chunk_slots = [flat(s) for s in self.chunks]
         self.chunk_rows = [(starts[s], starts[s + 1]) for s in self.chunks]
         self.gathered = None
 
-    def _gather(self, slots):
-        return gather_kv(self.b, slots)
-
-    def pregather(self):
-        self.gathered = (self._gather(self.decode_slots), [self._gather(s) for s in self.chunk_slots])
-
     def __call__(self, use_pregathered=False):
-        import torch.nn.functional as F
+        """use_pregathered: on K / V gathered once, at the first such call (the gather not timed)."""
+        if use_pregathered and self.gathered is None:
+            self.gathered = (gather_kv(self.b, self.decode_slots), [gather_kv(self.b, s) for s in self.chunk_slots])
         q_all, out = self.b.query, torch.empty_like(self.b.query)
-        dk, ck = self.gathered if use_pregathered else (self._gather(self.decode_slots), None)
+        dk, ck = self.gathered if use_pregathered else (gather_kv(self.b, self.decode_slots), None)
         q = q_all[self.decode_rows][:, :, None, :]  # [R, H, 1, D]
         o = F.scaled_dot_product_attention(q, dk[0], dk[1], attn_mask=self.mask, scale=self.scale, enable_gqa=True)
         out[self.decode_rows] = o[:, :, 0]
         for i, (r0, r1) in enumerate(self.chunk_rows):
-            k, v = ck[i] if use_pregathered else self._gather(self.chunk_slots[i])
+            k, v = ck[i] if use_pregathered else gather_kv(self.b, self.chunk_slots[i])
             q = q_all[r0:r1].transpose(0, 1)[None]
             L, n = k.shape[-2], r1 - r0
             mask = torch.ones(n, L, dtype=torch.bool, device=q.device).tril(L - n)
@@ -141,14 +126,6 @@ def gather_kv(b, slots):
     k = b.k_cache.view(-1, NUM_KV_HEADS, HEAD_DIM)[slots]  # [..., L, Hkv, D]
     v = b.v_cache.view(-1, NUM_KV_HEADS, HEAD_DIM)[slots]
     return k.transpose(-3, -2), v.transpose(-3, -2)
-
-
-def _slots(table, seq_len, shared):
-    p = np.arange(seq_len)
-    own0 = -(-shared // BLOCK_SIZE)
-    idx = np.where(p < shared, p // BLOCK_SIZE, own0 + (p - shared) // BLOCK_SIZE)
-    off = np.where(p < shared, p % BLOCK_SIZE, (p - shared) % BLOCK_SIZE)
-    return table[idx].astype(np.int64) * BLOCK_SIZE + off
 
 
 def flashinfer_cascade(b, seqs, scale):
@@ -186,13 +163,11 @@ def flashinfer_cascade(b, seqs, scale):
     return lambda: wrapper.run(b.query, (b.k_cache, b.v_cache))
 
 
-def kv_bytes_unique(seqs) -> float:
-    prefix = {}
-    own = 0
-    for s in seqs:
-        prefix[s.group_id] = s.shared_kv_len
-        own += s.seq_len - s.shared_kv_len if s.q_len == 1 else 0
-    return (sum(prefix.values()) + own) * NUM_KV_HEADS * HEAD_DIM * 2 * 2  # K and V, bf16
+def kv_bytes_unique(seqs, bytes_per_value: int = 2) -> float:
+    """K and V bytes the decode rows read, each group's prefix once."""
+    prefix = {s.group_id: s.shared_kv_len for s in seqs}
+    own = sum(s.seq_len - s.shared_kv_len for s in seqs if s.q_len == 1)
+    return (sum(prefix.values()) + own) * NUM_KV_HEADS * HEAD_DIM * 2 * bytes_per_value
 
 
 def prefix_flops(seqs) -> float:
@@ -211,8 +186,7 @@ def _time_impls(impls, ref, notes, where, variant_us: dict | None = None) -> dic
         best = None
         for tag, fn in variants:
             try:
-                err = (fn().float() - ref).abs().max().item()
-                us = bench_us(fn)
+                err, us = (fn().float() - ref).abs().max().item(), bench_us(fn)
             except Exception as exc:  # noqa: BLE001
                 notes.append(f"{name}{tag} failed on {where}: {exc!r}"[:600])
                 continue
@@ -220,22 +194,16 @@ def _time_impls(impls, ref, notes, where, variant_us: dict | None = None) -> dic
                 variant_us.setdefault(name, {})[tag] = round(us, 2)
             if best is None or (err < VALID_MAX_ABS_ERR, -us) > (best[1] < VALID_MAX_ABS_ERR, -best[0]):
                 best = (us, err, tag)
-        if best:
-            timings[name] = best
+        timings.update({name: best} if best else {})
     return timings
 
 
 def _main_timings(b, seqs, ref, scale, tile: TileConfig, with_flashinfer: bool, notes: list, where: str) -> dict:
     """Our kernels under the engine's tile config, SDPA, FlashInfer."""
-    dev = b.query.device
-    meta = b.metadata_numpy()
-    kw = {"block_size": BLOCK_SIZE, "num_kv_heads": NUM_KV_HEADS, "num_heads": NUM_HEADS, "head_dim": HEAD_DIM,
-          "tile": tile, "num_sms": device_num_sms(dev)}
-    plans = {name: plan_to_device(build_prefix_shared_plan(**meta, order=order, **kw), dev)
+    meta, dev = b.metadata_numpy(), b.query.device
+    plans = {name: device_plan(meta, tile, dev, order=order)
              for name, order in (("fused", "cost"), ("fused_interleave", "interleave"), ("fused_auto", "auto"))}
-    plans["plain"] = plan_to_device(build_prefix_shared_plan(meta["query_start_loc"], meta["seq_lens"],
-                                                             meta["shared_kv_lens"], meta["block_tables"], **kw),
-                                    dev)  # no groups: plain paged
+    plans["plain"] = device_plan({**meta, "group_ids": None, "is_prefix": None}, tile, dev)  # no groups: plain paged
     impls = {name: [("default", lambda p=p: prefix_shared_attention(b.query, b.k_cache, b.v_cache, p, scale))]
              for name, p in plans.items()}
     sdpa = Sdpa(b, seqs, scale)
@@ -245,14 +213,8 @@ def _main_timings(b, seqs, ref, scale, tile: TileConfig, with_flashinfer: bool, 
             impls["flashinfer"] = [("", flashinfer_cascade(b, seqs, scale))]
         except Exception as exc:  # noqa: BLE001
             notes.append(f"flashinfer plan failed on {where}: {exc!r}")
-    timings = _time_impls(impls, ref, notes, where)
-    try:
-        sdpa.pregather()
-        err = (sdpa(True).float() - ref).abs().max().item()
-        timings["sdpa_nogather"] = (bench_us(lambda: sdpa(True)), err, "")
-    except Exception as exc:  # noqa: BLE001
-        notes.append(f"sdpa_nogather failed: {exc!r}"[:300])
-    return timings
+    impls["sdpa_nogather"] = [("", lambda: sdpa(True))]
+    return _time_impls(impls, ref, notes, where)
 
 
 # (batch, query rows per sequence, context tokens per sequence, shared prefix tokens)
@@ -274,46 +236,21 @@ def causal_pairs(q_len: int, context: int) -> int:
 
 def dense_kv(b, seqs) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, H, L, D] K and V gathered from the paged cache, KV heads repeated to the query heads."""
-    dev = b.query.device
     lens, shared = b.seq_lens.tolist(), b.shared_kv_lens.tolist()
-    tables = b.block_tables.cpu().numpy()
-    slots = torch.stack([torch.as_tensor(_slots(tables[s], lens[s], shared[s]), device=dev)
-                         for s in range(len(seqs))])
+    slots = torch.stack([kv_slots_of_seq(b.block_tables[s], lens[s], shared[s], BLOCK_SIZE) for s in range(len(seqs))])
     rep = NUM_HEADS // NUM_KV_HEADS
     k, v = gather_kv(b, slots)  # [B, Hkv, L, D]
     return k.repeat_interleave(rep, dim=1).contiguous(), v.repeat_interleave(rep, dim=1).contiguous()
 
 
-def dense_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                    rows_per_chunk: int = 1024) -> torch.Tensor:
-    """float32 causal attention, bottom-right aligned, computed in row chunks. q [B, H, Lq, D],
-    k / v [B, H, L, D]; returns [B * Lq, H, D] (the packed layout of our kernel)."""
-    q_len, context = q.shape[2], k.shape[2]
-    kf, vf = k.float(), v.float()
-    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-    for r0 in range(0, q_len, rows_per_chunk):
-        r1 = min(q_len, r0 + rows_per_chunk)
-        scores = q[:, :, r0:r1].float() @ kf.transpose(-1, -2) * scale  # [B, H, rows, L]
-        visible = torch.arange(context, device=q.device)[None, :] <= (
-            context - q_len + torch.arange(r0, r1, device=q.device)[:, None])
-        scores.masked_fill_(~visible, float("-inf"))
-        out[:, :, r0:r1] = torch.softmax(scores, dim=-1) @ vf
-    return out.transpose(1, 2).reshape(-1, q.shape[1], q.shape[3])
-
-
 def _sdpa_backend_fn(backend_name: str, q, k, v, scale, enable_gqa: bool = False):
     """One SDPA call with only `backend_name` allowed, output in the packed layout; enable_gqa:
     k / v hold the KV heads only (grouped-query attention inside the kernel)."""
-    import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backend = getattr(SDPBackend, backend_name)
     q_len, context = q.shape[2], k.shape[2]
-    if q_len == context:
-        mask_kw = {"is_causal": True}
-    else:
-        from torch.nn.attention.bias import causal_lower_right
-        mask_kw = {"attn_mask": causal_lower_right(q_len, context)}
+    mask_kw = {"is_causal": True} if q_len == context else {"attn_mask": causal_lower_right(q_len, context)}
 
     def fn():
         with sdpa_kernel([backend]):
@@ -323,8 +260,8 @@ def _sdpa_backend_fn(backend_name: str, q, k, v, scale, enable_gqa: bool = False
 
 
 def _cudnn_op_fn(q, k, v, scale):
-    """cuDNN's fused attention through PyTorch's op directly, with the KV heads as they are (square
-    causal shapes only: its causal mask is unambiguous there), output in the packed layout."""
+    """cuDNN's attention op called directly, the KV heads as they are (square causal shapes only:
+    its causal mask is unambiguous there), output in the packed layout."""
     def fn():
         o = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, False, 0.0, True, False, scale=scale)[0]
         return o.transpose(1, 2).reshape(-1, q.shape[1], q.shape[3])
@@ -332,18 +269,14 @@ def _cudnn_op_fn(q, k, v, scale):
 
 
 def token_major(t: torch.Tensor) -> torch.Tensor:
-    """The same [B, H, L, D] values stored token-major ([B, L, H, D] in memory, as the engine's
-    query and output are), as a [B, H, L, D] view."""
+    """[B, H, L, D] values stored token-major ([B, L, H, D] in memory, as the engine's rows are)."""
     return t.transpose(1, 2).contiguous().transpose(1, 2)
 
 
 def sdpa_variants(backend_name: str, q, k, v, scale) -> list[tuple[str, object]]:
-    """The peer's settings, swept (the fastest valid one is its row): SDPA with the KV heads
-    repeated, SDPA with grouped-query attention inside the kernel and, for cuDNN on square
-    shapes, its op called directly; each with the tensors head-major ([B, H, L, D] in memory)
-    and token-major ("bshd_": [B, L, H, D] in memory, whose output is already in the packed
-    layout, so it needs no copy). q: [B, query heads, L, D]; k / v: [B, query heads, L, D], KV
-    heads repeated."""
+    """The peer's settings (its row: the fastest valid one): KV heads repeated, enable_gqa and, for
+    cuDNN on squares, its op called directly; each head-major and token-major ("bshd_", whose
+    output is already in the packed layout). q, k, v: [B, query heads, L, D], KV heads repeated."""
     k_heads, v_heads = (t[:, ::NUM_HEADS // NUM_KV_HEADS].contiguous() for t in (k, v))
     variants = []
     for prefix, layout in (("", lambda t: t), ("bshd_", token_major)):
@@ -362,18 +295,13 @@ def run_dense(args, dev, dtype, scale, tile: TileConfig, rows: list, notes: list
     for batch, q_len, context, shared in (DRY_DENSE_SHAPES if args.dry_run else DENSE_SHAPES):
         where = f"dense {batch}x{q_len} of {context}" + (f", {shared} shared" if shared else "")
         seqs = dense_seqs(batch, q_len, context, shared)
-        b = make_batch(seqs, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM,
-                       block_size=BLOCK_SIZE, dtype=dtype, device=dev)
+        b = synthetic_step(seqs, dtype, dev)
         k, v = dense_kv(b, seqs)
         q = b.query.view(batch, q_len, NUM_HEADS, HEAD_DIM).transpose(1, 2).contiguous()
         ref = dense_reference(q, k, v, scale)
-        meta = b.metadata_numpy()
-        impls = {"batchllm": []}
-        for tag, cfg in configs.items():
-            plan = plan_to_device(build_prefix_shared_plan(
-                **meta, order="auto", block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS, num_heads=NUM_HEADS,
-                head_dim=HEAD_DIM, tile=cfg, num_sms=device_num_sms(dev)), dev)
-            impls["batchllm"].append((tag, lambda p=plan: prefix_shared_attention(b.query, b.k_cache, b.v_cache, p, scale)))
+        impls = {"batchllm": [(tag, lambda p=device_plan(b.metadata_numpy(), cfg, dev, order="auto"):
+                               prefix_shared_attention(b.query, b.k_cache, b.v_cache, p, scale))
+                              for tag, cfg in configs.items()]}
         if dev == "cuda":
             impls["sdpa_cudnn"] = sdpa_variants("CUDNN_ATTENTION", q, k, v, scale)
             impls["sdpa_flash"] = sdpa_variants("FLASH_ATTENTION", q, k, v, scale)
@@ -409,6 +337,12 @@ def dense_markdown_table(result) -> str:
     return "\n".join(lines) + "\n"
 
 
+def save(result: dict, path: str, t_start: float) -> None:
+    result["wall_s"] = round(time.time() - t_start, 1)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+
+
 def run(args):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
@@ -420,12 +354,7 @@ def run(args):
               "heads": f"{NUM_HEADS}q/{NUM_KV_HEADS}kv d{HEAD_DIM} page {BLOCK_SIZE}", "rows": rows, "notes": notes,
               "engine_work_order": DEFAULT_WORK_ORDER,
               "versions": {"torch": torch.__version__, "triton": triton.__version__}}
-    try:
-        import flashinfer  # noqa: F401
-        have_flashinfer = True
-    except Exception as exc:  # noqa: BLE001
-        have_flashinfer = False
-        notes.append(f"flashinfer not importable: {exc!r}")
+    have_flashinfer = importlib.util.find_spec("flashinfer") is not None
     tile = default_tile_config(HEAD_DIM, NUM_HEADS // NUM_KV_HEADS)
     result["tile_configs"] = {"default": vars(tile)}
     t_start = time.time()
@@ -435,8 +364,7 @@ def run(args):
                  for mode, jitter in MODES] if args.scenarios in ("shared", "all") else []
     for (prefix, distinct, group), mode, jitter in scenarios:
         seqs = scenario_seqs(prefix, distinct, group, mode.startswith("mixed"), jitter)
-        b = make_batch(seqs, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM,
-                       block_size=BLOCK_SIZE, dtype=dtype, device=dev)
+        b = synthetic_step(seqs, dtype, dev)
         ref = paged_attention_reference(b.query, b.k_cache, b.v_cache, b.query_start_loc, b.seq_lens,
                                         b.shared_kv_lens, b.block_tables, scale).float()
         with_flashinfer = have_flashinfer and not mode.startswith("mixed")
@@ -449,20 +377,17 @@ def run(args):
                    "prefix_tflop_per_s": round(prefix_flops(seqs) / us / 1e6, 2)}
             rows.append(row)
             print(json.dumps(row), flush=True)
-        result["wall_s"] = round(time.time() - t_start, 1)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        save(result, args.out, t_start)
         del b, ref
         if dev == "cuda":
             torch.cuda.empty_cache()
-    result["wall_s"] = round(time.time() - t_start, 1)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    save(result, args.out, t_start)
+    kinds = {r["scenario"] if r["scenario"] == "dense" else "shared" for r in rows}
+    tables = [table(result) for kind, table in (("shared", markdown_table), ("dense", dense_markdown_table))
+              if kind in kinds]
     if args.markdown:
         with open(args.markdown, "w") as f:
-            tables = [markdown_table(result) if any(r["scenario"] != "dense" for r in result["rows"]) else "",
-                      dense_markdown_table(result) if any(r["scenario"] == "dense" for r in result["rows"]) else ""]
-            f.write("\n".join(t for t in tables if t))
+            f.write("\n".join(tables))
     return result
 
 

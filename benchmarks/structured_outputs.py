@@ -109,6 +109,7 @@ def run_matcher(args) -> dict:
     import numpy as np
     import torch
 
+    from batchllm.ops.transfer import PinnedStaging
     from batchllm.sampling_params import StructuredOutputsParams
     from batchllm.structured.backend import GrammarBackend
     from batchllm.structured.synthetic_vocabulary import synthetic_vocabulary
@@ -117,10 +118,12 @@ def run_matcher(args) -> dict:
     spec = StructuredOutputsParams(json=BENCH_SCHEMA)
     states = [backend.grammar_state(spec) for _ in range(args.rows)]
     rng = np.random.default_rng(args.seed)
+    staging = PinnedStaging(torch.device("cpu"))
     fill_s = accept_s = 0.0
     for _ in range(args.steps):
+        staging.begin_step()
         started = time.perf_counter()
-        _, bitmask = backend.filler.fill(states, list(range(args.rows)), args.vocab_size, torch.device("cpu"))
+        _, bitmask = backend.filler.fill(states, list(range(args.rows)), args.vocab_size, staging)
         filled = time.perf_counter()
         bits = (bitmask.view(torch.uint8)[:, :, None] >> torch.arange(8, dtype=torch.uint8)) & 1
         allowed = bits.view(args.rows, -1)[:, :args.vocab_size].numpy()

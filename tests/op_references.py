@@ -1,6 +1,6 @@
-"""Ops that only the tests use: PyTorch oracles (dense and prefix-shared attention, the LSE merge,
-the element-wise layers of the fused kernels) and `paged_attention`, plain paged attention in one
-call. The engine's own references (its CPU path) stay in batchllm/ops/reference.py.
+"""Ops that only the tests and benchmarks use: PyTorch oracles (dense and prefix-shared attention,
+the LSE merge, the element-wise layers of the fused kernels) and `paged_attention`, plain paged
+attention in one call. The engine's own references (its CPU path) stay in batchllm/ops/reference.py.
 
     from op_references import paged_attention, prefix_shared_attention_reference
 """
@@ -33,6 +33,22 @@ def dense_causal_attention(
     scores = scores.masked_fill(~mask.to(scores.device), float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(query.dtype)
 
+
+def dense_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                    rows_per_chunk: int = 1024) -> torch.Tensor:
+    """float32 causal attention, bottom-right aligned, computed in row chunks. q [B, H, Lq, D],
+    k / v [B, H, L, D]; returns [B * Lq, H, D] (the packed layout of our kernel)."""
+    q_len, context = q.shape[2], k.shape[2]
+    kf, vf = k.float(), v.float()
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    for r0 in range(0, q_len, rows_per_chunk):
+        r1 = min(q_len, r0 + rows_per_chunk)
+        scores = q[:, :, r0:r1].float() @ kf.transpose(-1, -2) * scale  # [B, H, rows, L]
+        visible = torch.arange(context, device=q.device)[None, :] <= (
+            context - q_len + torch.arange(r0, r1, device=q.device)[:, None])
+        scores.masked_fill_(~visible, float("-inf"))
+        out[:, :, r0:r1] = torch.softmax(scores, dim=-1) @ vf
+    return out.transpose(1, 2).reshape(-1, q.shape[1], q.shape[3])
 
 def merge_attention_states_reference(
     out_a: torch.Tensor,  # [num_tokens, num_heads, d]

@@ -84,29 +84,29 @@ def test_a_variant_that_cannot_load_leaves_the_others():
 
 
 def test_graph_replays_count_the_timed_run_only():
-    """A row's graph_replays are the replays of its timed run, not the warm-up's or earlier
-    rows'. On CPU no graphs run, so a counter stands in for the graph runner between runs: each
-    run adds 7 replays."""
-    from types import SimpleNamespace
-
+    """A row's graph_replays (and its other step counts) are those of its timed run, not the
+    warm-up's or earlier rows'. On CPU no graphs run, so a counter stands in for the runner's
+    graph counts: each run adds 7 replays."""
     options = BenchOptions(model=MODEL, workloads=["micro:32:8:2#4"], output_tokens=2,
                            policies="batchllm,vllm", kv_cache_tokens=4096, device="cpu", git_commit="abc")
     llm = load_llm(options)
-    counter = SimpleNamespace(num_replays=0)
+    counts = {"graph_replays": 0}
     real_generate = llm.generate
 
     def generate(*args, **kwargs):
-        llm.engine.runner.graphs = None  # the real runner runs eagerly on CPU
         try:
             return real_generate(*args, **kwargs)
         finally:
-            counter.num_replays += 7
-            llm.engine.runner.graphs = counter
+            counts["graph_replays"] += 7
 
     llm.generate = generate
-    llm.engine.runner.graphs = counter
+    eager_counts = llm.engine.runner.graph_counts
+    llm.engine.runner.graph_counts = lambda: {**eager_counts(), **counts}
     result = run_variants(options, load=lambda *_: llm, log=lambda text: None)
     assert [(row["policy"], row["graph_replays"]) for row in result["rows"]] == [("batchllm", 7), ("vllm", 7)]
+    # every step ran eagerly on the CPU, and the row says so
+    assert [row["eager_steps"] == row["steps"] > 0 for row in result["rows"]] == [True, True]
+    assert [row["piecewise_steps"] for row in result["rows"]] == [0, 0]
 
 
 def test_every_workload_gets_its_warm_pass_before_its_timed_rows():

@@ -1,7 +1,8 @@
-"""Tensor parallelism on two GPUs (NCCL): decode steps replay CUDA graphs with the all-reduces
-captured in them, the step loop runs ahead (asynchronous scheduling) on every rank and gives the
-synchronous loop's tokens, and the engine shuts down promptly. (That the shards compute the
-unsharded model is pinned exactly in float32 on CPU, tests/test_distributed_tp.py.)"""
+"""Tensor parallelism on two GPUs (NCCL): decode steps replay whole-step CUDA graphs and the other
+steps piecewise graphs, with the all-reduces captured in them, the step loop runs ahead
+(asynchronous scheduling) on every rank and gives the synchronous loop's tokens, and the engine
+shuts down promptly. (That the shards compute the unsharded model is pinned exactly in float32 on
+CPU, tests/test_distributed_tp.py.)"""
 
 import time
 
@@ -38,9 +39,12 @@ def test_tp2_graphs_and_async_scheduling():
     engine = build_engine(dataclasses.replace(config, parallel=ParallelConfig(tensor=tensor)))
     runs = {}
     for name, options in (("async", RunOptions()), ("sync", RunOptions(async_scheduling=False))):
-        replays = engine.runner.graphs.num_replays
+        before = engine.runner.graph_counts()
         runs[name] = {o.request_id: o.output_token_ids for o in engine.run(_requests(), options=options)}
-        assert engine.runner.graphs.num_replays > replays  # decode steps ran as graphs, all-reduces inside
+        after = engine.runner.graph_counts()
+        assert after["graph_replays"] > before["graph_replays"]  # decode steps ran as graphs, all-reduces inside
+        assert after["piecewise_steps"] > before["piecewise_steps"]  # and prefill steps as piecewise graphs
+        assert after["eager_steps"] == before["eager_steps"]
     started = time.perf_counter()
     engine.shutdown()
     assert time.perf_counter() - started < 30  # graphs destroyed first, then every rank leaves together

@@ -109,3 +109,21 @@ def test_greedy_tokens_equal_hf_generate(llm, hf_default_model, prompt_token_ids
                                   f"prompt {index} under policy {policy}")
     if policy == "batchllm":
         assert llm.last_run_stats.num_prompt_tokens == sum(len(ids) for ids in prompt_token_ids)
+
+
+def test_piecewise_steps_give_hf_tokens(llm, hf_default_model, prompt_token_ids, hf_outputs):
+    """The same outputs when every step runs through the model's pieces and the runner's static
+    buffers, padded to the token buckets (uncaptured on the CPU: the path the piecewise CUDA graphs
+    take on a GPU)."""
+    from batchllm.engine.model_runner import ModelRunner
+
+    engine = llm.engine  # (the fixture puts the engine's own runner back afterwards)
+    runner = engine.runner
+    engine.runner = ModelRunner(runner.model, engine.arch, runner.kv_cache, runner.block_size, runner.device,
+                                engine.config.attention_backend, cuda_graphs=False, max_num_tokens=96,
+                                piecewise_on_cpu=True)
+    ours = _engine_outputs(llm, prompt_token_ids, "batchllm")
+    assert engine.runner.graph_counts()["piecewise_steps"] == llm.last_run_stats.num_steps > 10
+    for index, (mine, theirs) in enumerate(zip(ours, hf_outputs)):
+        _assert_same_or_exact_tie(hf_default_model, prompt_token_ids[index], mine, theirs,
+                                  f"prompt {index} through the pieces")

@@ -1,5 +1,6 @@
-"""ModelRunner.observer: called around every step's launch, told whether the step replayed a CUDA
-graph (never on the CPU), also when the launch raises; None by default."""
+"""ModelRunner.observer: called around every step's launch, told how the step ran (eagerly on the
+CPU, or through the uncaptured pieces of the piecewise graphs), also when the launch raises; None
+by default."""
 
 import pytest
 
@@ -16,8 +17,8 @@ class Recorder:
     def step_started(self, output):
         self.calls.append(("started", output.step_index))
 
-    def step_launched(self, output, graph_replayed):
-        self.calls.append(("launched", output.step_index, graph_replayed))
+    def step_launched(self, output, mode):
+        self.calls.append(("launched", output.step_index, mode))
 
 
 def _requests(num_requests: int, max_tokens: int) -> list[PreparedRequest]:
@@ -36,8 +37,8 @@ def test_observer_sees_every_step_in_order(tiny_engine):
         runner.observer = None
     assert sorted(len(o.output_token_ids) for o in outputs) == [3, 3, 3, 3]
     # the prompts in one step, then one decode step per further token
-    assert recorder.calls == [("started", 0), ("launched", 0, False), ("started", 1), ("launched", 1, False),
-                              ("started", 2), ("launched", 2, False)]
+    assert recorder.calls == [("started", 0), ("launched", 0, "eager"), ("started", 1), ("launched", 1, "eager"),
+                              ("started", 2), ("launched", 2, "eager")]
     assert stats.num_steps == 3
 
 
@@ -55,4 +56,4 @@ def test_observer_hears_a_failed_launch(tiny_engine, monkeypatch):
             list(tiny_engine.run(_requests(1, max_tokens=2)))
     finally:
         runner.observer = None
-    assert recorder.calls == [("started", 0), ("launched", 0, False)]
+    assert recorder.calls == [("started", 0), ("launched", 0, "eager")]

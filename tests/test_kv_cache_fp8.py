@@ -1,11 +1,13 @@
 """The FP8 (e4m3) KV cache: the quantization rule, its sizing, the store and attention kernels on
 an e4m3 cache against the references, and the engine backends on one."""
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from batchllm.attention_plan.tile_config import decode_tile_config
 from batchllm.attention_plan.work_list import build_prefix_shared_plan
 from batchllm.engine.attention.paged import PagedAttention
 from batchllm.engine.attention.protocol import AttentionMetadata
@@ -255,3 +257,153 @@ def test_store_and_attend_on_fp8_cache_gpu(dtype, heads, groups):
     # e4m3 keeps 3 mantissa bits: ~3.5% relative RMS error on these random caches
     assert error.abs().max() <= 0.1 * full.abs().max()
     assert error.pow(2).mean().sqrt() <= 0.06 * full.pow(2).mean().sqrt()
+
+
+# ---------------------------------------------------------------- decode tiles of an FP8 cache
+
+# A decode step: a group of 5 members (20 packed rows: a BIG prefix tile), a group of 2, ungrouped rows
+DECODE = ([SeqSpec(1, 90 + 23 * i, 48, 0) for i in range(5)] + [SeqSpec(1, 131, 64, 1), SeqSpec(1, 150, 64, 1)]
+          + [SeqSpec(1, 300), SeqSpec(1, 17)])
+
+
+def _decode_plan(b, heads, device, tile):
+    """A decode step's plan as a CUDA graph launches it: persistent class-split launches of
+    tile.graph_programs_per_sm programs per SM, the split-KV pieces sized for them (the backend's)."""
+    num_heads, num_kv_heads, head_dim = heads
+    plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=num_kv_heads, num_heads=num_heads,
+                                    head_dim=head_dim, tile=tile, num_sms=device_num_sms(device),
+                                    programs_per_sm=tile.graph_programs_per_sm)
+    big, small = plan.class_lists()
+    assert big.shape[0] > 0 and small.shape[0] > 0
+    counts = torch.tensor([big.shape[0], small.shape[0]], dtype=torch.int32, device=device)
+    return replace(plan_to_device(plan, device), num_items=counts,
+                   persistent_programs=device_num_sms(device) * tile.graph_programs_per_sm)
+
+
+def _decode_rows(kv_fp8: bool) -> dict[str, object]:
+    """The decode tiles of the GPU table (Llama-3.1-8B heads) that run on a cache of this kind: the
+    FP8 row (float16 MMAs, PTX conversion) and the bf16 row (tiles converted to the query dtype)
+    on an FP8 cache; the bf16 row on a cache in the model dtype."""
+    rows = {"bf16_row": decode_tile_config(128, 4, interpret=False)}
+    if kv_fp8:
+        rows["fp8_row"] = decode_tile_config(128, 4, interpret=False, kv_fp8=True)
+    return rows
+
+
+@pytest.mark.parametrize("kv_fp8", [True, False], ids=["fp8", "query_dtype"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_every_decode_row_matches_reference(device, dtype, kv_fp8):
+    """Each decode tile of the GPU table (on the Llama-3.1-8B head shape) computes the reference's
+    attention on the cache it runs on; with float16 MMAs, float32 queries are rounded to float16
+    (and the probabilities), hence the float16 tolerance."""
+    candidates = _decode_rows(kv_fp8)
+    heads = (8, 2, 128)
+    b = make_batch(DECODE, num_heads=8, num_kv_heads=2, head_dim=128, block_size=16, dtype=dtype, device=device)
+    caches, scales = (_fp8_caches(b), (K_SCALE, V_SCALE)) if kv_fp8 else ((b.k_cache, b.v_cache), (1.0, 1.0))
+    ref = _reference(b, *caches, 128 ** -0.5, *scales)
+    for name, tile in candidates.items():
+        out = prefix_shared_attention(b.query, *caches, _decode_plan(b, heads, device, tile), 128 ** -0.5,
+                                      k_scale=scales[0], v_scale=scales[1])
+        exact = dtype == torch.float32 and not (kv_fp8 and tile.fp8_conversion != "query")
+        tol = 2e-5 if exact else 3e-3
+        torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("magnitude", [1e5, 1e-6])
+def test_float16_mmas_scale_the_query_tile_into_range(device, magnitude):
+    """Query values of 1e5 overflow float16 and values of 1e-6 are float16 subnormals: the FP8
+    row's float16 MMAs scale each query tile by a power of two first (and the softmax scale back),
+    so the result is the reference's (the softmax scale over `magnitude` keeps the scores usual)."""
+    from batchllm.attention_plan.tile_config import decode_tile_config
+
+    heads = (8, 2, 32)
+    tile = decode_tile_config(32, 4, kv_fp8=True)
+    assert tile.fp8_conversion == "float16_ptx"
+    b = make_batch(DECODE, num_heads=8, num_kv_heads=2, head_dim=32, block_size=16, device=device)
+    b.query.mul_(magnitude)
+    k8, v8 = _fp8_caches(b)
+    scale = 0.2 / magnitude
+    out = prefix_shared_attention(b.query, k8, v8, _decode_plan(b, heads, device, tile), scale, k_scale=K_SCALE,
+                                  v_scale=V_SCALE)
+    torch.testing.assert_close(out, _reference(b, k8, v8, scale, K_SCALE, V_SCALE), atol=3e-3, rtol=3e-3)
+
+
+def test_fp8_decode_row_on_the_gpu_table():
+    """A float8_e4m3fn cache's decode tiles: the bf16 row's, with SMALL steps of 128 positions
+    (the bytes of the bf16 row's 64) and split-KV pieces of at least 1024, float16 MMAs converted
+    by PTX, and 3 programs of 4 warps and 168 registers per SM (values written out)."""
+    from batchllm.attention_plan.tile_config import decode_tile_config
+
+    bf16 = decode_tile_config(128, 4, interpret=False)
+    fp8 = decode_tile_config(128, 4, interpret=False, kv_fp8=True)
+    assert fp8 == replace(bf16, small_n=128, min_kv_split_tokens=1024, small_max_registers=168,
+                          graph_programs_per_sm=3, fp8_conversion="float16_ptx")
+    assert (bf16.small_n, bf16.small_max_registers, bf16.fp8_conversion, bf16.graph_programs_per_sm) == (
+        64, None, "query", 4)
+    assert decode_tile_config(64, 3, interpret=True, kv_fp8=True).fp8_conversion == "float16_ptx"  # the CPU tests' row
+
+
+def test_decode_rows_fit_their_programs_per_sm():
+    """A row with a register cap lets an SM hold its graph_programs_per_sm programs (65536
+    registers an SM)."""
+    for tile in (*_decode_rows(True).values(), *_decode_rows(False).values()):
+        threads = tile.graph_programs_per_sm * (tile.small_num_warps or tile.num_warps) * 32
+        assert tile.split_classes and (tile.small_max_registers is None or threads * tile.small_max_registers <= 65536)
+
+
+def test_tile_config_refuses_an_unknown_fp8_conversion():
+    from batchllm.attention_plan.tile_config import decode_tile_config
+
+    with pytest.raises(ValueError, match="fp8_conversion must be one of"):
+        replace(decode_tile_config(64, 3), fp8_conversion="bfloat16")
+
+
+@pytest.mark.parametrize("backend_name", ["fused", "triton"])
+def test_triton_backends_plan_decode_steps_with_the_cache_rows_tiles(backend_name):
+    """The backend knows its cache's dtype: decode steps get the FP8 row on an FP8 cache, the
+    bf16 row otherwise; steps with prefill chunks the default table either way."""
+    from batchllm.attention_plan.tile_config import decode_tile_config, default_tile_config
+
+    b = make_batch(MIXED, num_heads=6, num_kv_heads=2, head_dim=32, block_size=16)
+    for dtype, kv_fp8 in ((FP8, True), (torch.float32, False), (None, False)):
+        backend = make_backend(backend_name, torch.device("cpu"), 16, 6, 2, 32, kv_cache_dtype=dtype)
+        assert backend.decode_tile == decode_tile_config(32, 3, kv_fp8=kv_fp8)
+        decode = backend.build_plan(SimpleNamespace(**b.metadata_numpy(), decode_only=True))
+        prefill = backend.build_plan(SimpleNamespace(**b.metadata_numpy(), decode_only=False))
+        assert decode.tile == backend.decode_tile
+        assert prefill.tile == default_tile_config(32, 3) and not prefill.tile.split_classes
+
+
+@pytest.mark.gpu
+def test_fp8_decode_rows_replayed_in_cuda_graphs_gpu():
+    """bf16 queries on the Llama-3.1-8B heads: the step of the FP8 row and of the bf16 row on an FP8 cache,
+    captured in a CUDA graph (BIG launch on a side stream) and replayed, equals the reference on
+    the same cache; float16 MMAs round the probabilities to 11 bits, not 8, so their error is the
+    smaller one."""
+    candidates = _decode_rows(kv_fp8=True)
+    seqs = [SeqSpec(1, 1000 + 37 * i) for i in range(40)] + [SeqSpec(1, 2048 + 7 * i, 2048, g)
+                                                             for g in range(2) for i in range(16)]
+    b = make_batch(seqs, num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16,
+                   device="cuda")
+    k8, v8 = _fp8_caches(b)
+    scale = 128 ** -0.5
+    ref = _reference(b, k8, v8, scale, K_SCALE, V_SCALE)
+    side, errors = torch.cuda.Stream(), {}
+    for name, tile in candidates.items():
+        plan = _decode_plan(b, (32, 8, 128), "cuda", tile)
+        step = lambda plan=plan: prefix_shared_attention(b.query, k8, v8, plan, scale, k_scale=K_SCALE,  # noqa: E731
+                                                         v_scale=V_SCALE, side_stream=side)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            step()  # compiles
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = step()
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2, msg=lambda m, name=name: f"{name}: {m}")
+        errors.setdefault(tile.fp8_conversion == "query", []).append((out.float() - ref).pow(2).mean().sqrt().item())
+    assert max(errors[False]) <= min(errors[True])  # float16 MMAs, either conversion, against bfloat16 ones

@@ -104,7 +104,8 @@ def test_fp8_engine_graphs_equal_eager(kv_cache_dtype):
               kv_cache_dtype=kv_cache_dtype, kv_cache_tokens=16384)
     assert llm.engine.kv_cache.k.dtype == (torch.float8_e4m3fn if kv_cache_dtype == "fp8" else torch.bfloat16)
     graphed = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-    assert llm.engine.runner.graphs.num_replays > 0
+    counts = llm.engine.runner.graph_counts()
+    assert counts["graph_replays"] > 0 and counts["piecewise_steps"] > 0 and counts["eager_steps"] == 0
     eager = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False,
                                                            options=RunOptions(cuda_graphs=False))]
     same_first = sum(g[0] == e[0] for g, e in zip(graphed, eager)) / len(prompts)

@@ -64,3 +64,37 @@ def test_rope_reference_matches_the_model_rope():
     x = torch.randn(3, config.num_heads, config.head_dim)
     cos, sin = rotary.cos_sin(positions)
     torch.testing.assert_close(rope_reference(x, positions, rotary.cos, rotary.sin), apply_rope(x, cos, sin))
+
+
+def test_rms_norm_updates_the_residual_in_place(device):
+    """residual_out=residual: the residual stream is overwritten with x + residual, row by row, and
+    the normed rows are those of the out-of-place call."""
+    for dtype in _dtypes(device):
+        gen = torch.Generator().manual_seed(3)
+        x = torch.randn(6, 96, generator=gen).to(device, dtype)
+        weight = (1 + 0.1 * torch.randn(96, generator=gen)).to(device, dtype)
+        residual = torch.randn(6, 96, generator=gen).to(device, dtype)
+        expected_out, expected_residual = rms_norm(x, weight, 1e-5, residual.clone())
+        out, new_residual = rms_norm(x, weight, 1e-5, residual, residual_out=residual)
+        assert new_residual is residual
+        assert torch.equal(residual, expected_residual) and torch.equal(out, expected_out)
+
+
+def test_rope_writes_the_query_into_a_buffer_of_its_own(device):
+    """query_out: the rotated query lands there (the query view is left as it was), the key is
+    rotated in place, both as rope_inplace would."""
+    positions = torch.tensor([0, 5, 17], device=device)
+    angles = torch.outer(torch.arange(32).float(), 1.0 / (10000 ** (torch.arange(0, 32, 2).float() / 32)))
+    angles = torch.cat((angles, angles), dim=-1)
+    cos, sin = angles.cos().to(device), angles.sin().to(device)
+    for dtype in _dtypes(device):
+        qkv = torch.randn(3, 6 * 32, generator=torch.Generator().manual_seed(4)).to(device, dtype)
+        q, k = qkv[:, :4 * 32].view(3, 4, 32), qkv[:, 4 * 32:5 * 32].view(3, 1, 32)
+        expected = qkv.clone()
+        rope_inplace(expected[:, :4 * 32].view(3, 4, 32), expected[:, 4 * 32:5 * 32].view(3, 1, 32), positions, cos, sin)
+        q_before = q.clone()
+        query_out = torch.full((3, 4, 32), 7.0, device=device, dtype=dtype)
+        rope_inplace(q, k, positions, cos, sin, query_out)
+        assert torch.equal(query_out, expected[:, :4 * 32].view(3, 4, 32))
+        assert torch.equal(q, q_before)
+        assert torch.equal(qkv[:, 4 * 32:], expected[:, 4 * 32:])

@@ -573,3 +573,27 @@ def test_a_step_of_fresh_prompts_on_cudnn_gpu():
                                     b.seq_lens, b.shared_kv_lens, b.block_tables, head_dim ** -0.5)
     torch.testing.assert_close(outs[0].float(), outs[1].float(), atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(outs[0].float(), ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("case", ["mixed_ragged", "prefill_only", "fresh_prompts"])
+def test_output_written_into_a_given_tensor(device, case):
+    """out=: the attention lands in the given tensor (a piecewise graph's static buffer), the same
+    values as a fresh output: with tiles, dense calls and merges, or one whole-step dense call
+    (four fresh prompts), whose output is copied there."""
+    from dataclasses import replace
+
+    from batchllm.ops.prefix_attention import whole_step_call
+
+    if case == "fresh_prompts":
+        tile = replace(_dense_tile(min_rows=4, min_tokens=8), dense_causal_min_rows=12)
+        b, plan, ref = _merge_case([SeqSpec(6, 6)] * 4, HEADS["gqa3_d64"], torch.float32, device, tile, 16)
+    else:
+        b, plan, ref = _merge_case(SCENARIOS[case], HEADS["gqa3_d64"], torch.float32, device, _dense_tile(), 16)
+    device_plan = plan_to_device(plan, device)
+    assert (whole_step_call(device_plan) is not None) == (case == "fresh_prompts")
+    expected = prefix_shared_attention(b.query, b.k_cache, b.v_cache, device_plan, 64 ** -0.5)
+    out = torch.full_like(b.query, float("nan"))
+    assert prefix_shared_attention(b.query, b.k_cache, b.v_cache, device_plan, 64 ** -0.5, out=out) is out
+    assert torch.equal(out, expected)
+    with pytest.raises(ValueError, match="shaped like query"):
+        prefix_shared_attention(b.query, b.k_cache, b.v_cache, device_plan, 64 ** -0.5, out=out[:, :1])

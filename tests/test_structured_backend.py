@@ -7,6 +7,7 @@ import pytest
 import torch
 import xgrammar
 
+from batchllm.ops.transfer import PinnedStaging
 from batchllm.sampling_params import StructuredOutputsParams
 from batchllm.structured.backend import GrammarBackend
 from batchllm.structured.errors import StructuredOutputError
@@ -67,7 +68,7 @@ def test_the_same_spec_compiles_once(backend):
 def test_a_grammar_state_follows_its_choice_to_the_end_of_sequence(backend):
     vocabulary = backend.vocabulary
     state = backend.grammar_state(StructuredOutputsParams(choice=("yes", "no")))
-    rows, bitmask = backend.filler.fill([state], [4], vocabulary.vocab_size, torch.device("cpu"))
+    rows, bitmask = backend.filler.fill([state], [4], vocabulary.vocab_size, PinnedStaging(torch.device("cpu")))
     assert rows.tolist() == [4]
     allowed = {t for t in range(vocabulary.vocab_size) if bitmask[0, t // 32] >> (t % 32) & 1}
     # the tokens that start "yes" or "no": single bytes and longer pieces of the vocabulary
@@ -90,7 +91,7 @@ def test_the_filled_bitmask_is_each_matchers_own(backend):
     for token in _ids(vocabulary, b'{"n": 1'):
         states[0].advance(token, None)
     states[1].advance(_ids(vocabulary, b"a")[0], None)
-    rows, bitmask = backend.filler.fill(states, [0, 7], vocabulary.vocab_size, torch.device("cpu"))
+    rows, bitmask = backend.filler.fill(states, [0, 7], vocabulary.vocab_size, PinnedStaging(torch.device("cpu")))
     assert rows.tolist() == [0, 7] and bitmask.shape == (2, -(-vocabulary.vocab_size // 32))
     for index, state in enumerate(states):
         own = xgrammar.allocate_token_bitmask(1, vocabulary.vocab_size)

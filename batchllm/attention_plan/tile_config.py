@@ -9,6 +9,8 @@ from dataclasses import dataclass, replace
 
 from batchllm.attention_plan.checks import next_power_of_2
 
+FP8_CONVERSIONS = ("query", "float16", "float16_ptx")
+
 
 @dataclass(frozen=True)
 class TileConfig:
@@ -28,6 +30,16 @@ class TileConfig:
     split_classes: bool = False
     small_num_warps: int | None = None
     small_num_stages: int | None = None
+    # Registers per thread of the SMALL launch (ptxas's maxnreg; None: the compiler's choice): a
+    # persistent grid of graph_programs_per_sm programs runs in one wave only if they all fit on
+    # an SM at once (65536 registers: 128 each for 4 programs of 4 warps)
+    small_max_registers: int | None = None
+    # How an FP8 cache's tiles reach the MMAs (ops/attention_kernels.py): "query", converted to the
+    # query dtype; "float16", to float16 (FP8_AS_F16), by Triton's conversion, which Triton moves
+    # after the tile's shared-memory load in the MMA operand layout (single-byte loads for V);
+    # "float16_ptx", by one PTX instruction per two values right after the tile's load (FP8_PTX,
+    # on a GPU), so the MMA operands come from float16 in shared memory through ldmatrix
+    fp8_conversion: str = "query"
     # A segment of at least this many query rows runs the KV range that all its rows see whole
     # (a group's prefix for its members, the context before a prefill chunk) as one dense
     # attention call on a library kernel (cuDNN) over its gathered blocks, when that range holds
@@ -40,6 +52,10 @@ class TileConfig:
     # they count together. A group's prefix chunk with a call leaves its group's segment for it
     # (dense_calls.py).
     dense_causal_min_rows: int = 0
+
+    def __post_init__(self) -> None:
+        if self.fp8_conversion not in FP8_CONVERSIONS:
+            raise ValueError(f"fp8_conversion must be one of {FP8_CONVERSIONS}, got {self.fp8_conversion!r}")
 
     def causal_square_rows(self) -> int:
         """Least rows of a causal dense call (all its squares together); 0: none."""
@@ -72,14 +88,27 @@ def default_tile_config(head_dim: int, group_size: int, interpret: bool | None =
                       dense_min_tokens=1024, dense_causal_min_rows=4096)
 
 
-def decode_tile_config(head_dim: int, group_size: int, interpret: bool | None = None) -> TileConfig:
+def decode_tile_config(head_dim: int, group_size: int, interpret: bool | None = None,
+                       kv_fp8: bool = False) -> TileConfig:
     """Tiles of decode-only steps (the engine's CUDA-graph steps): the default table with the BIG
     and SMALL items in two class-specialised launches, the SMALL one streaming KV in BLOCK_N 64
     steps. Made persistent for graphs, the fused kernel spills (255 registers + stack on sm_90);
     the class-specialised variants do not. Steps with prefill chunks (eager) keep the fused launch
-    (default_tile_config), whose interleaved work order already shares the SMs between classes."""
+    (default_tile_config), whose interleaved work order already shares the SMs between classes.
+    kv_fp8: the row of a float8_e4m3fn cache (one byte a value), below."""
     # no dense calls in graphs
     base = replace(default_tile_config(head_dim, group_size, interpret), dense_min_rows=0, dense_causal_min_rows=0)
-    if base.small_n < 64:  # the interpreter's tiny config (CPU tests): only the split
-        return replace(base, split_classes=True)
-    return replace(base, split_classes=True, small_n=64, small_num_warps=4, small_num_stages=2)
+    if base.small_n < 64:  # the interpreter's tiny config (CPU tests): only the split, and the FP8 row's MMAs
+        return replace(base, split_classes=True, fp8_conversion="float16_ptx" if kv_fp8 else "query")
+    bf16 = replace(base, split_classes=True, small_n=64, small_num_warps=4, small_num_stages=2)
+    if not kv_fp8:
+        return bf16
+    # FP8 cache, compiled for sm_90 with Triton 3.7 (the bf16 row's SMALL loop: 404 instructions a
+    # warp per 32 KiB step). The bf16 row on an FP8 cache ran 917 per 16 KiB step, 192 of them
+    # conversions (e4m3 to bfloat16 takes three instructions per two values, to float16 one), and
+    # 149 registers: 3 programs per SM, so the persistent grid's 4th ran as a second wave. This
+    # row: float16 MMAs converted by PTX where the tile is loaded (570 a warp per step), SMALL
+    # steps of 128 positions and split-KV pieces of at least 1024 (the bytes of the bf16 row's
+    # 64 and 512), and 3 programs per SM of 168 registers (74 KiB of shared memory each).
+    return replace(bf16, small_n=128, min_kv_split_tokens=1024, small_max_registers=168, graph_programs_per_sm=3,
+                   fp8_conversion="float16_ptx")

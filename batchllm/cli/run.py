@@ -92,7 +92,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention-backend", default="auto", choices=["auto", "reference", "torch", "triton", "fused"],
                         help="attention implementation (auto: fused Triton kernel on GPU, batched PyTorch on CPU)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.90)
-    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="no CUDA graphs: every step runs op by op (slower; for debugging)")
     parser.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false",
                         help="schedule one step at a time (default: step N+1 is scheduled and launched while "
                              "the GPU runs step N)")

@@ -94,7 +94,8 @@ def start_rank(config: EngineConfig, rank: int, port: int) -> RankState:
 def make_runner(state: RankState, config: EngineConfig, gate: StepGate) -> TPModelRunner:
     return TPModelRunner(state.shard.model, state.shard.layout.shard, state.kv_cache,
                          config.scheduler.block_size, state.device, config.attention_backend,
-                         cuda_graphs=not config.enforce_eager, gate=gate)
+                         cuda_graphs=not config.enforce_eager,
+                         max_num_tokens=config.scheduler.max_num_batched_tokens, gate=gate)
 
 
 def engine_parts(state: RankState, runner: TPModelRunner) -> EngineParts:

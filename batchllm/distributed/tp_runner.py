@@ -1,6 +1,8 @@
 """The model runner of a tensor-parallel rank. Every rank runs the whole step: the shard forward
-(all-reduces inside, CUDA graphs for decode steps), then sampling from the gathered full-vocab
-logits, which are the same on every rank, so every rank holds the same tokens (docs/scale-out.md)."""
+(all-reduces inside, captured in the CUDA graphs: whole-step graphs for decode steps, piecewise
+graphs for the others, which every rank captures in the same order at start-up), then sampling
+from the gathered full-vocab logits, which are the same on every rank, so every rank holds the
+same tokens (docs/scale-out.md)."""
 
 from __future__ import annotations
 
@@ -38,5 +40,4 @@ class TPModelRunner(ModelRunner):
 
     def release_cuda_graphs(self) -> None:
         """Before leaving the process group: graphs with captured collectives must go first."""
-        if self.graphs is not None:
-            self.graphs.release()
+        self.release_graphs()

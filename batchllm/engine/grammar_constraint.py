@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import torch
-
 from batchllm.engine.request_state import RequestState
 from batchllm.engine.sampler import TokenBitmask
+from batchllm.ops.transfer import PinnedStaging
 from batchllm.structured.errors import StructuredOutputError
 
 if TYPE_CHECKING:  # xgrammar loads only for structured outputs
@@ -27,7 +26,7 @@ class GrammarConstraint:
         self.filler = filler
         self.read_earlier_steps = read_earlier_steps
 
-    def token_bitmask(self, vocab_size: int, device: torch.device) -> TokenBitmask | None:
+    def token_bitmask(self, vocab_size: int, staging: PinnedStaging) -> TokenBitmask | None:
         self.read_earlier_steps()
         rows, grammars = [], []
         for row, state in self.rows:
@@ -42,4 +41,4 @@ class GrammarConstraint:
             grammars.append(state.grammar)
         if not rows:
             return None
-        return TokenBitmask(*self.filler.fill(grammars, rows, vocab_size, device))
+        return TokenBitmask(*self.filler.fill(grammars, rows, vocab_size, staging))

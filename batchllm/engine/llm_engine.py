@@ -121,6 +121,8 @@ class LLMEngine:
         stats.num_prompt_tokens += sum(len(request.prompt_token_ids) for request in requests)
         scheduler.add_requests([states[request.request_id].sched_request() for request in requests])
         asynchronous = options.async_scheduling and self.config.async_scheduling
+        if options.cuda_graphs:  # graphs for a token budget raised since start-up, before the first step
+            self.runner.ensure_step_capacity(self.scheduler_config.max_num_batched_tokens)
         loop = StepLoop(scheduler, self.runner, states, depth=1 if asynchronous else 0,
                         allow_graph=options.cuda_graphs, decode=self._decode, stats=stats, on_step=on_step,
                         bitmask_filler=self.grammars.filler if self.grammars is not None else None)

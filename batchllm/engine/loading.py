@@ -8,8 +8,10 @@ from dataclasses import dataclass
 import torch
 
 from batchllm.config import EngineConfig
+from batchllm.engine.graph_shapes import DECODE_ROWS_BUCKETS, graph_slots_capacity
 from batchllm.engine.kv_cache import KVCache, choose_num_kv_tokens, kv_bytes_per_token, num_kv_blocks
-from batchllm.engine.model_runner import ModelRunner
+from batchllm.engine.model_runner import ModelRunner, graph_capacity
+from batchllm.engine.step_buffers import ActivationShape, StepBuffers
 from batchllm.models.config import ModelArchConfig
 from batchllm.models.fp8_linear import require_fp8_device
 from batchllm.ops.fp8 import FP8_DTYPE
@@ -65,11 +67,19 @@ def prepare_model(model, config: EngineConfig, max_model_len: int, device: torch
 
 def activation_reserve_bytes(config: EngineConfig, arch, dtype: torch.dtype) -> int:
     """GPU memory kept out of the KV cache: activations of the largest step (hidden states,
-    fused gate-up output), logits, the decode CUDA graphs' pools, and 1 GiB of slack."""
+    fused gate-up output), logits and 1 GiB of slack; with CUDA graphs also their step buffers and
+    their one memory pool, which holds the temporaries of the largest graph: a piece of the
+    largest step, or a decode graph with its attention's partial results."""
     per_token = dtype.itemsize * (8 * arch.hidden_size + 3 * arch.intermediate_size)
-    reserve = config.scheduler.max_num_batched_tokens * per_token + 1024 * arch.vocab_size * 4 * 3 + (1 << 30)
+    max_num_tokens = config.scheduler.max_num_batched_tokens
+    reserve = max_num_tokens * per_token + 1024 * arch.vocab_size * 4 * 3 + (1 << 30)
     if not config.enforce_eager:
-        reserve += 2048 * per_token * 4  # private pools of the graphs (one per token bucket)
+        shape = ActivationShape(arch.hidden_size, arch.num_heads, arch.head_dim, dtype)
+        capacity = graph_capacity(max_num_tokens)
+        decode_rows = min(capacity, DECODE_ROWS_BUCKETS[-1])
+        partials = graph_slots_capacity(decode_rows) * arch.num_heads * (arch.head_dim + 1) * 4  # float32
+        reserve += max(max_num_tokens * per_token, decode_rows * per_token + partials)
+        reserve += StepBuffers.num_bytes(capacity, shape, activations=True)
     return reserve
 
 
@@ -90,7 +100,9 @@ def load_parts(config: EngineConfig) -> EngineParts:
                                          activation_reserve_bytes(config, arch, dtype))
     kv_cache = KVCache.allocate(arch.num_layers, num_kv_blocks(num_kv_tokens, block_size), block_size,
                                 arch.num_kv_heads, arch.head_dim, kv_dtype, device)
+    # With CUDA graphs the runner captures its piecewise graphs here, before any step.
     runner = ModelRunner(loaded.model, arch, kv_cache, block_size, device, config.attention_backend,
-                         cuda_graphs=not config.enforce_eager)
+                         cuda_graphs=not config.enforce_eager,
+                         max_num_tokens=config.scheduler.max_num_batched_tokens)
     return EngineParts(device, dtype, arch, loaded.name, loaded.tokenizer_source, max_model_len,
                        kv_cache, runner)

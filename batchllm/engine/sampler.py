@@ -7,9 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
-from batchllm.ops.transfer import to_device
+from batchllm.ops.transfer import PinnedStaging, Upload, to_device
 from batchllm.sampling_params import GREEDY_TEMPERATURE, SamplingParams
 
 _MASK32 = 0xFFFFFFFF
@@ -26,6 +27,10 @@ def mix_seed(base_seed: int, request_id: int) -> int:
     return ((base_seed & _MASK32) * 0x9E3779B1 + request_id * 0x85EBCA6B + 0x27D4EB2F) & _MASK32
 
 
+def _to_device(array: np.ndarray, device: torch.device, upload: Upload | None) -> torch.Tensor:
+    return upload({"array": array})["array"] if upload is not None else to_device(array, device)
+
+
 @dataclass(frozen=True)
 class LogitBias:
     """Every (row, token id, bias) triple of a step, flattened: [num_entries] each."""
@@ -35,13 +40,14 @@ class LogitBias:
     biases: torch.Tensor  # float32
 
     @classmethod
-    def build(cls, per_row: tuple, device: torch.device) -> LogitBias | None:
-        """per_row: a (token_id, bias) pair tuple (or None) per row; None when no row has any."""
+    def build(cls, per_row: tuple, device: torch.device, upload: Upload | None = None) -> LogitBias | None:
+        """per_row: a (token_id, bias) pair tuple (or None) per row; None when no row has any.
+        upload: how the entries travel (the runner's PinnedStaging.upload); None: a one-off copy."""
         entries = [(row, token_id, bias) for row, pairs in enumerate(per_row) for token_id, bias in pairs or ()]
         if not entries:
             return None
         # [rows, token ids, biases] in one copy; float64 holds ids < 2**53 exactly.
-        packed = to_device(torch.tensor(list(zip(*entries)), dtype=torch.float64), device)
+        packed = _to_device(np.array(list(zip(*entries)), dtype=np.float64), device, upload)
         return cls(packed[0].to(torch.int64), packed[1].to(torch.int64), packed[2].to(torch.float32))
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
@@ -71,9 +77,9 @@ class TokenBitmask:
 
 
 class StepConstraint(Protocol):
-    def token_bitmask(self, vocab_size: int, device: torch.device) -> TokenBitmask | None:
+    def token_bitmask(self, vocab_size: int, staging: PinnedStaging) -> TokenBitmask | None:
         """The step's token bitmask (None: no row is constrained after all), asked for once the
-        step's forward is queued and before its sampler."""
+        step's forward is queued and before its sampler; sent through the step's staging."""
         ...
 
 
@@ -95,16 +101,17 @@ class SamplingBatch:
     logit_bias: LogitBias | None = None
 
     @classmethod
-    def build(cls, rows: list[tuple], device: torch.device) -> SamplingBatch:
+    def build(cls, rows: list[tuple], device: torch.device, upload: Upload | None = None) -> SamplingBatch:
         """rows: sampling_row(...) per row: (temperature, top_p, top_k, min_p, seed, output_index,
-        logprobs, logit_bias). The settings travel in one buffer (ops/transfer.py)."""
+        logprobs, logit_bias). The settings travel in one buffer (ops/transfer.py); upload: how
+        (the runner's PinnedStaging.upload), None: a one-off copy."""
         temperature, top_p, top_k, min_p, seeds, output_index, logprobs, logit_bias = zip(*rows)
         temperature = [0.0 if t < GREEDY_TEMPERATURE else t for t in temperature]  # greedy rows hold 0
         asked = [n for n in logprobs if n is not None]
         # float64 holds every field exactly (seeds < 2**32, indices and top_k far below 2**53).
-        packed = torch.tensor([temperature, top_p, min_p, top_k, [s & _MASK32 for s in seeds], output_index],
-                              dtype=torch.float64)
-        packed = to_device(packed, device)
+        packed = np.array([temperature, top_p, min_p, top_k, [s & _MASK32 for s in seeds], output_index],
+                          dtype=np.float64)
+        packed = _to_device(packed, device, upload)
         floats = packed[:3].to(torch.float32)
         ints = packed[3:].to(torch.int64)
         return cls(
@@ -119,7 +126,7 @@ class SamplingBatch:
             needs_top_p=any(p < 1.0 for p in top_p),
             needs_min_p=any(p > 0.0 for p in min_p),
             max_logprobs=max(asked) if asked else None,
-            logit_bias=LogitBias.build(logit_bias, device),
+            logit_bias=LogitBias.build(logit_bias, device, upload),
         )
 
 

@@ -46,7 +46,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor, residual: Tensor | None = None, fused: bool = False,
                 consumer: nn.Module | None = None) -> tuple[Tensor, Tensor]:
-        """Returns (normed, new_residual) where new_residual = x + residual (x when None).
+        """Returns (normed, new_residual) where new_residual = x + residual (x when None), written
+        over residual: the residual stream is one tensor, updated in place by every norm (so that
+        it stays in the piecewise graphs' static buffer across a piece).
 
         Normalise in float32, multiply by the weight in the model dtype (as HF LlamaRMSNorm);
         `fused` runs the same rounding as one Triton kernel (GPU path), which also quantizes its
@@ -56,9 +58,10 @@ class RMSNorm(nn.Module):
             from batchllm.ops.fused_layers import rms_norm
 
             fp8 = isinstance(consumer, Fp8Linear)
-            return rms_norm(x, self.weight, self.eps, residual, fp8, consumer.input_scale if fp8 else None)
+            return rms_norm(x, self.weight, self.eps, residual, fp8, consumer.input_scale if fp8 else None,
+                            residual_out=residual)
         if residual is not None:
-            x = x + residual
+            x = residual.add_(x)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype), x
@@ -75,7 +78,11 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
 
-    def forward(self, layer_index: int, hidden: Tensor, rope: RopeInputs, attention: AttentionFn) -> Tensor:
+    def project_qkv(self, hidden: Tensor, rope: RopeInputs,
+                    query_out: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """hidden [T, hidden_size] (or its QuantizedActivation) -> query [T, num_heads, head_dim] and
+        key [T, num_kv_heads, head_dim] with RoPE applied, value [T, num_kv_heads, head_dim].
+        query_out: a [T, num_heads, head_dim] tensor the query is written to (and returned)."""
         qkv = self.qkv_proj(hidden)  # [T, q_size + 2 * kv_size]
         num_tokens = qkv.shape[0]
         query, key, value = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
@@ -84,12 +91,16 @@ class LlamaAttention(nn.Module):
         if rope.fused:
             from batchllm.ops.fused_layers import rope_inplace
 
-            rope_inplace(query, key, rope.positions, rope.cos, rope.sin)  # rotates the qkv buffer
+            rope_inplace(query, key, rope.positions, rope.cos, rope.sin, query_out)  # rotates the qkv buffer
+            query = query if query_out is None else query_out
         else:
             query, key = apply_rope(query, rope.cos, rope.sin), apply_rope(key, rope.cos, rope.sin)
-        value = value.view(num_tokens, self.num_kv_heads, self.head_dim)
-        output = attention(layer_index, query, key, value)  # [T, num_heads, head_dim]
-        return self.o_proj(output.reshape(num_tokens, self.q_size))
+            query = query if query_out is None else query_out.copy_(query)
+        return query, key, value.view(num_tokens, self.num_kv_heads, self.head_dim)
+
+    def project_output(self, attention_output: Tensor) -> Tensor:
+        """attention_output [T, num_heads, head_dim] (or [T, q_size]) -> [T, hidden_size]."""
+        return self.o_proj(attention_output.reshape(attention_output.shape[0], self.q_size))
 
 
 class LlamaMLP(nn.Module):
@@ -117,15 +128,30 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
-    def forward(
-        self, layer_index: int, hidden: Tensor, residual: Tensor | None, rope: RopeInputs, attention: AttentionFn
-    ) -> tuple[Tensor, Tensor]:
-        """The residual stream is carried separately so each norm can fuse the add before it:
-        returns (this layer's MLP output, the residual stream before adding it)."""
+    def pre_attention(self, hidden: Tensor, residual: Tensor | None, rope: RopeInputs,
+                      query_out: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The layer up to its attention: (query, key, value, the residual stream). The residual
+        stream is carried separately so each norm can fuse the add before it."""
         hidden, residual = self.input_layernorm(hidden, residual, rope.fused, self.self_attn.qkv_proj)
-        hidden = self.self_attn(layer_index, hidden, rope, attention)
-        hidden, residual = self.post_attention_layernorm(hidden, residual, rope.fused, self.mlp.gate_up_proj)
-        return self.mlp(hidden, rope.fused), residual
+        return *self.self_attn.project_qkv(hidden, rope, query_out), residual
+
+    def post_attention(self, attention_output: Tensor, residual: Tensor, fused: bool) -> tuple[Tensor, Tensor]:
+        """The layer from its attention output on: (its MLP output, the residual stream before adding it)."""
+        hidden = self.self_attn.project_output(attention_output)
+        hidden, residual = self.post_attention_layernorm(hidden, residual, fused, self.mlp.gate_up_proj)
+        return self.mlp(hidden, fused), residual
+
+
+@dataclass(frozen=True)
+class PieceOutput:
+    """What one piece of the forward hands on (LlamaForCausalLM.piece)."""
+
+    residual: Tensor  # [T, hidden_size] the residual stream; after the last piece, the final hidden states
+    # The next layer's attention inputs (None after the last piece): query [T, num_heads, head_dim]
+    # and key [T, num_kv_heads, head_dim] with RoPE applied, value [T, num_kv_heads, head_dim].
+    query: Tensor | None = None
+    key: Tensor | None = None
+    value: Tensor | None = None
 
 
 class LlamaForCausalLM(nn.Module):
@@ -161,18 +187,45 @@ class LlamaForCausalLM(nn.Module):
                 use_fp8_linears_(model.layers, dtype, static_input_scales)
         return model.to_empty(device=device).eval().requires_grad_(False)
 
+    @property
+    def num_pieces(self) -> int:
+        return len(self.layers) + 1
+
+    def rope_inputs(self, positions: Tensor) -> RopeInputs:
+        """RoPE of a step's rows (positions [T] int64), shared by every layer."""
+        if self.fused_kernels:
+            if self.rotary.cos is None or self.rotary.cos.device != positions.device:
+                self.rotary.cos_sin(positions[:0])  # builds the table on this device once
+            return RopeInputs(True, positions, self.rotary.cos, self.rotary.sin)
+        return RopeInputs(False, positions, *self.rotary.cos_sin(positions))  # [T, 1, head_dim] float32
+
+    def piece(self, index: int, input_ids: Tensor, rope: RopeInputs, attention_output: Tensor | None,
+              residual: Tensor | None, query_out: Tensor | None = None) -> PieceOutput:
+        """Piece `index` (0 .. num_pieces - 1) of the forward, everything between two attentions:
+        piece 0 embeds input_ids [T] and runs layer 0 up to its attention; piece i runs layer i - 1
+        from its attention output ([T, num_heads, head_dim] or [T, q_size]) and the residual stream
+        on, then layer i up to its attention; the last piece ends the last layer and applies the
+        final norm. Attention (storing the step's K/V, attending over the cache) runs between
+        pieces: `forward` runs the pieces in turn, and the engine's CUDA graphs capture each piece
+        for a token count (engine/piecewise_graphs.py). The residual stream is updated in place
+        (RMSNorm); query_out: where the query goes (None: a new tensor)."""
+        if index == 0:
+            hidden, residual = self.embed_tokens(input_ids), None  # [T, hidden_size]
+        else:
+            hidden, residual = self.layers[index - 1].post_attention(attention_output, residual, rope.fused)
+        if index == len(self.layers):
+            return PieceOutput(self.norm(hidden, residual, rope.fused)[0])
+        query, key, value, residual = self.layers[index].pre_attention(hidden, residual, rope, query_out)
+        return PieceOutput(residual, query, key, value)
+
     def forward(self, input_ids: Tensor, positions: Tensor, attention: AttentionFn) -> Tensor:
         """input_ids, positions: [T] int64 -> hidden [T, hidden_size] after the final norm."""
-        if self.fused_kernels:
-            self.rotary.cos_sin(positions[:0])  # builds the table on this device once
-            rope = RopeInputs(True, positions, self.rotary.cos, self.rotary.sin)
-        else:
-            rope = RopeInputs(False, positions, *self.rotary.cos_sin(positions))  # [T, 1, head_dim] float32
-        hidden = self.embed_tokens(input_ids)  # [T, hidden_size]
-        residual = None
-        for layer_index, layer in enumerate(self.layers):
-            hidden, residual = layer(layer_index, hidden, residual, rope, attention)
-        return self.norm(hidden, residual, self.fused_kernels)[0]
+        rope = self.rope_inputs(positions)
+        out = self.piece(0, input_ids, rope, None, None)
+        for layer_index in range(len(self.layers)):
+            attended = attention(layer_index, out.query, out.key, out.value)  # [T, num_heads, head_dim]
+            out = self.piece(layer_index + 1, input_ids, rope, attended, out.residual)
+        return out.residual
 
     def output_weight(self) -> Tensor:
         """[vocab_size, hidden_size]: lm_head, or the embedding table when tied."""

@@ -4,9 +4,11 @@ Eager PyTorch spends ~25 launches per layer on RMSNorm, RoPE and SwiGLU; at 8B w
 decode rows the step is bound by launching them (measured: benchmarks/profile_engine.py). Each kernel
 here replaces one of those chains with a single launch and keeps the exact rounding of the
 PyTorch path (the model's own code in models/):
-  rms_norm:      (x [+ residual]) -> normalised in float32, cast to x.dtype, times weight
+  rms_norm:      (x [+ residual]) -> normalised in float32, cast to x.dtype, times weight (the sum
+                 x + residual may overwrite residual: the residual stream updated in place)
   silu_and_mul:  [T, 2I] -> silu(gate) * up, [T, I]
-  rope_inplace:  rotate-half RoPE on q and k rows, float32 math, written back in place
+  rope_inplace:  rotate-half RoPE on q and k rows, float32 math, written back in place (or the
+                 query into a buffer of its own)
 With `fp8=True` (an FP8 linear layer reads the output), rms_norm and silu_and_mul also quantize
 their output per token (ops/fp8.py): the model-dtype result is rounded first, then scaled to e4m3,
 so the activation never makes a round trip through memory in the model dtype.
@@ -50,11 +52,12 @@ def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
-             fp8: bool = False, static_scale: torch.Tensor | None = None
+             fp8: bool = False, static_scale: torch.Tensor | None = None, residual_out: torch.Tensor | None = None
              ) -> tuple[torch.Tensor | QuantizedActivation, torch.Tensor]:
     """x, residual: [T, hidden]; weight: [hidden]. Returns (normed, new_residual), where
-    new_residual = x + residual (or x itself when residual is None). fp8: normed is a
-    QuantizedActivation (per-token scales, or static_scale for every row)."""
+    new_residual = x + residual (or x itself when residual is None), written to residual_out when
+    given (residual itself: the residual stream updated in place; each row is read before it is
+    written). fp8: normed is a QuantizedActivation (per-token scales, or static_scale for every row)."""
     check(x.dim() == 2 and x.stride(-1) == 1, f"x must be [T, hidden] contiguous in hidden, got {tuple(x.shape)}")
     check(weight.shape == (x.shape[1],), f"weight must be [{x.shape[1]}], got {tuple(weight.shape)}")
     num_tokens, hidden_size = x.shape
@@ -62,7 +65,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     scales = torch.empty((num_tokens, 1), dtype=torch.float32, device=x.device) if fp8 else out
     if residual is not None:
         check(residual.shape == x.shape and residual.dtype == x.dtype, "residual must match x")
-        residual_out = torch.empty_like(x)
+        if residual_out is None:
+            residual_out = torch.empty_like(x)
+        check(residual_out.shape == x.shape and residual_out.dtype == x.dtype and residual_out.stride(-1) == 1,
+              "residual_out must match x")
     else:
         residual, residual_out = x, x
     if num_tokens:
@@ -141,8 +147,8 @@ def silu_and_mul(gate_up: torch.Tensor, fp8: bool = False,
 
 
 @triton.jit
-def _rope_rows(x_ptr, row, stride_t, stride_h, num_heads, cos1, sin1, cos2, sin2,
-               HEADS: tl.constexpr, HALF: tl.constexpr):
+def _rope_rows(x_ptr, out_ptr, row, stride_t, stride_h, stride_out_t, stride_out_h, num_heads, cos1, sin1, cos2,
+               sin2, HEADS: tl.constexpr, HALF: tl.constexpr):
     heads = tl.arange(0, HEADS)[:, None]
     dims = tl.arange(0, HALF)[None, :]
     mask = heads < num_heads
@@ -151,14 +157,15 @@ def _rope_rows(x_ptr, row, stride_t, stride_h, num_heads, cos1, sin1, cos2, sin2
     x2 = tl.load(base + HALF, mask=mask, other=0.0)
     a = x1.to(tl.float32)
     b = x2.to(tl.float32)
-    tl.store(base, (a * cos1 - b * sin1).to(x1.dtype), mask=mask)
-    tl.store(base + HALF, (b * cos2 + a * sin2).to(x1.dtype), mask=mask)
+    out = out_ptr + row * stride_out_t + heads * stride_out_h + dims
+    tl.store(out, (a * cos1 - b * sin1).to(x1.dtype), mask=mask)
+    tl.store(out + HALF, (b * cos2 + a * sin2).to(x1.dtype), mask=mask)
 
 
 @triton.jit
-def _rope_kernel(q_ptr, k_ptr, positions_ptr, cos_ptr, sin_ptr, stride_qt, stride_qh, stride_kt, stride_kh,
-                 stride_table, num_q_heads, num_k_heads, Q_HEADS: tl.constexpr, K_HEADS: tl.constexpr,
-                 HALF: tl.constexpr):
+def _rope_kernel(q_ptr, q_out_ptr, k_ptr, positions_ptr, cos_ptr, sin_ptr, stride_qt, stride_qh, stride_qot,
+                 stride_qoh, stride_kt, stride_kh, stride_table, num_q_heads, num_k_heads, Q_HEADS: tl.constexpr,
+                 K_HEADS: tl.constexpr, HALF: tl.constexpr):
     row = tl.program_id(0)
     position = tl.load(positions_ptr + row)
     dims = tl.arange(0, HALF)[None, :]
@@ -167,14 +174,17 @@ def _rope_kernel(q_ptr, k_ptr, positions_ptr, cos_ptr, sin_ptr, stride_qt, strid
     sin1 = tl.load(sin_ptr + table)
     cos2 = tl.load(cos_ptr + table + HALF)
     sin2 = tl.load(sin_ptr + table + HALF)
-    _rope_rows(q_ptr, row, stride_qt, stride_qh, num_q_heads, cos1, sin1, cos2, sin2, Q_HEADS, HALF)
-    _rope_rows(k_ptr, row, stride_kt, stride_kh, num_k_heads, cos1, sin1, cos2, sin2, K_HEADS, HALF)
+    _rope_rows(q_ptr, q_out_ptr, row, stride_qt, stride_qh, stride_qot, stride_qoh, num_q_heads, cos1, sin1, cos2,
+               sin2, Q_HEADS, HALF)
+    _rope_rows(k_ptr, k_ptr, row, stride_kt, stride_kh, stride_kt, stride_kh, num_k_heads, cos1, sin1, cos2, sin2,
+               K_HEADS, HALF)
 
 
 def rope_inplace(query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
-                 sin: torch.Tensor) -> None:
+                 sin: torch.Tensor, query_out: torch.Tensor | None = None) -> None:
     """query [T, Hq, D], key [T, Hk, D] (strided views allowed, head_dim contiguous), positions [T],
-    cos/sin [max_positions, D] float32 (rotate-half layout). Rotates both in place."""
+    cos/sin [max_positions, D] float32 (rotate-half layout). Rotates both in place, or the query
+    into query_out ([T, Hq, D], head_dim contiguous; query is then left as it was)."""
     check(query.dim() == 3 and key.dim() == 3 and query.shape[0] == key.shape[0] == positions.shape[0],
           "query [T, Hq, D], key [T, Hk, D] and positions [T] must agree on T")
     check(query.stride(-1) == 1 and key.stride(-1) == 1, "head_dim must be contiguous")
@@ -183,9 +193,14 @@ def rope_inplace(query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor
     check(key.shape[2] == head_dim and cos.shape[1] == head_dim and head_dim % 2 == 0, "head_dim mismatch")
     half = head_dim // 2
     check(half == next_power_of_2(half), f"head_dim / 2 must be a power of 2, got {half}")
+    if query_out is None:
+        query_out = query
+    check(query_out.shape == query.shape and query_out.dtype == query.dtype and query_out.stride(-1) == 1,
+          "query_out must be shaped like query, contiguous in head_dim")
     if num_tokens:
         _rope_kernel[(num_tokens,)](
-            query, key, positions, cos, sin, query.stride(0), query.stride(1), key.stride(0), key.stride(1),
-            cos.stride(0), num_q_heads, key.shape[1], Q_HEADS=next_power_of_2(num_q_heads),
+            query, query_out, key, positions, cos, sin, query.stride(0), query.stride(1), query_out.stride(0),
+            query_out.stride(1), key.stride(0), key.stride(1), cos.stride(0), num_q_heads, key.shape[1],
+            Q_HEADS=next_power_of_2(num_q_heads),
             K_HEADS=next_power_of_2(key.shape[1]), HALF=half, num_warps=4,
         )

@@ -13,7 +13,7 @@ from batchllm.attention_plan.layout import PLAN_ARRAYS, step_layout
 from batchllm.attention_plan.segments import ceil_div
 from batchllm.attention_plan.tile_config import TileConfig
 from batchllm.attention_plan.work_list import PrefixSharedPlan
-from batchllm.ops.transfer import to_device
+from batchllm.ops.transfer import Upload, to_device
 
 
 def device_num_sms(device: torch.device | str, cpu_num_sms: int = 8) -> int:
@@ -74,14 +74,17 @@ class PrefixSharedPlanOnDevice:
     dense: tuple[DenseCall, ...] = ()
 
 
-def plan_to_device(plan: PrefixSharedPlan, device: torch.device | str) -> PrefixSharedPlanOnDevice:
+def plan_to_device(plan: PrefixSharedPlan, device: torch.device | str,
+                   upload: Upload | None = None) -> PrefixSharedPlanOnDevice:
     """One host-to-device copy of every array of a step's plan (laid out by layout.step_layout);
-    done once per step, used by every layer."""
+    done once per step, used by every layer. upload: how the buffer travels (the runner's
+    PinnedStaging.upload); None: a one-off pinned copy."""
     arrays = {name: np.asarray(getattr(plan, name), dtype=np.int32) for name in PLAN_ARRAYS}
     if plan.tile.split_classes:
         arrays["work_big"], arrays["work_small"] = plan.class_lists()
     layout = step_layout(arrays)
-    buffer = to_device(layout.pack(arrays), torch.device(device))
+    packed = layout.pack(arrays)
+    buffer = upload({"plan": packed})["plan"] if upload is not None else to_device(packed, torch.device(device))
     views = layout.views(buffer)
     return PrefixSharedPlanOnDevice(
         **views, num_partial_slots=plan.num_partial_slots, num_tokens=plan.num_tokens,

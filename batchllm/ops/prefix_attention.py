@@ -15,7 +15,8 @@ from batchllm.attention_plan.work_list import WORK_FIELDS
 from batchllm.ops.attention_kernels import merge_partials_kernel, work_list_attention_kernel
 from batchllm.ops.dense_attention import dense_attention_lse
 from batchllm.ops.kv_quant import check_kv_scales, is_fp8
-from batchllm.ops.plan_device import PrefixSharedPlanOnDevice
+from batchllm.ops.occupancy import kernel_programs_per_sm
+from batchllm.ops.plan_device import PrefixSharedPlanOnDevice, device_num_sms
 
 LOG2_E = 1.4426950408889634
 
@@ -44,39 +45,61 @@ def _validate(query, k_cache, v_cache, plan: PrefixSharedPlanOnDevice, k_scale: 
     check(query.device == k_cache.device == plan.work.device, "query, caches and plan must be on one device")
 
 
-def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale,
-                  classes: int = 0, num_items=None, window: int | None = None, positions=None,
-                  k_scale: float = 1.0, v_scale: float = 1.0) -> None:
-    """One launch over `work`. classes: 0 both tile classes, 1 SMALL items only, 2 BIG only.
-    num_items: [1] int32 device count of the items of `work` to run, by a persistent launch of
-    plan.persistent_programs programs (CUDA graphs); None: one program per item of `work`.
-    k_scale / v_scale: a float8_e4m3fn cache's scales (K's folds into the softmax scale)."""
-    persistent = num_items is not None
-    if not persistent and work.shape[0] == 0:
-        return
+def launch_arguments(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale, classes: int = 0,
+                     num_items=None, window: int | None = None, positions=None, k_scale: float = 1.0,
+                     v_scale: float = 1.0) -> tuple[tuple, dict]:
+    """(arguments, constexprs and compile options) of work_list_attention_kernel for one launch
+    over `work` (see _launch_items)."""
     tile = plan.tile
-    num_warps, num_stages = tile.num_warps, tile.num_stages
+    num_warps, num_stages, max_registers = tile.num_warps, tile.num_stages, None
+    small, big = (tile.small_m, tile.small_n), (tile.big_m, tile.big_n)
+    # a class-specialised variant compiles one tile class: the other's sizes are set to its own,
+    # so that they make no variants of their own
     if classes == 1:
         num_warps = tile.small_num_warps or num_warps
         num_stages = tile.small_num_stages or num_stages
-    head_dim = query.shape[2]
-    grid = (plan.persistent_programs if persistent else work.shape[0] * plan.num_kv_heads,)
-    work_list_attention_kernel[grid](
+        max_registers, big = tile.small_max_registers, small
+    elif classes == 2:
+        small = big
+    persistent = num_items is not None
+    kv_fp8 = is_fp8(k_cache.dtype)
+    args = (
         # without a persistent launch the item-count pointer is never read
         work, num_items if persistent else work,
         query, out, part_out, part_lse, k_cache, v_cache, plan.block_tables, plan.prefix_limit,
         positions if window else plan.prefix_limit,  # without a window the positions are never read
         float(scale) * float(k_scale) * LOG2_E, float(v_scale), window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), plan.block_tables.stride(0),
-        NUM_KV_HEADS=plan.num_kv_heads, NUM_HEADS=plan.num_heads, HEAD_DIM=head_dim,
-        PAGE=plan.block_size, WORK_FIELDS=WORK_FIELDS,
-        SMALL_M=tile.small_m, SMALL_N=tile.small_n, BIG_M=tile.big_m, BIG_N=tile.big_n,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", CLASSES=classes, PERSISTENT=persistent,
-        KV_FP8=is_fp8(k_cache.dtype),
-        WINDOWED=bool(window),
-        num_warps=num_warps, num_stages=num_stages,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), plan.block_tables.stride(0))
+    constants = dict(
+        NUM_KV_HEADS=plan.num_kv_heads, NUM_HEADS=plan.num_heads, HEAD_DIM=query.shape[2],
+        PAGE=plan.block_size, WORK_FIELDS=WORK_FIELDS, SMALL_M=small[0], SMALL_N=small[1], BIG_M=big[0],
+        BIG_N=big[1], DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", CLASSES=classes,
+        PERSISTENT=persistent, KV_FP8=kv_fp8, FP8_AS_F16=kv_fp8 and tile.fp8_conversion != "query",
+        FP8_PTX=kv_fp8 and tile.fp8_conversion == "float16_ptx" and query.is_cuda,  # (the interpreter runs no PTX)
+        WINDOWED=bool(window), num_warps=num_warps, num_stages=num_stages, maxnreg=max_registers,
     )
+    return args, constants
+
+
+def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale,
+                  classes: int = 0, num_items=None, window: int | None = None, positions=None,
+                  k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """One launch over `work`. classes: 0 both tile classes, 1 SMALL items only, 2 BIG only.
+    num_items: [1] int32 device count of the items of `work` to run, by a persistent launch of
+    plan.persistent_programs programs (CUDA graphs), fewer where an SM holds fewer of them at once
+    (the rest would run as a second wave); None: one program per item of `work`.
+    k_scale / v_scale: a float8_e4m3fn cache's scales (K's folds into the softmax scale)."""
+    persistent = num_items is not None
+    if not persistent and work.shape[0] == 0:
+        return
+    args, constants = launch_arguments(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale, classes,
+                                       num_items, window, positions, k_scale, v_scale)
+    grid = (plan.persistent_programs if persistent else work.shape[0] * plan.num_kv_heads,)
+    if persistent and query.is_cuda:
+        compiled = work_list_attention_kernel.warmup(*args, grid=grid, **constants)
+        grid = (min(grid[0], device_num_sms(query.device) * kernel_programs_per_sm(compiled, query.device)),)
+    work_list_attention_kernel[grid](*args, **constants)
 
 
 def _work_lists(plan) -> list[tuple]:
@@ -154,6 +177,7 @@ def prefix_shared_attention(
     k_scale: float = 1.0,  # a float8_e4m3fn cache's scales: a stored value q stands for q * scale
     v_scale: float = 1.0,
     side_stream: torch.cuda.Stream | None = None,
+    out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]: where the output goes
 ) -> torch.Tensor:
     """Fused prefix-shared attention: one launch for all prefix and distinct tiles (two with
     plan.tile.split_classes), the plan's dense calls on a library kernel, then the merge kernel
@@ -164,7 +188,7 @@ def prefix_shared_attention(
     With a sliding window W, a row at position p sees KV positions in (p - W, p] only: also in
     prefix tiles, where rows far past the prefix see none of its beginning.
     The caches are in the query dtype, or float8_e4m3fn with their scales k_scale / v_scale.
-    Returns out [num_tokens, num_heads, head_dim] in the query dtype.
+    Returns out [num_tokens, num_heads, head_dim] in the query dtype (`out` itself when given).
     """
     _validate(query, k_cache, v_cache, plan, k_scale, v_scale)
     check(sliding_window is None or not plan.dense,
@@ -174,11 +198,15 @@ def prefix_shared_attention(
               f"sliding_window must be an integer >= 1, got {sliding_window!r}")
         check(positions is not None and positions.shape == (query.shape[0],) and positions.dtype == torch.int64,
               "a sliding window needs positions: [num_tokens] int64")
+    if out is not None:
+        check(out.shape == query.shape and out.dtype == query.dtype and out.is_contiguous()
+              and out.device == query.device, "out must be a contiguous tensor shaped like query, on its device")
     whole = whole_step_call(plan)
     if whole is not None:  # a view of cuDNN's output ([B, L, H, D] in memory, as the query's rows)
         o, _ = _dense_output(whole, query, k_cache, v_cache, scale, k_scale, v_scale)
-        return o.reshape(query.shape).to(query.dtype)
-    out = torch.empty_like(query)
+        o = o.reshape(query.shape).to(query.dtype)
+        return o if out is None else out.copy_(o)
+    out = torch.empty_like(query) if out is None else out
     slots = max(plan.num_partial_slots, 1)
     part_out = torch.empty((slots, plan.num_heads, query.shape[2]), dtype=torch.float32, device=query.device)
     part_lse = torch.empty((slots, plan.num_heads), dtype=torch.float32, device=query.device)

@@ -1,7 +1,7 @@
 """Where the host's launch time goes: a StepObserver that runs cProfile around each step's
-ModelRunner.execute, kept apart for eager steps and CUDA-graph replays, and a summary of its
-host seconds by where the code lives. cProfile charges time to every Python call it sees, so read
-the categories as shares of the profiled launch, not as its unprofiled length."""
+ModelRunner.execute, kept apart by how the step ran (eagerly, through piecewise CUDA graphs or a
+whole-step graph), and a summary of its host seconds by where the code lives. cProfile charges
+time to every Python call it sees, so read the categories as shares of the profiled launch, not as its unprofiled length."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def category(path: str, name: str) -> str:
 
 class HostProfiler:
     """A StepObserver (set it as ModelRunner.observer): cProfile around every execute, the
-    statistics summed per kind of step, "eager" or "graph_replay"."""
+    statistics summed per kind of step: "eager", "piecewise" or "graph_replay"."""
 
     def __init__(self) -> None:
         self.stats: dict[str, pstats.Stats] = {}
@@ -42,15 +42,14 @@ class HostProfiler:
         self._profiler = cProfile.Profile()
         self._profiler.enable()
 
-    def step_launched(self, output, graph_replayed: bool) -> None:
+    def step_launched(self, output, mode: str) -> None:
         profiler, self._profiler = self._profiler, None
         profiler.disable()
-        kind = "graph_replay" if graph_replayed else "eager"
-        self.num_steps[kind] = self.num_steps.get(kind, 0) + 1
-        if kind in self.stats:
-            self.stats[kind].add(profiler)
+        self.num_steps[mode] = self.num_steps.get(mode, 0) + 1
+        if mode in self.stats:
+            self.stats[mode].add(profiler)
         else:
-            self.stats[kind] = pstats.Stats(profiler)
+            self.stats[mode] = pstats.Stats(profiler)
 
     def summary(self, top: int = 25) -> dict:
         """Per kind of step: its step count and summarize()'s figures."""

@@ -198,9 +198,10 @@ def _input_case(path: str, engine, options: BenchOptions, log: Callable[[str], N
 
 
 def graph_replay_counts(runner) -> dict[str, int]:
-    """The runner's CUDA graph replays so far, by row field (nothing for a runner without graphs);
-    a run's own are graph_replays_since(runner, the counts before it)."""
-    return {} if runner.graphs is None else {"graph_replays": runner.graphs.num_replays}
+    """The runner's steps by how they ran and its CUDA graph replays so far, by row field
+    (ModelRunner.graph_counts: graph_replays, piecewise_steps, piece_replays, eager_steps); a run's
+    own are graph_replays_since(runner, the counts before it)."""
+    return runner.graph_counts()
 
 
 def graph_replays_since(runner, before: dict[str, int]) -> dict[str, int]:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import xgrammar
 
+from batchllm.ops.transfer import PinnedStaging
 from batchllm.structured.grammar_state import GrammarState
 
 
@@ -19,13 +21,17 @@ class TokenBitmaskFiller:
         self._batch = xgrammar.BatchGrammarMatcher(self.num_threads)
 
     def fill(self, states: Sequence[GrammarState], rows: Sequence[int], vocab_size: int,
-             device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(rows [n] int64, bitmask [n, ceil(vocab_size / 32)] int32) on the device: bit j of word w
-        of row i allows token 32 w + j at step row rows[i]. Every state's matcher must be ready."""
+             staging: PinnedStaging) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows [n] int64, bitmask [n, ceil(vocab_size / 32)] int32) on the staging's device: bit j
+        of word w of row i allows token 32 w + j at step row rows[i]. Filled in place in the step's
+        staged host memory and sent in one copy. Every state's matcher must be ready."""
         num_rows, num_words = len(states), -(-vocab_size // 32)
-        host = torch.empty(num_rows * (num_words + 1), dtype=torch.int32, pin_memory=device.type == "cuda")
-        bitmask = host[:num_rows * num_words].view(num_rows, num_words)
-        self._batch.batch_fill_next_token_bitmask([state.matcher for state in states], bitmask)
-        host[num_rows * num_words:] = torch.tensor(rows, dtype=torch.int32)
-        on_device = host.to(device, non_blocking=True) if device.type == "cuda" else host
-        return on_device[num_rows * num_words:].to(torch.int64), on_device[:num_rows * num_words].view(num_rows, num_words)
+        num_mask_words = num_rows * num_words
+        staged = staging.stage(num_mask_words + num_rows, np.int32)
+        host = torch.from_numpy(staged.array)
+        self._batch.batch_fill_next_token_bitmask([state.matcher for state in states],
+                                                  host[:num_mask_words].view(num_rows, num_words))
+        staged.array[num_mask_words:] = rows
+        on_device = torch.empty(num_mask_words + num_rows, dtype=torch.int32, device=staging.device)
+        staging.copy(staged, on_device)
+        return on_device[num_mask_words:].to(torch.int64), on_device[:num_mask_words].view(num_rows, num_words)

@@ -14,6 +14,7 @@ from batchllm.engine.attention.protocol import AttentionMetadata
 from batchllm.engine.step_inputs import StepInputs
 from batchllm.ops.kv_quant import check_kv_scales, decode_kv
 from batchllm.ops.reference import store_kv_reference
+from batchllm.ops.transfer import Upload, upload_arrays
 
 # A padded batch may cost at most this many times the attention work of its seqs alone.
 _MAX_PADDING_FACTOR = 2.0
@@ -116,24 +117,30 @@ class BatchedTorchBackend:
         return tuple(_build_batch(inputs, active[b], self.block_size)
                      for b in _batches_of(q_lens[active], inputs.seq_lens[active]))
 
-    def plan_to_device(self, plan: tuple[HostBatch, ...], device: torch.device) -> tuple[PaddedBatch, ...]:
-        return tuple(PaddedBatch(*(torch.from_numpy(getattr(batch, f.name)).to(device) for f in fields(HostBatch)),
-                                 masks={})
-                     for batch in plan)
+    def plan_to_device(self, plan: tuple[HostBatch, ...], device: torch.device,
+                       upload: Upload | None = None) -> tuple[PaddedBatch, ...]:
+        names = [f.name for f in fields(HostBatch)]
+        batches = []
+        for batch in plan:
+            arrays = {name: getattr(batch, name) for name in names}
+            tensors = upload(arrays) if upload is not None else upload_arrays(arrays, device)
+            batches.append(PaddedBatch(**tensors, masks={}))
+        return tuple(batches)
 
     def store(self, key, value, k_cache, v_cache, metadata: AttentionMetadata, k_scale: float = 1.0,
               v_scale: float = 1.0) -> None:
         store_kv_reference(key, value, k_cache, v_cache, metadata.slot_mapping, k_scale, v_scale)
 
     def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata[tuple[PaddedBatch, ...]], scale: float,
-               window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+               window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         # query: [num_tokens, num_heads, head_dim]; a float8_e4m3fn cache is dequantized per batch
         check_kv_scales(k_scale, v_scale, k_cache.dtype)
         num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
         group = query.shape[1] // num_kv_heads
         flat_k = k_cache.view(-1, num_kv_heads, head_dim)
         flat_v = v_cache.view(-1, num_kv_heads, head_dim)
-        out = torch.empty_like(query)
+        out = torch.empty_like(query) if out is None else out
         for batch in metadata.plan:
             num_seqs, max_q = batch.rows.shape
             # [S, Q, Hkv, G, D] -> [S, Hkv, Q * G, D]: the G query heads of a KV head as extra rows.

@@ -16,6 +16,7 @@ import torch
 from batchllm.attention_plan.work_list import PrefixSharedPlan
 from batchllm.engine.step_inputs import StepInputs
 from batchllm.ops.plan_device import PrefixSharedPlanOnDevice
+from batchllm.ops.transfer import Upload
 
 HostPlan = TypeVar("HostPlan")
 DevicePlan = TypeVar("DevicePlan")
@@ -31,8 +32,8 @@ class AttentionMetadata(Generic[DevicePlan]):
 
 
 class AttentionBackend(Protocol[HostPlan, DevicePlan]):
-    # Whether a decode CUDA graph can capture this backend's attend: then it is a
-    # GraphAttentionBackend (its plans are work lists of fixed layout, engine/cuda_graphs.py).
+    # Whether CUDA graphs can capture this backend's store and a decode step's attend: then it is
+    # a GraphAttentionBackend (its plans are work lists of fixed layout, engine/cuda_graphs.py).
     supports_cuda_graphs: bool
     # The sliding window of every layer (None: full attention); (): no layer has one.
     layer_windows: tuple[int | None, ...]
@@ -41,8 +42,9 @@ class AttentionBackend(Protocol[HostPlan, DevicePlan]):
         """The step's plan on the host; built once per step, shared by every layer."""
         ...
 
-    def plan_to_device(self, plan: HostPlan, device: torch.device) -> DevicePlan:
-        """The plan on the device (without blocking the host on a GPU)."""
+    def plan_to_device(self, plan: HostPlan, device: torch.device, upload: Upload | None = None) -> DevicePlan:
+        """The plan on the device (without blocking the host on a GPU). upload: how its arrays
+        travel (the runner's PinnedStaging.upload); None: a one-off copy (tests, tools)."""
         ...
 
     def store(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -52,13 +54,15 @@ class AttentionBackend(Protocol[HostPlan, DevicePlan]):
 
     def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                metadata: AttentionMetadata[DevicePlan], scale: float, window: int | None = None,
-               k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
-        """Attention of every row ([num_tokens, num_heads, head_dim]) over its KV in the cache."""
+               k_scale: float = 1.0, v_scale: float = 1.0, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of every row ([num_tokens, num_heads, head_dim]) over its KV in the cache;
+        out: a tensor shaped like query to write it to (and return), None: a new one."""
         ...
 
 
 class GraphAttentionBackend(AttentionBackend[PrefixSharedPlan, PrefixSharedPlanOnDevice], Protocol):
     """A backend whose decode steps a CUDA graph captures (supports_cuda_graphs is True): its plans
-    are work lists, which the graph copies into static buffers laid out by attention_plan.layout."""
+    are work lists, which the graph copies into static buffers laid out by attention_plan.layout;
+    its store, which reads nothing of the plan, is captured in the piecewise graphs."""
 
     num_sms: int  # the device's SM count: the graphs' persistent launches size their grids by it

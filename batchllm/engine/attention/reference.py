@@ -10,7 +10,7 @@ import torch
 from batchllm.engine.attention.protocol import AttentionMetadata
 from batchllm.engine.step_inputs import StepInputs
 from batchllm.ops import reference
-from batchllm.ops.transfer import upload_arrays
+from batchllm.ops.transfer import Upload, upload_arrays
 
 _PLAN_ARRAYS = ("query_start_loc", "seq_lens", "shared_kv_lens", "block_tables")
 
@@ -42,8 +42,10 @@ class ReferenceBackend:
     def build_plan(self, inputs: StepInputs) -> ReferenceHostPlan:
         return ReferenceHostPlan(*(getattr(inputs, name) for name in _PLAN_ARRAYS))
 
-    def plan_to_device(self, plan: ReferenceHostPlan, device: torch.device) -> ReferencePlan:
-        tensors = upload_arrays({name: getattr(plan, name) for name in _PLAN_ARRAYS}, device)
+    def plan_to_device(self, plan: ReferenceHostPlan, device: torch.device,
+                       upload: Upload | None = None) -> ReferencePlan:
+        arrays = {name: getattr(plan, name) for name in _PLAN_ARRAYS}
+        tensors = upload(arrays) if upload is not None else upload_arrays(arrays, device)
         return ReferencePlan(**tensors)
 
     def store(self, key, value, k_cache, v_cache, metadata: AttentionMetadata[ReferencePlan], k_scale: float = 1.0,
@@ -51,9 +53,11 @@ class ReferenceBackend:
         reference.store_kv_reference(key, value, k_cache, v_cache, metadata.slot_mapping, k_scale, v_scale)
 
     def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata[ReferencePlan], scale: float,
-               window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+               window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         plan = metadata.plan
-        return reference.paged_attention_reference(
+        result = reference.paged_attention_reference(
             query, k_cache, v_cache, plan.query_start_loc, plan.seq_lens, plan.shared_kv_lens, plan.block_tables,
             scale, sliding_window=window, k_scale=k_scale, v_scale=v_scale,
         )
+        return result if out is None else out.copy_(result)

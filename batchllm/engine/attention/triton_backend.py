@@ -15,14 +15,16 @@ from batchllm.attention_plan.work_list import PrefixSharedPlan, build_prefix_sha
 from batchllm.engine.attention.protocol import AttentionMetadata
 from batchllm.engine.step_inputs import StepInputs
 from batchllm.ops.plan_device import PrefixSharedPlanOnDevice, device_num_sms, plan_to_device
+from batchllm.ops.transfer import Upload
 
 
 class TritonBackend:
     supports_cuda_graphs = True
 
     def __init__(self, block_size: int, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
-                 uses_groups: bool, layer_windows: tuple[int | None, ...] = ()) -> None:
-        """uses_groups: whether the work list knows the step's prefix-sharing groups (`fused`)."""
+                 uses_groups: bool, layer_windows: tuple[int | None, ...] = (), kv_fp8: bool = False) -> None:
+        """uses_groups: whether the work list knows the step's prefix-sharing groups (`fused`).
+        kv_fp8: the KV cache is float8_e4m3fn (decode steps get that cache's tiles)."""
         # The kernels' modules import Triton: loaded with a backend that runs them, once.
         from batchllm.ops.kv_store import store_kv
         from batchllm.ops.prefix_attention import prefix_shared_attention
@@ -33,10 +35,10 @@ class TritonBackend:
         self.layer_windows = tuple(layer_windows)
         self.num_sms = device_num_sms(device)  # split-KV pieces fill the device; CUDA graphs size their grids
         group_size = num_heads // num_kv_heads
-        # Decode-only steps (one row per seq: the CUDA-graph steps) run class-split launches; steps
-        # with prefill chunks the default table, without dense calls for a model with a sliding
-        # window (dense calls have no sliding-window path).
-        self.decode_tile = decode_tile_config(head_dim, group_size)
+        # Decode-only steps (one row per seq: the CUDA-graph steps) run class-split launches with the
+        # tiles of the cache's dtype; steps with prefill chunks the default table, without dense
+        # calls for a model with a sliding window (dense calls have no sliding-window path).
+        self.decode_tile = decode_tile_config(head_dim, group_size, kv_fp8=kv_fp8)
         self.prefill_tile: TileConfig | None = None  # None: build_prefix_shared_plan's default table
         if any(window is not None for window in self.layer_windows):
             self.prefill_tile = replace(default_tile_config(head_dim, group_size), dense_min_rows=0)
@@ -47,20 +49,24 @@ class TritonBackend:
         """The step's work list on the host (numpy); one per step, shared by every layer."""
         tile = self.decode_tile if inputs.decode_only else self.prefill_tile  # decode tiles make no dense calls
         groups = (inputs.group_ids, inputs.is_prefix) if self.uses_groups else (None, None)
+        # a decode step's split-KV pieces fill the programs of its graph's persistent launches
+        programs = {"programs_per_sm": self.decode_tile.graph_programs_per_sm} if inputs.decode_only else {}
         return build_prefix_shared_plan(
             inputs.query_start_loc, inputs.seq_lens, inputs.shared_kv_lens, inputs.block_tables, *groups,
             block_size=self.block_size, num_kv_heads=self.num_kv_heads, num_heads=self.num_heads,
-            head_dim=self.head_dim, tile=tile, num_sms=self.num_sms,
+            head_dim=self.head_dim, tile=tile, num_sms=self.num_sms, **programs,
         )
 
-    def plan_to_device(self, plan: PrefixSharedPlan, device: torch.device) -> PrefixSharedPlanOnDevice:
-        return plan_to_device(plan, device)
+    def plan_to_device(self, plan: PrefixSharedPlan, device: torch.device,
+                       upload: Upload | None = None) -> PrefixSharedPlanOnDevice:
+        return plan_to_device(plan, device, upload)
 
     def store(self, key, value, k_cache, v_cache, metadata: AttentionMetadata, k_scale: float = 1.0,
               v_scale: float = 1.0) -> None:
         self._store_kv(key, value, k_cache, v_cache, metadata.slot_mapping, k_scale, v_scale)
 
     def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata[PrefixSharedPlanOnDevice], scale: float,
-               window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+               window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         return self._attention(query, k_cache, v_cache, metadata.plan, scale, window, metadata.positions,
-                                       k_scale, v_scale, self.side_stream)
+                               k_scale, v_scale, self.side_stream, out)

@@ -49,6 +49,10 @@ def test_apply_masks_the_listed_rows_like_the_reference_and_leaves_the_others():
     for row in (0, 2, 4):
         assert torch.equal(masked[row], logits[row])
     assert masked[3, 69] == logits[3, 69] and masked[1, 69] == logits[1, 69]
+    every = torch.rand(5, VOCAB, generator=generator) < 0.5
+    every_row = TokenBitmask(torch.arange(5), _pack(every), every_row=True).apply(logits)
+    assert torch.equal(every_row, _mask_reference(logits, list(range(5)), every))
+    assert torch.equal(every_row, _bitmask(list(range(5)), every).apply(logits))
 
 
 def test_greedy_and_sampled_rows_pick_only_allowed_tokens_and_free_rows_are_unchanged():

@@ -19,10 +19,12 @@ class GrammarConstraint:
     are read (their grammars advance; with asynchronous scheduling the previous step is read here,
     while this step's forward runs), then the bitmask of the rows still running is filled."""
 
-    def __init__(self, rows: list[tuple[int, RequestState]], filler: TokenBitmaskFiller,
+    def __init__(self, rows: list[tuple[int, RequestState]], num_rows: int, filler: TokenBitmaskFiller,
                  read_earlier_steps: Callable[[], None]) -> None:
-        """rows: (sampled row, its request) of each row whose request has a grammar."""
+        """rows: (sampled row, its request) of each row whose request has a grammar, in row order;
+        num_rows: the step's sampled rows."""
         self.rows = rows
+        self.num_rows = num_rows
         self.filler = filler
         self.read_earlier_steps = read_earlier_steps
 
@@ -41,4 +43,5 @@ class GrammarConstraint:
             grammars.append(state.grammar)
         if not rows:
             return None
-        return TokenBitmask(*self.filler.fill(grammars, rows, vocab_size, staging))
+        every_row = len(rows) == self.num_rows  # (rows ascend: every row, in order)
+        return TokenBitmask(*self.filler.fill(grammars, rows, vocab_size, staging), every_row=every_row)

@@ -63,6 +63,7 @@ class TokenBitmask:
 
     rows: torch.Tensor  # [num_masked] int64: rows of the step's logits
     bitmask: torch.Tensor  # [num_masked, ceil(vocab / 32)] int32: bit j of word w allows token 32 w + j
+    every_row: bool = False  # rows are 0 .. num_rows - 1 of the logits: no gather and scatter
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """logits with the disallowed tokens of the masked rows at -inf (a new tensor); other
@@ -72,6 +73,8 @@ class TokenBitmask:
         words = self.bitmask.contiguous().view(torch.uint8)  # little-endian: byte k of a word = its bits 8k..8k+7
         shifts = torch.arange(8, device=logits.device, dtype=torch.uint8)
         allowed = (words[:, :, None] >> shifts).bitwise_and_(1).view(words.shape[0], -1)[:, :vocab_size]
+        if self.every_row:
+            return logits.masked_fill(allowed == 0, float("-inf"))
         masked = logits.index_select(0, self.rows).masked_fill_(allowed == 0, float("-inf"))
         return logits.index_copy(0, self.rows, masked)
 

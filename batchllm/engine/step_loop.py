@@ -82,7 +82,8 @@ class StepLoop:
                 rows.append(state.sampling_row(state.output_index(chunk.kv_len)))
         constraint = None
         if constrained:  # structured outputs: their bitmask needs the earlier steps' tokens
-            constraint = GrammarConstraint(constrained, self.bitmask_filler, partial(self._read_all, inflight))
+            constraint = GrammarConstraint(constrained, len(rows), self.bitmask_filler,
+                                           partial(self._read_all, inflight))
         result = self.runner.execute(output, rows, allow_graph=self.allow_graph, constraint=constraint)
         return _Step(output, result, scheduled - started, time.perf_counter() - scheduled)
 

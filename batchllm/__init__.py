@@ -4,9 +4,9 @@ The heavy parts (torch, transformers) load lazily so that `batchllm.prefix`, `ba
 and the `analyze` / `simulate` commands work without importing torch.
 """
 
-from batchllm.sampling_params import SamplingParams
+from batchllm.sampling_params import SamplingParams, StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput"]
 __version__ = "0.1.0"
 
 

@@ -94,6 +94,8 @@ class LLM:
         limits = self.engine.limits
         requests = [PreparedRequest(index, tokens, limits.check(tokens, params))
                     for index, (tokens, params) in enumerate(zip(token_lists, params_list))]
+        for request in requests:  # a bad schema, regex or grammar raises here; good ones start compiling
+            self.engine.check_structured_outputs(request.params)
         progress = Progress(len(requests), enabled=use_tqdm)
         progress.start()
         stats = RunStats()

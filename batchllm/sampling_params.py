@@ -2,12 +2,61 @@
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class SamplingParamsError(ValueError):
     """An invalid sampling value; the message names the field and the accepted range."""
+
+
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """A constraint on the completion's text, in the style of vLLM's `StructuredOutputsParams`:
+    exactly one of json (a JSON schema, as a dict or its JSON text), regex, choice (the answer is
+    one of these strings), grammar (EBNF/GBNF, or Lark when it has no "::=") and json_object (any
+    JSON object). Checked against the grammar library when the request is prepared."""
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False  # True: JSON without whitespace between its elements
+    # the request field it came from, named in error messages ("response_format", "guided_json", ...)
+    source: str = field(default="structured_outputs", compare=False)
+
+    def __post_init__(self) -> None:
+        given = [kind for kind in STRUCTURED_KINDS if getattr(self, kind) is not None]
+        if len(given) != 1:
+            raise SamplingParamsError(f"{self.source} must give exactly one of {', '.join(STRUCTURED_KINDS)}, "
+                                      f"got {', '.join(given) or 'none'}")
+        if isinstance(self.json, dict):  # held as text (key order kept: it is the output's order)
+            object.__setattr__(self, "json", json.dumps(self.json, ensure_ascii=False))
+        if isinstance(self.choice, list):
+            object.__setattr__(self, "choice", tuple(self.choice))
+        for kind in ("json", "regex", "grammar"):
+            value = getattr(self, kind)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise SamplingParamsError(f"{self.source}: {kind} must be a non-empty string, got {short_repr(value)}")
+        if self.choice is not None and (not isinstance(self.choice, tuple) or not self.choice
+                                        or not all(isinstance(c, str) and c for c in self.choice)):
+            raise SamplingParamsError(f"{self.source}: choice must be a non-empty list of non-empty strings, "
+                                      f"got {short_repr(self.choice)}")
+        if self.json_object is not None and self.json_object is not True:
+            raise SamplingParamsError(f"{self.source}: json_object must be true, got {short_repr(self.json_object)}")
+        if not isinstance(self.disable_any_whitespace, bool):
+            raise SamplingParamsError(f"{self.source}: disable_any_whitespace must be true or false, "
+                                      f"got {short_repr(self.disable_any_whitespace)}")
+
+    @property
+    def kind(self) -> str:
+        """Which constraint this is: one of STRUCTURED_KINDS."""
+        return next(kind for kind in STRUCTURED_KINDS if getattr(self, kind) is not None)
 
 
 @dataclass(frozen=True)
@@ -35,6 +84,8 @@ class SamplingParams:
     # (greedy included). Given as a mapping (keys int or decimal strings, as in JSON); held as
     # sorted (token_id, bias) pairs so the object stays hashable.
     logit_bias: tuple[tuple[int, float], ...] | None = None
+    # Constrain the text to a JSON schema, regex, choice or grammar (README, "Structured outputs").
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         # Normalise list inputs so the object stays hashable and immutable.
@@ -70,6 +121,13 @@ class SamplingParams:
         if not isinstance(self.include_stop_str_in_output, bool):
             raise SamplingParamsError(
                 f"include_stop_str_in_output must be true or false, got {short_repr(self.include_stop_str_in_output)}")
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                raise SamplingParamsError("structured_outputs must be a StructuredOutputsParams, got "
+                                          f"{short_repr(self.structured_outputs)}")
+            if self.ignore_eos:
+                raise SamplingParamsError(f"ignore_eos cannot be combined with {self.structured_outputs.source}: "
+                                          "a structured answer ends with the end-of-sequence token")
 
     @property
     def greedy(self) -> bool:

@@ -346,9 +346,11 @@ def test_every_sampling_field_with_every_json_type_gives_an_answer_or_a_proper_e
     assert outcome(completions, "seed", 2**70) == "invalid_sampling"
     assert outcome(completions, "ignore_eos", "x") == "invalid_sampling"
     assert outcome(completions, "n", True) == "invalid_sampling"
-    for name in ("tools", "functions", "response_format"):
+    for name in ("tools", "functions"):
         assert outcome(chat, name, {"a": 1}) == "unsupported_feature"
         assert outcome(chat, name, None) == "ok"
+    assert outcome(chat, "response_format", {"a": 1}) == "invalid_request"  # a structured output needs a type
+    assert outcome(chat, "response_format", None) == "ok"
     assert outcome(chat, "response_format", {"type": "text"}) == "ok"
     assert outcome(chat, "tool_choice", "x") == "unsupported_feature"
     message = by_id[next(x["custom_id"] for x in lines if x["body"].get("tools") == [1])]["error"]["message"]

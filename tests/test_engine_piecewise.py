@@ -90,9 +90,9 @@ def _record_steps(engine) -> list:
     """The (SchedulerOutput, sampling rows) of every step of an eager run of _requests()."""
     steps, execute = [], engine.runner.execute
 
-    def recording(output, rows, allow_graph=True):
+    def recording(output, rows, allow_graph=True, constraint=None):
         steps.append((output, rows))
-        return execute(output, rows, allow_graph)
+        return execute(output, rows, allow_graph, constraint)
 
     engine.runner.execute = recording
     try:

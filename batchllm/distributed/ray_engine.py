@@ -17,6 +17,8 @@ from batchllm.distributed.ray_dp import kill_replicas, plan_shards, start_replic
 from batchllm.engine.request_limits import RequestLimits
 from batchllm.engine.request_state import FinishedOutput, PreparedRequest, RunStats
 from batchllm.engine.run_options import RunOptions
+from batchllm.sampling_params import SamplingParams
+from batchllm.structured.errors import StructuredOutputError
 
 
 class RayEngine:
@@ -44,6 +46,17 @@ class RayEngine:
             self.shutdown()
             raise
         self.limits: RequestLimits = min(replica_limits, key=lambda limits: limits.token_limit)
+
+    def check_structured_outputs(self, params: SamplingParams) -> None:
+        """The driver checks that the grammar parses; each replica compiles it for its run."""
+        if params.structured_outputs is None:
+            return
+        if self.tokenizer is None:
+            raise StructuredOutputError(f"model {self.model_name} has no tokenizer: structured outputs need "
+                                        "its vocabulary (use a .gguf file or a HF model directory)")
+        from batchllm.structured.grammars import build_grammar
+
+        build_grammar(params.structured_outputs)
 
     def run(
         self,

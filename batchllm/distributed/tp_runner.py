@@ -9,6 +9,8 @@ from __future__ import annotations
 from batchllm.distributed.step_gate import StepGate, step_fingerprint
 from batchllm.engine.errors import EngineBrokenError
 from batchllm.engine.model_runner import ModelRunner
+from batchllm.engine.sampler import StepConstraint
+from batchllm.engine.sampling_rows import SamplingRows
 from batchllm.engine.step_result import StepResult
 from batchllm.sched.interface import SchedulerOutput
 
@@ -27,11 +29,12 @@ class TPModelRunner(ModelRunner):
         if self.broken is not None:
             raise EngineBrokenError(f"an earlier step failed mid-way ({self.broken!r}); restart the engine")
 
-    def execute(self, output: SchedulerOutput, sampling_rows: list[tuple], allow_graph: bool = True) -> StepResult:
+    def execute(self, output: SchedulerOutput, sampling_rows: SamplingRows, allow_graph: bool = True,
+                constraint: StepConstraint | None = None) -> StepResult:
         self.raise_if_broken()
         self.gate.pass_step(self.run_id, step_fingerprint(self.run_id, output))
         try:
-            return super().execute(output, sampling_rows, allow_graph)
+            return super().execute(output, sampling_rows, allow_graph, constraint)
         except BaseException as error:
             self.broken = error
             raise

@@ -16,6 +16,7 @@ from batchllm.engine.request_state import FinishedOutput, PreparedRequest, RunSt
 from batchllm.engine.run_options import RunOptions
 from batchllm.models.config import ModelArchConfig
 from batchllm.models.tokenizer import Tokenizer
+from batchllm.sampling_params import SamplingParams
 from batchllm.sched.config import SchedulerConfig
 
 
@@ -28,6 +29,11 @@ class Engine(Protocol):
     @property
     def limits(self) -> RequestLimits:
         """What one request may hold (check every request with it before `run`)."""
+        ...
+
+    def check_structured_outputs(self, params: SamplingParams) -> None:
+        """Refuse a structured output that cannot run (batchllm.structured.errors.StructuredOutputError)
+        and start compiling its grammar where the engine compiles it (call before `run`)."""
         ...
 
     def run(self, requests: list[PreparedRequest], on_step: Callable[[int, int], None] | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from batchllm.config import EngineConfig
 from batchllm.engine.loading import EngineParts, load_parts
@@ -14,8 +15,13 @@ from batchllm.engine.sampler import mix_seed
 from batchllm.engine.step_loop import StepLoop
 from batchllm.engine.stop_checker import StopChecker
 from batchllm.engine.request_limits import InvalidRequestError, RequestLimits
+from batchllm.sampling_params import SamplingParams
 from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.factory import make_scheduler
+from batchllm.structured.errors import StructuredOutputError
+
+if TYPE_CHECKING:  # xgrammar loads only for structured outputs
+    from batchllm.structured.backend import GrammarBackend
 
 __all__ = ["FinishedOutput", "LLMEngine", "PreparedRequest", "RunStats"]
 
@@ -45,6 +51,9 @@ class LLMEngine:
         # The KV blocks the scheduler may fill: the cache's, found when it was sized (state, not
         # configuration; set lower, the scheduler fills only part of the cache).
         self.num_kv_blocks = parts.kv_cache.num_blocks
+        # Structured outputs' grammars over the tokenizer's vocabulary, built at the first request
+        # that has one (grammar_backend); set it to compile over another vocabulary.
+        self.grammars: GrammarBackend | None = None
 
     @property
     def scheduler_config(self) -> SchedulerConfig:
@@ -71,6 +80,27 @@ class LLMEngine:
     def num_kv_tokens(self) -> int:
         return self.kv_cache.num_blocks * self.config.scheduler.block_size
 
+    def grammar_backend(self) -> GrammarBackend:
+        """Compiles structured outputs over the tokenizer's vocabulary (built on first use)."""
+        if self.grammars is None:
+            if self.tokenizer is None:
+                raise StructuredOutputError(f"model {self.model_name} has no tokenizer: structured outputs need "
+                                            "its vocabulary (use a .gguf file or a HF model directory)")
+            from batchllm.structured.backend import GrammarBackend
+            from batchllm.structured.vocabulary import GrammarVocabulary
+
+            vocabulary = self.tokenizer.vocabulary
+            self.grammars = GrammarBackend(GrammarVocabulary.from_token_bytes(
+                vocabulary.token_bytes, vocabulary.skipped_ids, self.arch.vocab_size, self.eos_token_ids))
+        return self.grammars
+
+    def check_structured_outputs(self, params: SamplingParams) -> None:
+        """Refuse a structured output that cannot run (StructuredOutputError: a schema, regex or
+        grammar that does not parse, a model without a tokenizer) and start compiling its grammar,
+        so that it is ready when its request runs."""
+        if params.structured_outputs is not None:
+            self.grammar_backend().submit(params.structured_outputs)
+
     def shutdown(self) -> None:
         """Nothing outside this process to release."""
 
@@ -94,7 +124,8 @@ class LLMEngine:
         if options.cuda_graphs:  # graphs for a token budget raised since start-up, before the first step
             self.runner.ensure_step_capacity(self.scheduler_config.max_num_batched_tokens)
         loop = StepLoop(scheduler, self.runner, states, depth=1 if asynchronous else 0,
-                        allow_graph=options.cuda_graphs, decode=self._decode, stats=stats, on_step=on_step)
+                        allow_graph=options.cuda_graphs, decode=self._decode, stats=stats, on_step=on_step,
+                        bitmask_filler=self.grammars.filler if self.grammars is not None else None)
         started = time.perf_counter()
         yield from loop.run()
         stats.seconds += time.perf_counter() - started
@@ -106,7 +137,13 @@ class LLMEngine:
                                       "engine.limits.check(prompt_token_ids, params) first")
         seed = params.seed if params.seed is not None else mix_seed(self.config.seed, request.request_id)
         stop = StopChecker(params, params.max_tokens, self.eos_token_ids, self._decode)
-        return RequestState(request, stop, seed, [] if params.logprobs is not None else None)
+        state = RequestState(request, stop, seed, [] if params.logprobs is not None else None)
+        if params.structured_outputs is not None:
+            try:  # its grammar compiles in the background until its first sampled row needs it
+                state.grammar = self.grammar_backend().grammar_state(params.structured_outputs)
+            except StructuredOutputError as error:  # refused: this request ends at its first step
+                state.error, state.finish_reason = str(error), "error"
+        return state
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids) if self.tokenizer is not None else ""

@@ -18,7 +18,8 @@ from batchllm.engine.graph_shapes import decode_rows_bucket, piecewise_buckets
 from batchllm.engine.kv_cache import KVCache
 from batchllm.engine.last_tokens import FedRows, LastTokenColumn
 from batchllm.engine.piecewise_graphs import PiecewiseGraphs
-from batchllm.engine.sampler import SamplingBatch, sample
+from batchllm.engine.sampler import SamplingBatch, StepConstraint, sample
+from batchllm.engine.sampling_rows import SamplingRows
 from batchllm.engine.step_buffers import ActivationShape, StepBuffers
 from batchllm.engine.step_inputs import StepInputs, build_step_inputs
 from batchllm.engine.step_observer import StepObserver
@@ -134,21 +135,24 @@ class ModelRunner:
 
     # -- steps -------------------------------------------------------------------------------
 
-    def execute(self, output: SchedulerOutput, sampling_rows: list[tuple], allow_graph: bool = True) -> StepResult:
-        """sampling_rows: one SamplingBatch.build row per sampled chunk, in chunk order.
-        allow_graph: False runs the step eagerly even when CUDA graphs could run it."""
+    def execute(self, output: SchedulerOutput, sampling_rows: SamplingRows, allow_graph: bool = True,
+                constraint: StepConstraint | None = None) -> StepResult:
+        """sampling_rows: the sampled chunks' settings as columns, in chunk order.
+        allow_graph: False runs the step eagerly even when CUDA graphs could run it.
+        constraint: gives the token bitmask of the structured-output rows, asked for after the forward is queued."""
         observer = self.observer
         if observer is None:
-            return self._execute(output, sampling_rows, allow_graph)
+            return self._execute(output, sampling_rows, allow_graph, constraint)
         observer.step_started(output)
         self.last_mode = "eager"
         try:
-            return self._execute(output, sampling_rows, allow_graph)
+            return self._execute(output, sampling_rows, allow_graph, constraint)
         finally:
             observer.step_launched(output, self.last_mode)
 
     @torch.inference_mode()
-    def _execute(self, output: SchedulerOutput, sampling_rows: list[tuple], allow_graph: bool) -> StepResult:
+    def _execute(self, output: SchedulerOutput, sampling_rows: SamplingRows, allow_graph: bool,
+                 constraint: StepConstraint | None = None) -> StepResult:
         self.staging.begin_step()
         inputs = self.step_inputs(output)
         if not sampling_rows:  # (then no row is fed either: a decode row samples)
@@ -161,7 +165,8 @@ class ModelRunner:
         hidden = self._forward(inputs, allow_graph, _fed_rows(inputs, indices))
         # Only the rows that sample pay for the LM head.
         logits = self.model.compute_logits(hidden[indices["sample_rows"]])
-        sampled = sample(logits, batch)
+        bitmask = constraint.token_bitmask(logits.shape[-1], self.staging) if constraint is not None else None
+        sampled = sample(logits, batch, bitmask)
         self.last_tokens.store(indices["sample_batch_rows"], sampled.token_ids)
         host = self.host_copies.copy(sampled) if self.host_copies is not None else None
         return StepResult(inputs.sample_seq_ids, sampled, host)

@@ -1,6 +1,6 @@
 """The step loop's view of a run's requests as columns (one numpy entry per request), so that a
 step's sampled tokens are read, and max_tokens / EOS checked, with array operations. A request
-whose tokens need Python (stop strings, stop token ids, logprobs) goes through its RequestState
+whose tokens need Python (stop strings, stop token ids, logprobs, a structured output's grammar) goes through its RequestState
 one token at a time, as every request once did (docs/design.md, "The step loop")."""
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ class RequestColumns:
         self.num_read = np.zeros(num, dtype=np.int64)
         self.finished = np.zeros(num, dtype=bool)
         self.needs_python = np.zeros(num, dtype=bool)
+        self.constrained = np.zeros(num, dtype=bool)  # a structured output: its grammar masks its rows
         self.stop_on_eos = np.zeros(num, dtype=bool)
         eos = self.states[0].stop.eos_token_ids if self.states else frozenset()
         self.eos_token_ids = np.array(sorted(eos), dtype=np.int64)
@@ -48,7 +49,9 @@ class RequestColumns:
             self.max_tokens[i] = state.stop.max_tokens
             self.num_read[i] = len(state.output_token_ids)
             self.stop_on_eos[i] = not params.ignore_eos
+            self.constrained[i] = state.grammar is not None
             self.needs_python[i] = bool(state.logprobs is not None or params.stop or params.stop_token_ids
+                                        or state.grammar is not None
                                         or state.stop.eos_token_ids != eos or type(state.stop) is not StopChecker)
             rows.append(self._static_row(state))
             self.finished[i] = state.finish_reason is not None
@@ -107,6 +110,12 @@ class RequestColumns:
             self.states[i].finish_reason = "stop" if is_stop else "length"
             self.finished[i] = True
         return int(index.shape[0])
+
+    def fail(self, i: int, message: str) -> None:
+        """Finish request i (only) with an error; its later rows are dropped."""
+        state = self.states[i]
+        state.error, state.finish_reason = message, "error"
+        self.finished[i] = True
 
     def read_one(self, i: int, token_id: int, logprob_entry) -> None:
         """One token of a request whose tokens need Python: RequestState.add_token."""

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from batchllm.engine.sampler import sampling_row
 from batchllm.engine.stop_checker import StopChecker
 from batchllm.sampling_params import SamplingParams
 from batchllm.sched.interface import FinishedRequest, SchedRequest
 from batchllm.sched.trace import StepRecord
+
+if TYPE_CHECKING:  # xgrammar loads only for structured outputs
+    from batchllm.structured.grammar_state import GrammarState
 
 # The sampling row of a request whose row could not be built: greedy, no logprobs (the row's
 # token is dropped, the request is finished with an error).
@@ -61,6 +65,7 @@ class RequestState:
     output_token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # set once the last real token is known
     error: str | None = None
+    grammar: GrammarState | None = None  # a structured output's place in its grammar
 
     def sched_request(self) -> SchedRequest:
         """The request as the scheduler sees it, sharing output_token_ids."""
@@ -93,7 +98,10 @@ class RequestState:
             self.output_token_ids.append(token_id)
             if self.logprobs is not None:
                 self.logprobs.append(logprob_entry())
-            self.finish_reason = self.stop.check(self.output_token_ids)
+            finish_reason = self.stop.check(self.output_token_ids)
+            if self.grammar is not None:
+                finish_reason = self.grammar.advance(token_id, finish_reason)
+            self.finish_reason = finish_reason
         except Exception as error:  # noqa: BLE001 - finish this request only
             self.fail(error)
 

@@ -1,4 +1,4 @@
-"""Token sampling: logit bias, greedy, temperature, top-k, top-p, min-p. Seeded sampling is the
+"""Token sampling: logit bias, a structured output's token bitmask, greedy, temperature, top-k, top-p, min-p. Seeded sampling is the
 exponential race (argmax of probs / E, E ~ Exp(1)) with the uniform behind E a hash of (seed, output
 index, vocab id), so a request's tokens do not depend on its step's other requests or on recompute."""
 
@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from batchllm.engine.sampling_rows import SamplingRows
-from batchllm.ops.transfer import Upload, to_device
+from batchllm.ops.transfer import PinnedStaging, Upload, to_device
 from batchllm.sampling_params import GREEDY_TEMPERATURE, SamplingParams
 
 _MASK32 = 0xFFFFFFFF
@@ -62,6 +63,35 @@ class LogitBias:
         in_vocab = self.token_ids < logits.shape[-1]
         token_ids, biases = self.token_ids.masked_fill(~in_vocab, 0), torch.where(in_vocab, self.biases, 0.0)
         return logits.index_put((self.rows, token_ids), biases, accumulate=True)
+
+
+@dataclass(frozen=True)
+class TokenBitmask:
+    """The allowed tokens of a step's constrained rows (structured outputs), on the device."""
+
+    rows: torch.Tensor  # [num_masked] int64: rows of the step's logits
+    bitmask: torch.Tensor  # [num_masked, ceil(vocab / 32)] int32: bit j of word w allows token 32 w + j
+    every_row: bool = False  # rows are 0 .. num_rows - 1 of the logits: no gather and scatter
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits with the disallowed tokens of the masked rows at -inf (a new tensor); other
+        rows untouched. The words are unpacked to bytes, then to one flag per token (uint8: a
+        quarter of an int32 unpacking's memory)."""
+        vocab_size = logits.shape[-1]
+        words = self.bitmask.contiguous().view(torch.uint8)  # little-endian: byte k of a word = its bits 8k..8k+7
+        shifts = torch.arange(8, device=logits.device, dtype=torch.uint8)
+        allowed = (words[:, :, None] >> shifts).bitwise_and_(1).view(words.shape[0], -1)[:, :vocab_size]
+        if self.every_row:
+            return logits.masked_fill(allowed == 0, float("-inf"))
+        masked = logits.index_select(0, self.rows).masked_fill_(allowed == 0, float("-inf"))
+        return logits.index_copy(0, self.rows, masked)
+
+
+class StepConstraint(Protocol):
+    def token_bitmask(self, vocab_size: int, staging: PinnedStaging) -> TokenBitmask | None:
+        """The step's token bitmask (None: no row is constrained after all), asked for once the
+        step's forward is queued and before its sampler; sent through the step's staging."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -138,15 +168,18 @@ def uniform_noise(seeds: torch.Tensor, output_index: torch.Tensor, vocab_size: i
     return (bits.to(torch.float64) + 0.5).div_(2.0**32).to(torch.float32)
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
-    """logits: [num_rows, vocab] float32 -> sampled token ids.
+def sample(logits: torch.Tensor, batch: SamplingBatch, bitmask: TokenBitmask | None = None) -> SamplerOutput:
+    """logits: [num_rows, vocab] float32 -> sampled token ids. bitmask: the tokens a structured
+    output allows on its rows, applied after the logit bias.
 
-    Logprobs are those of the model's distribution (before logit bias, temperature and the
-    filters), as vLLM reports them by default. The top list holds the position's
+    Logprobs are those of the model's distribution (before logit bias, the bitmask, temperature
+    and the filters), as vLLM reports them by default. The top list holds the position's
     max_logprobs most likely tokens, whether or not the sampled token is among them."""
     logprobs_full = torch.log_softmax(logits, dim=-1) if batch.max_logprobs is not None else None
     if batch.logit_bias is not None:
         logits = batch.logit_bias.apply(logits)
+    if bitmask is not None:
+        logits = bitmask.apply(logits)
     token_ids = logits.argmax(dim=-1)
     if not batch.all_greedy:
         token_ids = torch.where(batch.temperature == 0.0, token_ids, _sample_random(logits, batch))

@@ -11,15 +11,20 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from batchllm.engine.grammar_constraint import GrammarConstraint
 from batchllm.engine.request_columns import RequestColumns
 from batchllm.engine.request_state import FinishedOutput, RequestState, RunStats
 from batchllm.engine.step_result import StepResult
 from batchllm.engine.step_runner import StepRunner
 from batchllm.sched.interface import FinishedRequest, Scheduler, SchedulerOutput
 from batchllm.sched.trace import StepRecord
+
+if TYPE_CHECKING:  # xgrammar loads only for structured outputs
+    from batchllm.structured.token_bitmask import TokenBitmaskFiller
 
 
 @dataclass
@@ -48,6 +53,7 @@ class StepLoop:
     decode: Callable[[list[int]], str]
     stats: RunStats
     on_step: Callable[[int, int], None] | None = None
+    bitmask_filler: TokenBitmaskFiller | None = None  # set when a request has a structured output
     _last_completed_s: float = 0.0
     _columns: RequestColumns | None = None
 
@@ -59,7 +65,7 @@ class StepLoop:
         while self.scheduler.has_unfinished() or inflight:
             launched = None
             if self.scheduler.has_unfinished():
-                launched = self._launch()
+                launched = self._launch(inflight)
                 inflight.append(launched)
             num_unread = self.depth if launched is not None else 0
             for step in list(inflight)[:len(inflight) - num_unread]:
@@ -70,7 +76,7 @@ class StepLoop:
             while inflight and inflight[0].read and inflight[0].finished is not None:
                 yield from self._complete(inflight.popleft())
 
-    def _launch(self) -> _Step:
+    def _launch(self, inflight: deque[_Step]) -> _Step:
         started = time.perf_counter()
         output = self.scheduler.schedule()
         if output.is_empty:
@@ -80,8 +86,19 @@ class StepLoop:
         sample = chunks.sample
         index = columns.index_of(chunks.seq_ids[sample])
         output_index = chunks.kv_lens[sample] - columns.prompt_len[index]
-        result = self.runner.execute(output, columns.sampling_rows(index, output_index), allow_graph=self.allow_graph)
+        constraint = None
+        constrained = np.flatnonzero(columns.constrained[index])
+        if constrained.size:  # structured outputs: their bitmask needs the earlier steps' tokens
+            constraint = GrammarConstraint(columns, constrained, index[constrained], index.shape[0],
+                                           self.bitmask_filler, partial(self._read_all, inflight))
+        result = self.runner.execute(output, columns.sampling_rows(index, output_index), allow_graph=self.allow_graph,
+                                     constraint=constraint)
         return _Step(output, result, scheduled - started, time.perf_counter() - scheduled, index, output_index)
+
+    def _read_all(self, steps: deque[_Step]) -> None:
+        for step in steps:
+            if not step.read:
+                self._read(step)
 
     def _read(self, step: _Step) -> None:
         """Wait for the step's tokens (its only device sync); append them to the requests' outputs

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from batchllm.engine.sampler import StepConstraint
+from batchllm.engine.sampling_rows import SamplingRows
 from batchllm.engine.step_result import StepResult
 from batchllm.sched.interface import SchedulerOutput
 
 
 class StepRunner(Protocol):
-    def execute(self, output: SchedulerOutput, sampling_rows: list[tuple], allow_graph: bool = True) -> StepResult:
+    def execute(self, output: SchedulerOutput, sampling_rows: SamplingRows, allow_graph: bool = True,
+                constraint: StepConstraint | None = None) -> StepResult:
         """Run one scheduled step: its tensors, the model, the sampler.
-        sampling_rows: one SamplingBatch.build row per sampled chunk, in chunk order.
-        allow_graph: False runs a decode step eagerly even when a CUDA graph could replay it."""
+        sampling_rows: the sampled chunks' settings as columns, in chunk order.
+        allow_graph: False runs a decode step eagerly even when a CUDA graph could replay it.
+        constraint: the structured-output rows' token bitmask, asked for between the forward and the sampler."""
         ...

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from batchllm.io.compact_set import Int64Set, digest64
 from batchllm.io.output_check import DUPLICATE_CODE
 from batchllm.io.request_fields import FieldWarning, check_fields
+from batchllm.io.structured_fields import StructuredFieldError, parse_structured_outputs
 from batchllm.sampling_params import SamplingParams, SamplingParamsError, short_repr
 
 CHAT_URL = "/v1/chat/completions"
@@ -197,6 +198,12 @@ def _parse_sampling(body: dict, endpoint: str) -> SamplingParams:
     logprobs = _parse_logprobs(body, endpoint)
     if logprobs is not None:
         kwargs["logprobs"] = logprobs
+    try:
+        structured = parse_structured_outputs(body)
+    except StructuredFieldError as error:
+        raise RequestError(error.code, str(error)) from None
+    if structured is not None:
+        kwargs["structured_outputs"] = structured
     try:
         return SamplingParams(**kwargs)
     except (SamplingParamsError, TypeError) as error:

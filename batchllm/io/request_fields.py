@@ -22,9 +22,9 @@ HONOURED_FIELDS = frozenset({
     "messages", "prompt", "prompt_token_ids", "max_tokens", "max_completion_tokens", "temperature", "top_p",
     "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "logprobs", "top_logprobs", "n",
     "include_stop_str_in_output", "logit_bias",
+    # structured outputs (batchllm/io/structured_fields.py)
+    "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
 })
-
-_TEXT_ONLY = {"type": "text"}
 
 # name -> the values that ask for nothing (besides null). A per-endpoint dict where they differ.
 NO_OP_VALUES: dict[str, tuple | dict[str, tuple]] = {
@@ -42,11 +42,9 @@ NO_OP_VALUES: dict[str, tuple | dict[str, tuple]] = {
     "trace_decode_token_ids": ([],), "audio": (), "modalities": (["text"],), "detokenize": (True,),
     "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,), "include_reasoning": (True,),
     "reasoning_effort": (), "verbosity": (), "moderation": (),
-    # constrained output and tools: batchllm generates plain text
+    # tools: batchllm generates plain text (or structured outputs, HONOURED_FIELDS)
     "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
-    "response_format": (_TEXT_ONLY,), "structured_outputs": (), "guided_json": (), "guided_regex": (),
-    "guided_choice": (), "guided_grammar": (), "guided_decoding_backend": (), "guided_whitespace_pattern": (),
-    "web_search_options": (),
+    "guided_decoding_backend": ("auto", "xgrammar"), "guided_whitespace_pattern": (), "web_search_options": (),
     # other ways to build or cut the prompt
     "add_generation_prompt": (True,), "continue_final_message": (False,),
     "add_special_tokens": {"chat": (False,), "completion": (True,)}, "documents": (), "chat_template": (),

@@ -28,6 +28,7 @@ from batchllm.job.progress import Progress
 from batchllm.engine.request_limits import (EmptyPromptError, InvalidRequestError, NoTokenizerError, PromptTooLongError,
                                             RequestLimits)
 from batchllm.sampling_params import SamplingParams
+from batchllm.structured.errors import StructuredOutputError
 
 ORDERS = ("input", "finish")
 # errors whose one-line message already says how to go on (the CLI prints it)
@@ -163,6 +164,10 @@ def prepare_request(engine: LLMEngine, request: BatchRequest, limits: RequestLim
     except InvalidRequestError as error:
         code = _ERROR_CODES.get(type(error), "invalid_request")
         return error_line(request.custom_id, code, str(error), request.line_number)
+    try:  # a bad schema, regex or grammar is this line's error; a good one starts compiling
+        engine.check_structured_outputs(params)
+    except StructuredOutputError as error:
+        return error_line(request.custom_id, "invalid_request", str(error), request.line_number)
     return np.asarray(token_ids, dtype=np.int32), params
 
 

@@ -9,6 +9,7 @@ from batchllm.engine.engine_protocol import Engine
 from batchllm.engine.request_limits import NoTokenizerError
 from batchllm.engine.request_state import FinishedOutput, PreparedRequest, RunStats
 from batchllm.engine.run_options import RunOptions
+from batchllm.engine.samples import SampleSplit
 from batchllm.engines import build_engine
 from batchllm.job.progress import Progress
 from batchllm.outputs import CompletionOutput, RequestOutput
@@ -96,13 +97,18 @@ class LLM:
                     for index, (tokens, params) in enumerate(zip(token_lists, params_list))]
         for request in requests:  # a bad schema, regex or grammar raises here; good ones start compiling
             self.engine.check_structured_outputs(request.params)
-        progress = Progress(len(requests), enabled=use_tqdm)
+        # SamplingParams(n=k): k engine requests sharing the prompt (batchllm.engine.samples)
+        split = SampleSplit(self.engine.config.seed, len(requests))
+        samples = [sample for request in requests for sample in split.split(request)]
+        progress = Progress(len(samples), enabled=use_tqdm)
         progress.start()
         stats = RunStats()
-        finished: dict[int, FinishedOutput] = {}
+        finished: dict[int, list[FinishedOutput]] = {}
         try:
-            for done in self.engine.run(requests, on_step=progress.update, stats=stats, options=options):
-                finished[done.request_id] = done
+            for done in self.engine.run(samples, on_step=progress.update, stats=stats, options=options):
+                gathered = split.gather(done)
+                if gathered is not None:
+                    finished[gathered[0]] = gathered[1]
         finally:
             progress.close()
         self.last_run_stats = stats
@@ -143,11 +149,16 @@ class LLM:
         return self.engine.tokenizer
 
 
-def _to_request_output(request_id: str, prompt: str | None, done: FinishedOutput) -> RequestOutput:
+def _to_request_output(request_id: str, prompt: str | None, samples: list[FinishedOutput]) -> RequestOutput:
+    completions = [_completion_output(index, done) for index, done in enumerate(samples)]
+    first = samples[0]
+    return RequestOutput(request_id, prompt, first.prompt_token_ids, completions,
+                         num_cached_tokens=first.num_cached_prompt_tokens)
+
+
+def _completion_output(index: int, done: FinishedOutput) -> CompletionOutput:
     cumulative = None
     if done.logprobs is not None:
         cumulative = float(sum(entry[token] for entry, token in zip(done.logprobs, done.output_token_ids)))
-    completion = CompletionOutput(0, done.text, done.output_token_ids, done.finish_reason, done.logprobs, cumulative,
-                                  stop_reason=done.stop_reason)
-    return RequestOutput(request_id, prompt, done.prompt_token_ids, [completion],
-                         num_cached_tokens=done.num_cached_prompt_tokens)
+    return CompletionOutput(index, done.text, done.output_token_ids, done.finish_reason, done.logprobs, cumulative,
+                            stop_reason=done.stop_reason)

@@ -79,6 +79,8 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # number of top logprobs to return per token (0: only the sampled one)
+    # Completions per prompt: the prompt is computed once (its samples share it as one prefix
+    # group); sample k samples with sample_seed(seed, k), so sample 0 is the n=1 answer.
     n: int = 1
     # OpenAI `logit_bias`: {token id: bias in [-100, 100]} added to the logits before sampling
     # (greedy included). Given as a mapping (keys int or decimal strings, as in JSON); held as
@@ -92,8 +94,8 @@ class SamplingParams:
         object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else _as_tuple(self.stop, "stop"))
         object.__setattr__(self, "stop_token_ids", _as_tuple(self.stop_token_ids, "stop_token_ids"))
         object.__setattr__(self, "logit_bias", _normalise_logit_bias(self.logit_bias))
-        if self.n != 1:
-            raise SamplingParamsError(f"n={self.n} is not supported yet: only n=1 (one completion per request)")
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= MAX_NUM_SAMPLES:
+            raise SamplingParamsError(f"n must be an integer in [1, {MAX_NUM_SAMPLES}], got {short_repr(self.n)}")
         if self.max_tokens is not None and (
             not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1
         ):
@@ -135,6 +137,20 @@ class SamplingParams:
 
 
 MAX_LOGIT_BIAS = 100.0
+MAX_NUM_SAMPLES = 128  # the largest n (OpenAI's limit): more is one line asking for a whole batch's work
+_MASK64 = (1 << 64) - 1
+
+
+def sample_seed(seed: int, sample_index: int) -> int:
+    """The seed of sample sample_index of a request seeded with seed: seed itself for sample 0
+    (so sample 0 is the answer of the same request with n=1), a splitmix64 hash of (seed,
+    index) in [0, 2**63) for the others, so that samples differ in every bit the sampler reads."""
+    if sample_index == 0:
+        return seed
+    z = (seed + sample_index * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1
 MAX_TOKEN_ID = (1 << 31) - 1  # token ids are held as int32
 # Below this a temperature samples as greedy (vLLM's _SAMPLING_EPS): dividing by it would leave
 # nothing but the top token anyway (the sampler subtracts the row's top logit first, so no

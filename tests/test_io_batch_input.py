@@ -51,7 +51,7 @@ def test_each_bad_line_is_one_error_and_the_rest_parse():
         {"custom_id": "neg", "prompt": "x", "max_tokens": -1},
         {"custom_id": "t", "prompt": "x", "temperature": -0.5},
         {"custom_id": "p", "prompt": "x", "top_p": 1.5},
-        {"custom_id": "n", "prompt": "x", "n": 2},
+        {"custom_id": "n", "prompt": "x", "n": 0},
         {"custom_id": "ok", "prompt": "fine"},
         {"custom_id": "ok", "prompt": "dup"},
         b"\xff\xfe{}",
@@ -64,7 +64,7 @@ def test_each_bad_line_is_one_error_and_the_rest_parse():
         ("invalid_sampling", 9), ("invalid_sampling", 10), ("invalid_sampling", 11), ("ok", 12),
         ("duplicate_custom_id", 13), ("invalid_utf8", 14),
     ]
-    assert "n=2 is not supported" in items[10].message
+    assert items[10].message == "n must be an integer in [1, 128], got 0"
     assert items[2].custom_id == "u"  # errors keep the custom_id where there is one
 
 

@@ -36,7 +36,7 @@ CASES = [
     ({"custom_id": "s2", "prompt_token_ids": [5], "temperature": -0.5}, "invalid_sampling", "temperature < 0"),
     ({"custom_id": "s3", "prompt_token_ids": [5], "top_p": 0}, "invalid_sampling", "top_p = 0"),
     ({"custom_id": "s4", "prompt_token_ids": [5], "top_p": 1.5}, "invalid_sampling", "top_p > 1"),
-    ({"custom_id": "s5", "prompt_token_ids": [5], "n": 2}, "invalid_sampling", "n > 1"),
+    ({"custom_id": "s5", "prompt_token_ids": [5], "n": 129}, "invalid_sampling", "n above 128"),
     ({"custom_id": "s6", "prompt_token_ids": [5], "temperature": "hot"}, "invalid_sampling", "temperature string"),
     ({"custom_id": "typo", "prompt_token_ids": _ids(4), "max_tokens": 2, "temperature": 0, "frobnicate": 1},
      "unknown_field", "unknown body field: refused"),

@@ -47,6 +47,9 @@ class BatchRequest:
     prompt_token_ids: tuple[int, ...] | None = None
     warnings: tuple[FieldWarning, ...] = ()  # fields accepted without effect (counted by the job)
     digest: int = 0  # digest64 of the raw input line (the journal checks it on resume)
+    # vLLM's return_token_ids: the answer carries the prompt's and each choice's token ids.
+    # None: not set, which means on for a model without a tokenizer (its text is empty).
+    return_token_ids: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -97,8 +100,11 @@ def parse_request_object(obj: object, line_number: int = 0) -> BatchRequest:
     warnings += field_warnings
     messages, prompt, prompt_token_ids = _parse_prompt(body, endpoint)
     sampling = _parse_sampling(body, endpoint)
+    return_token_ids = body.get("return_token_ids")
+    if return_token_ids is not None:
+        return_token_ids = _boolean(return_token_ids, "return_token_ids")
     return BatchRequest(custom_id, line_number, endpoint, sampling, messages=messages, prompt=prompt,
-                        prompt_token_ids=prompt_token_ids, warnings=tuple(warnings))
+                        prompt_token_ids=prompt_token_ids, warnings=tuple(warnings), return_token_ids=return_token_ids)
 
 
 def _parse_prompt(body: dict, endpoint: str):
@@ -205,9 +211,22 @@ def _parse_sampling(body: dict, endpoint: str) -> SamplingParams:
     if structured is not None:
         kwargs["structured_outputs"] = structured
     try:
-        return SamplingParams(**kwargs)
+        sampling = SamplingParams(**kwargs)
     except (SamplingParamsError, TypeError) as error:
         raise RequestError("invalid_sampling", str(error)) from None
+    _check_best_of(body.get("best_of"), sampling.n)
+    return sampling
+
+
+def _check_best_of(best_of: object, n: int) -> None:
+    """best_of picks the n best of best_of samples; batchllm returns every sample it draws, so
+    only best_of = n (or unset) asks for what it does."""
+    if best_of is None:
+        return
+    best_of = _integer(best_of, "best_of", 1, MAX_TOKEN_ID)
+    if best_of != n:
+        raise RequestError("unsupported_feature", f"best_of={best_of} with n={n} is not supported: every sample is "
+                           f"returned, so set best_of to n ({n}) or remove it")
 
 
 def _parse_logprobs(body: dict, endpoint: str) -> int | None:

@@ -10,17 +10,40 @@ from collections.abc import Sequence
 from typing import Protocol
 
 
+def choice(
+    endpoint: str,
+    index: int,
+    text: str,
+    finish_reason: str,
+    logprobs: object | None = None,
+    token_ids: Sequence[int] | None = None,
+    prompt_token_ids: Sequence[int] | None = None,
+) -> dict:
+    """One entry of an answer's choices. token_ids (and on /v1/completions prompt_token_ids):
+    vLLM's return_token_ids fields, written when given."""
+    chat = endpoint == "chat"
+    answer = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+    entry = {"index": index, **answer, "logprobs": logprobs, "finish_reason": finish_reason}
+    if token_ids is not None:
+        entry["token_ids"] = list(token_ids)
+    if prompt_token_ids is not None and not chat:  # vLLM: on each choice of a completion
+        entry["prompt_token_ids"] = list(prompt_token_ids)
+    return entry
+
+
 def success_line(
     custom_id: str,
     endpoint: str,
     model_name: str,
-    text: str,
-    finish_reason: str,
+    choices: Sequence[dict],
     num_prompt_tokens: int,
     num_completion_tokens: int,
     num_cached_prompt_tokens: int = 0,
-    logprobs: object | None = None,
+    prompt_token_ids: Sequence[int] | None = None,
 ) -> dict:
+    """An answer's record. usage counts the prompt once and the tokens of every choice (OpenAI's
+    and vLLM's usage for n > 1). prompt_token_ids: written on a chat answer's body (vLLM's
+    return_token_ids; on /v1/completions each choice holds them)."""
     usage = {
         "prompt_tokens": num_prompt_tokens,
         "completion_tokens": num_completion_tokens,
@@ -28,11 +51,11 @@ def success_line(
         "prompt_tokens_details": {"cached_tokens": num_cached_prompt_tokens},
     }
     chat = endpoint == "chat"
-    answer = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
-    choice = {"index": 0, **answer, "logprobs": logprobs, "finish_reason": finish_reason}
     body = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
             "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": model_name, "choices": [choice], "usage": usage}
+            "model": model_name, "choices": list(choices), "usage": usage}
+    if prompt_token_ids is not None and chat:
+        body["prompt_token_ids"] = list(prompt_token_ids)
     response = {"status_code": 200, "request_id": f"req_{uuid.uuid4().hex[:24]}", "body": body}
     return {"id": f"batch_req_{uuid.uuid4().hex[:24]}", "custom_id": custom_id, "response": response,
             "error": None}

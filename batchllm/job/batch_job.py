@@ -15,9 +15,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from batchllm.engine.errors import EngineBrokenError
-from batchllm.engine.llm_engine import LLMEngine, PreparedRequest, RunStats
+from batchllm.engine.llm_engine import FinishedOutput, LLMEngine, PreparedRequest, RunStats
 from batchllm.io.batch_input import DEFAULT_MAX_LINE_BYTES, BatchError, BatchRequest, read_batch_file
-from batchllm.io.batch_output import dumps, error_line, openai_logprobs, success_line
+from batchllm.engine.samples import SampleSplit
+from batchllm.io.batch_output import choice, dumps, error_line, openai_logprobs, success_line
 from batchllm.io.request_fields import FieldWarning
 from batchllm.io.job_files import JobLock, check_existing_output, check_job_paths, journal_path_for
 from batchllm.io.job_io import JobFileError, file_operation
@@ -43,7 +44,7 @@ _Runnable = tuple[BatchRequest, np.ndarray, SamplingParams]
 class BatchJobOptions:
     errors_path: str | None = None  # also write the error records here
     order: str = "input"  # final output order: "input" (rewrite at the end) or "finish"
-    window_num_requests: int | None = None  # plan and run this many requests at a time (None: all)
+    window_num_requests: int | None = None  # plan and run this many samples at a time (None: all); a line's n stay together
     restart: bool = False  # ignore an existing journal
     overwrite: bool = False  # replace an existing output file (else refused, unless resuming its job)
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES  # a longer input line is a line_too_long record
@@ -295,6 +296,7 @@ class _JobRun:
         self.num_recorded_steps = 0
         self.num_warnings = 0
         self.num_records = 0  # input lines that get a record (every line but blank ones)
+        self._num_lines_answered = 0  # by the engine since the last step's progress update
         # fields accepted without effect: (field, reason) -> [number of lines, first line]
         self.field_warnings: dict[FieldWarning, list[int]] = {}
         self.progress = Progress(num_lines, enabled=options.show_progress, description="lines", unit="lines")
@@ -326,6 +328,7 @@ class _JobRun:
 
     def stream(self, input_path: str) -> None:
         pending: list[_Runnable] = []
+        num_pending_samples = 0  # a line of n samples is n requests to the engine
         for item in _read_input(input_path, self.options.max_line_bytes):
             if self.stop.requested:
                 raise JobInterrupted
@@ -352,8 +355,11 @@ class _JobRun:
             # the output line needs no prompt: it is held as int32 token ids
             stripped = replace(item, messages=None, prompt=None, prompt_token_ids=None, warnings=())
             pending.append((stripped, *prepared))
-            if len(pending) == self.options.window_num_requests:
+            num_pending_samples += prepared[1].n
+            window = self.options.window_num_requests
+            if window is not None and num_pending_samples >= window:
                 self._run_window(pending)
+                num_pending_samples = 0
         if pending:
             self._run_window(pending)
 
@@ -367,6 +373,8 @@ class _JobRun:
             self._serve(prepared, requests)
         finally:
             self._fold_step_records()
+            self.progress.update(self._num_lines_answered, 0)  # lines answered after the last step's update
+            self._num_lines_answered = 0
         self.journal.sync()
 
     def _fold_step_records(self) -> None:
@@ -378,12 +386,17 @@ class _JobRun:
         records.clear()
 
     def _serve(self, prepared: list[PreparedRequest], requests: dict[int, BatchRequest]) -> None:
-        """Run requests; if the engine fails, the unfinished ones run again in halves until the
-        request that fails alone is found: it gets an internal_error record, the rest their answers.
+        """Run requests (a line of n samples is n engine requests, answered once the last finishes);
+        if the engine fails, the unanswered lines run again (all their samples) in halves until the
+        line that fails alone is found: it gets an internal_error record, the rest their answers.
         An engine that can run nothing any more stops the job (the journal keeps what is done)."""
+        split = SampleSplit(self.engine.config.seed, max(request.request_id for request in prepared) + 1)
+        samples = [sample for request in prepared for sample in split.split(request)]
         try:
-            for done in self.engine.run(prepared, on_step=self._on_step, stats=self.stats):
-                self._answer(requests.pop(done.request_id), done)
+            for done in self.engine.run(samples, on_step=self._on_step, stats=self.stats):
+                gathered = split.gather(done)
+                if gathered is not None:
+                    self._answer(requests.pop(gathered[0]), gathered[1])
         except (JobInterrupted, EngineBrokenError, JobFileError):
             raise  # the job stops (the journal keeps what is done): not one request's fault
         except Exception as error:
@@ -396,20 +409,32 @@ class _JobRun:
                 self._serve(left[:half], requests)
                 self._serve(left[half:], requests)
 
-    def _answer(self, request: BatchRequest, done) -> None:
+    def _answer(self, request: BatchRequest, outputs: list[FinishedOutput]) -> None:
+        """The line's one record from its samples' outputs: its answer, or the first failed sample's error."""
         try:
-            if done.error is not None:
-                code = "internal_error" if done.error.startswith("internal_error") else "invalid_request"
-                record = error_line(request.custom_id, code, done.error, done.request_id)
+            failed = next((done for done in outputs if done.error is not None), None)
+            if failed is not None:
+                code = "internal_error" if failed.error.startswith("internal_error") else "invalid_request"
+                record = error_line(request.custom_id, code, failed.error, request.line_number)
             else:
-                record = success_line(
-                    request.custom_id, request.endpoint, self.engine.model_name, done.text,
-                    done.finish_reason, len(done.prompt_token_ids), len(done.output_token_ids),
-                    done.num_cached_prompt_tokens, _openai_logprobs(self.engine, done, request),
-                )
+                record = self._success_record(request, outputs)
         except Exception as error:
             record = self._internal_error(request, error)
-        self.journal.append(done.request_id, record, dumps(record), request.digest)
+        self.journal.append(request.line_number, record, dumps(record), request.digest)
+        self._num_lines_answered += 1
+
+    def _success_record(self, request: BatchRequest, outputs: list[FinishedOutput]) -> dict:
+        engine, first = self.engine, outputs[0]
+        # without a tokenizer the text is empty: the token ids are the answer
+        token_ids_wanted = request.return_token_ids if request.return_token_ids is not None else engine.tokenizer is None
+        prompt_token_ids = first.prompt_token_ids if token_ids_wanted else None
+        choices = [choice(request.endpoint, index, done.text, done.finish_reason,
+                          _openai_logprobs(engine, done, request),
+                          done.output_token_ids if token_ids_wanted else None, prompt_token_ids)
+                   for index, done in enumerate(outputs)]
+        return success_line(request.custom_id, request.endpoint, engine.model_name, choices,
+                            len(first.prompt_token_ids), sum(len(done.output_token_ids) for done in outputs),
+                            first.num_cached_prompt_tokens, prompt_token_ids)
 
     def _internal_error(self, item: BatchRequest, error: Exception) -> dict:
         message = f"{type(error).__name__}: {error}"
@@ -418,7 +443,9 @@ class _JobRun:
         return error_line(item.custom_id, "internal_error", message, item.line_number)
 
     def _on_step(self, num_finished: int, num_new_tokens: int) -> None:
-        self.progress.update(num_finished, num_new_tokens)
+        """The engine's on_step; the bar counts lines, answered once all their samples finished."""
+        self.progress.update(self._num_lines_answered, num_new_tokens)
+        self._num_lines_answered = 0
         self.journal.maybe_sync()
         if self.stop.requested:
             raise JobInterrupted

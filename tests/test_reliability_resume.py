@@ -47,10 +47,16 @@ def job(tmp_path_factory):
     lines = [{"custom_id": f"q{i}", "prompt_token_ids": [5 + i, 9, 17 + 3 * i], "max_tokens": 16 + 2 * i,
               "temperature": 0, "ignore_eos": True} for i in range(NUM_REQUESTS)]
     lines.insert(3, "{broken json")
+    # n samples, unseeded: each sample's seed derives from the engine's seed and the line, so a
+    # line run again after a crash gives the same answer
+    lines.append({"custom_id": "samples", "prompt_token_ids": [6, 9, 17, 4], "max_tokens": 24, "n": 3,
+                  "temperature": 1.0, "ignore_eos": True})
     input_path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
     reference = root / "reference.jsonl"
     assert main(_argv(input_path, reference)) == 0
-    return input_path, normalized_records(reference)
+    records = normalized_records(reference)
+    assert len({tuple(c["token_ids"]) for c in records[-1]["response"]["body"]["choices"]}) == 3
+    return input_path, records
 
 
 def _num_records(partial_path):

@@ -16,8 +16,8 @@ import numpy as np
 
 from batchllm.engine.errors import EngineBrokenError
 from batchllm.engine.llm_engine import FinishedOutput, LLMEngine, PreparedRequest, RunStats
-from batchllm.io.batch_input import DEFAULT_MAX_LINE_BYTES, BatchError, BatchRequest, read_batch_file
 from batchllm.engine.samples import SampleSplit
+from batchllm.io.batch_input import DEFAULT_MAX_LINE_BYTES, BatchError, BatchRequest, read_batch_file
 from batchllm.io.batch_output import choice, dumps, error_line, openai_logprobs, success_line
 from batchllm.io.request_fields import FieldWarning
 from batchllm.io.job_files import JobLock, check_existing_output, check_job_paths, journal_path_for
@@ -44,7 +44,8 @@ _Runnable = tuple[BatchRequest, np.ndarray, SamplingParams]
 class BatchJobOptions:
     errors_path: str | None = None  # also write the error records here
     order: str = "input"  # final output order: "input" (rewrite at the end) or "finish"
-    window_num_requests: int | None = None  # plan and run this many samples at a time (None: all); a line's n stay together
+    # plan and run this many requests at a time (None: all); a line of n samples counts n and is never split
+    window_num_requests: int | None = None
     restart: bool = False  # ignore an existing journal
     overwrite: bool = False  # replace an existing output file (else refused, unless resuming its job)
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES  # a longer input line is a line_too_long record

@@ -199,3 +199,36 @@ def test_return_token_ids_on_a_model_with_a_tokenizer(default_engine, tmp_path):
     plain = records["plain"]["response"]["body"]
     assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]
     assert plain["choices"][0]["message"] == with_ids.choices[0].message.model_dump(exclude_none=True)
+
+
+class _RaisingOnSample:
+    """The engine, raising (as a kernel failure would) when the samples of one prompt run."""
+
+    def __init__(self, engine, prompt):
+        self._engine, self._prompt = engine, prompt
+        self.calls = []
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def run(self, requests, **kwargs):
+        self.calls.append([r.request_id for r in requests])
+        if sum(r.prompt_token_ids == self._prompt for r in requests) > 1:
+            raise RuntimeError("kernel failed")
+        yield from self._engine.run(requests, **kwargs)
+
+
+def test_an_engine_failure_in_a_sample_fails_only_its_line(llm, tmp_path):
+    input_path, output_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    line = {"max_tokens": 3, "temperature": 1.0, "ignore_eos": True}
+    _write(input_path, [{"custom_id": "a", "prompt_token_ids": [5, 6, 7], "n": 2, **line},
+                        {"custom_id": "b", "prompt_token_ids": [8, 9], "n": 2, **line},
+                        {"custom_id": "c", "prompt_token_ids": [8, 9], **line}])
+    engine = _RaisingOnSample(llm.engine, [5, 6, 7])
+    summary = run_batch_file(engine, str(input_path), str(output_path), BatchJobOptions(show_progress=False))
+    # all three lines, then halves: [a] alone fails, [b, c] runs again (a line's samples stay together)
+    assert engine.calls == [[1, 4, 2, 5, 3], [1, 2], [2, 4, 3]]
+    records = _records(output_path)
+    assert (summary.num_requests, summary.num_errors) == (2, 1)
+    assert records["a"]["error"] == {"code": "internal_error", "message": "RuntimeError: kernel failed", "line": 1}
+    assert [len(records[k]["response"]["body"]["choices"]) for k in "bc"] == [2, 1]

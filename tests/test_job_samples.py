@@ -232,3 +232,15 @@ def test_an_engine_failure_in_a_sample_fails_only_its_line(llm, tmp_path):
     assert (summary.num_requests, summary.num_errors) == (2, 1)
     assert records["a"]["error"] == {"code": "internal_error", "message": "RuntimeError: kernel failed", "line": 1}
     assert [len(records[k]["response"]["body"]["choices"]) for k in "bc"] == [2, 1]
+
+
+def test_simulate_runs_a_lines_n_samples_as_run_does(tmp_path, capsys):
+    from batchllm.cli.main import main
+
+    source = tmp_path / "in.jsonl"
+    _write(source, [{"custom_id": "a", "prompt_token_ids": PROMPT, "max_tokens": 4, "n": 3},
+                    {"custom_id": "b", "prompt_token_ids": [1, 2, 3], "max_tokens": 4}])
+    assert main(["simulate", str(source), "--kv-cache-tokens", "4096", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["finished_requests"] == 4
+    assert report["processed_prefill_tokens"] == 39 + 3 + 3  # the prompt once, its last token per sample; b

@@ -58,7 +58,7 @@ def read_sim_requests(path: str, model: str | None = None) -> list:
         max_tokens = item.sampling.max_tokens
         if max_tokens is None:
             raise ValueError(f"{path} line {item.line_number}: simulate needs max_tokens")
-        requests.append(SimRequest(tuple(token_ids), int(max_tokens)))
+        requests += [SimRequest(tuple(token_ids), int(max_tokens))] * item.sampling.n  # a line's n samples, as `run`
     if not requests:
         raise ValueError(f"{path}: no requests")
     return requests

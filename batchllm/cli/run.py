@@ -51,8 +51,9 @@ def add_parser(subparsers) -> None:
                         help="output order: input (default; the file is rewritten at the end) or finish "
                              "(completion order)")
     parser.add_argument("--window", type=int, default=None, metavar="N",
-                        help="plan and run N requests at a time (bounded memory on huge inputs; prefixes are "
-                             "only shared within a window). Default: the whole file at once")
+                        help="plan and run N requests at a time, a line of n samples counting n (bounded "
+                             "memory on huge inputs; prefixes are only shared within a window). Default: the "
+                             "whole file at once")
     parser.add_argument("--restart", action="store_true",
                         help="ignore OUTPUT.jsonl.partial from an interrupted run and start over")
     parser.add_argument("--overwrite", action="store_true",

@@ -427,7 +427,9 @@ class _JobRun:
     def _success_record(self, request: BatchRequest, outputs: list[FinishedOutput]) -> dict:
         engine, first = self.engine, outputs[0]
         # without a tokenizer the text is empty: the token ids are the answer
-        token_ids_wanted = request.return_token_ids if request.return_token_ids is not None else engine.tokenizer is None
+        token_ids_wanted = request.return_token_ids
+        if token_ids_wanted is None:
+            token_ids_wanted = engine.tokenizer is None
         prompt_token_ids = first.prompt_token_ids if token_ids_wanted else None
         choices = [choice(request.endpoint, index, done.text, done.finish_reason,
                           _openai_logprobs(engine, done, request),

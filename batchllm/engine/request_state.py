@@ -105,13 +105,13 @@ class RequestState:
         except Exception as error:  # noqa: BLE001 - finish this request only
             self.fail(error)
 
-    def finished_output(self, done: FinishedRequest, decode: Callable[[list[int]], str]) -> FinishedOutput:
+    def finished_output(self, done: FinishedRequest) -> FinishedOutput:
         request = self.request
         output = FinishedOutput(request.request_id, request.prompt_token_ids, list(self.output_token_ids), "",
                                 self.finish_reason, self.logprobs, done.num_cached_prompt_tokens, self.error)
         if self.error is None:
             try:
-                output.text = self.stop.final_text(self.output_token_ids, self.finish_reason, decode)
+                output.text = self.stop.final_text(self.output_token_ids, self.finish_reason)
                 output.stop_reason = self.stop.stop_reason(self.output_token_ids, self.finish_reason)
             except Exception as error:  # noqa: BLE001 - finish this request only
                 self.fail(error)

@@ -50,7 +50,6 @@ class StepLoop:
     states: dict[int, RequestState]
     depth: int  # 0: synchronous, 1: asynchronous
     allow_graph: bool
-    decode: Callable[[list[int]], str]
     stats: RunStats
     on_step: Callable[[int, int], None] | None = None
     bitmask_filler: TokenBitmaskFiller | None = None  # set when a request has a structured output
@@ -154,7 +153,7 @@ class StepLoop:
         ))
         self._last_completed_s = now
         for done in step.finished:
-            yield self.states.pop(done.request_id).finished_output(done, self.decode)
+            yield self.states.pop(done.request_id).finished_output(done)
         if self.on_step is not None:
             self.on_step(len(step.finished), step.num_new_tokens)
 

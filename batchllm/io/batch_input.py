@@ -182,7 +182,7 @@ def _parse_sampling(body: dict, endpoint: str) -> SamplingParams:
                             ("n", -MAX_TOKEN_ID, MAX_TOKEN_ID)):
         if body.get(name) is not None:
             kwargs[name] = _integer(body[name], name, low, high)
-    for name in ("ignore_eos", "include_stop_str_in_output"):
+    for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
         if body.get(name) is not None:
             kwargs[name] = _boolean(body[name], name)
     stop = body.get("stop")

@@ -78,13 +78,15 @@ def openai_logprobs(
     num_top: int,
     vocabulary: TokenVocabulary | None,
     text: str,
+    skip_special_tokens: bool = True,
 ) -> dict:
     """The `logprobs` of a choice, in the endpoint's OpenAI shape.
 
     entries: per generated token, {token_id: logprob} holding the sampled token and the
     position's num_top most likely tokens (num_top or num_top + 1 items). vocabulary: None
     for a model without a tokenizer (tokens are then "token_id:N", bytes null). text: the
-    choice's text, which text_offset indexes.
+    choice's text, which text_offset indexes. skip_special_tokens: whether the text leaves out
+    the vocabulary's special tokens (the request's skip_special_tokens).
     chat:       {"content": [{token, logprob, bytes, top_logprobs: [num_top x {token, logprob, bytes}]}]}
                 top_logprobs is the position's top num_top, whether or not the sampled token is in it;
                 bytes are the token's own bytes, so the tokens' bytes joined are the text's UTF-8.
@@ -102,21 +104,24 @@ def openai_logprobs(
         "tokens": [token_string(token_id, vocabulary) for token_id in token_ids],
         "token_logprobs": [_logprob(entry[token_id]) for token_id, entry in zip(token_ids, entries)],
         "top_logprobs": [_distinct_keys(token_id, entry, vocabulary) for token_id, entry in zip(token_ids, entries)],
-        "text_offset": text_offsets(token_ids, vocabulary, text),
+        "text_offset": text_offsets(token_ids, vocabulary, text, skip_special_tokens),
     }
 
 
-def text_offsets(token_ids: Sequence[int], vocabulary: TokenVocabulary | None, text: str) -> list[int]:
+def text_offsets(token_ids: Sequence[int], vocabulary: TokenVocabulary | None, text: str,
+                 skip_special_tokens: bool = True) -> list[int]:
     """Where each token starts in text, in characters: the characters its preceding tokens' bytes
-    complete (a skipped special token adds none), less the leading spaces decoding strips; at
-    most len(text) (a text cut at a stop string ends before the last tokens)."""
+    complete (a skipped special token adds none, with skip_special_tokens), less the leading
+    spaces decoding strips; at most len(text) (a text cut at a stop string ends before the last
+    tokens)."""
     if vocabulary is None:
         return [0] * len(token_ids)
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    skipped_ids = vocabulary.skipped_ids if skip_special_tokens else frozenset()
     num_chars, num_to_strip, offsets = 0, vocabulary.num_stripped_spaces, []
     for token_id in token_ids:
         offsets.append(min(num_chars, len(text)))
-        if token_id in vocabulary.skipped_ids:
+        if token_id in skipped_ids:
             continue
         piece = decoder.decode(_token_bytes(token_id, vocabulary) or b"")
         if num_chars == 0:  # still at the start of the text

@@ -466,4 +466,4 @@ def _openai_logprobs(engine: LLMEngine, done, request: BatchRequest) -> dict | N
         return None
     vocabulary = engine.tokenizer.vocabulary if engine.tokenizer is not None else None  # None: "token_id:N"
     return openai_logprobs(request.endpoint, done.output_token_ids, done.logprobs, request.sampling.logprobs,
-                           vocabulary, done.text)
+                           vocabulary, done.text, request.sampling.skip_special_tokens)

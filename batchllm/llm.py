@@ -153,7 +153,7 @@ def _to_request_output(request_id: str, prompt: str | None, samples: list[Finish
     completions = [_completion_output(index, done) for index, done in enumerate(samples)]
     first = samples[0]
     return RequestOutput(request_id, prompt, first.prompt_token_ids, completions,
-                         num_cached_tokens=first.num_cached_prompt_tokens)
+                         num_cached_tokens=first.num_cached_prompt_tokens, prompt_logprobs=first.prompt_logprobs)
 
 
 def _completion_output(index: int, done: FinishedOutput) -> CompletionOutput:

@@ -4,7 +4,8 @@ The samples share the request's prompt, so the prefix planner puts them in one g
 prefix is the prompt less its last token: the prompt is computed once, and each sample computes
 one token (the last) to sample from. Sample 0 keeps the request's id and seed (the seed the engine
 would give it), so it is the request's n=1 answer; sample k samples with sample_seed(seed, k)
-under a fresh id above every caller id.
+under a fresh id above every caller id. Only sample 0 computes the prompt's logprobs (when asked
+for), which are the same for every sample.
 """
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ class SampleSplit:
             sample_id = self.first_free_id
             self.first_free_id += 1
             self._owner[sample_id] = (request.request_id, index)
+            # the prompt's logprobs are sample 0's: the others skip them (a request that asks for
+            # them shares no prefix)
             samples.append(PreparedRequest(sample_id, request.prompt_token_ids,
-                                           replace(params, n=1, seed=sample_seed(seed, index))))
+                                           replace(params, n=1, seed=sample_seed(seed, index), prompt_logprobs=None)))
         return samples
 
     def gather(self, done: FinishedOutput) -> tuple[int, list[FinishedOutput]] | None:

@@ -18,7 +18,8 @@ from batchllm.engine.errors import EngineBrokenError
 from batchllm.engine.llm_engine import FinishedOutput, LLMEngine, PreparedRequest, RunStats
 from batchllm.engine.samples import SampleSplit
 from batchllm.io.batch_input import DEFAULT_MAX_LINE_BYTES, BatchError, BatchRequest, read_batch_file
-from batchllm.io.batch_output import choice, dumps, error_line, openai_logprobs, success_line
+from batchllm.io.batch_output import (choice, dumps, echo_completion, error_line, openai_logprobs, success_line,
+                                      vllm_prompt_logprobs)
 from batchllm.io.request_fields import FieldWarning
 from batchllm.io.job_files import JobLock, check_existing_output, check_job_paths, journal_path_for
 from batchllm.io.job_io import JobFileError, file_operation
@@ -431,13 +432,21 @@ class _JobRun:
         if token_ids_wanted is None:
             token_ids_wanted = engine.tokenizer is None
         prompt_token_ids = first.prompt_token_ids if token_ids_wanted else None
-        choices = [choice(request.endpoint, index, done.text, done.finish_reason,
-                          _openai_logprobs(engine, done, request),
-                          done.output_token_ids if token_ids_wanted else None, prompt_token_ids)
-                   for index, done in enumerate(outputs)]
+        # the prompt's logprobs are sample 0's (the samples share the prompt: engine/samples.py)
+        prompt_logprobs = _prompt_logprobs(engine, first, request)
+        prompt_text = _prompt_text(engine, request, first) if request.echo else None
+        choices = []
+        for index, done in enumerate(outputs):
+            text, logprobs = done.text, _openai_logprobs(engine, done, request)
+            if request.echo:
+                text, logprobs = echo_completion(prompt_text, first.prompt_token_ids, first.prompt_logprobs,
+                                                 _vocabulary(engine), text, logprobs)
+            choices.append(choice(request.endpoint, index, text, done.finish_reason, logprobs,
+                                  done.output_token_ids if token_ids_wanted else None, prompt_token_ids,
+                                  prompt_logprobs))
         return success_line(request.custom_id, request.endpoint, engine.model_name, choices,
                             len(first.prompt_token_ids), sum(len(done.output_token_ids) for done in outputs),
-                            first.num_cached_prompt_tokens, prompt_token_ids)
+                            first.num_cached_prompt_tokens, prompt_token_ids, prompt_logprobs)
 
     def _internal_error(self, item: BatchRequest, error: Exception) -> dict:
         message = f"{type(error).__name__}: {error}"
@@ -491,9 +500,30 @@ def _read_input(path: str, max_line_bytes: int):
         yield item
 
 
+def _vocabulary(engine: LLMEngine):
+    return engine.tokenizer.vocabulary if engine.tokenizer is not None else None  # None: "token_id:N"
+
+
+def _prompt_text(engine: LLMEngine, request: BatchRequest, done) -> str:
+    """The prompt as text for echo: as given, or its token ids decoded."""
+    if request.prompt is not None:
+        return request.prompt
+    if engine.tokenizer is None:
+        return ""
+    return engine.tokenizer.decode(done.prompt_token_ids, skip_special_tokens=request.sampling.skip_special_tokens)
+
+
+def _prompt_logprobs(engine: LLMEngine, done, request: BatchRequest) -> list | None:
+    """vLLM's prompt_logprobs field, whenever they were computed (as vLLM does, echo's too)."""
+    if done.prompt_logprobs is None:
+        return None
+    return vllm_prompt_logprobs(done.prompt_token_ids, done.prompt_logprobs, done.prompt_token_ranks,
+                                _vocabulary(engine))
+
+
 def _openai_logprobs(engine: LLMEngine, done, request: BatchRequest) -> dict | None:
     if done.logprobs is None:
         return None
-    vocabulary = engine.tokenizer.vocabulary if engine.tokenizer is not None else None  # None: "token_id:N"
+    vocabulary = _vocabulary(engine)
     return openai_logprobs(request.endpoint, done.output_token_ids, done.logprobs, request.sampling.logprobs,
-                           vocabulary, done.text)
+                           vocabulary, done.text, request.sampling.skip_special_tokens)

@@ -244,3 +244,29 @@ def test_simulate_runs_a_lines_n_samples_as_run_does(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["finished_requests"] == 4
     assert report["processed_prefill_tokens"] == 39 + 3 + 3  # the prompt once, its last token per sample; b
+
+
+def test_n_samples_with_echo_and_prompt_logprobs_share_the_prompts_fields(llm, tmp_path):
+    input_path, output_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    body = {"prompt": PROMPT[:6], "max_tokens": 3, "ignore_eos": True, "seed": 2, "logprobs": 1}
+    _write(input_path, [
+        {"custom_id": "echo", "method": "POST", "url": "/v1/completions", "body": {**body, "n": 3, "echo": True}},
+        {"custom_id": "one", "method": "POST", "url": "/v1/completions", "body": {**body, "echo": True}},
+        {"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"prompt_token_ids": PROMPT[:6], "max_tokens": 3, "n": 2, "prompt_logprobs": 1}},
+    ])
+    summary = run_batch_file(llm.engine, str(input_path), str(output_path), BatchJobOptions(show_progress=False))
+    assert (summary.num_requests, summary.num_errors) == (3, 0)
+    records = _records(output_path)
+    echo = records["echo"]["response"]["body"]  # (echo's first logprob is null, which the SDK's type refuses)
+    one = records["one"]["response"]["body"]["choices"][0]
+    choices = echo["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2] and len({tuple(c["token_ids"]) for c in choices}) == 3
+    assert choices[0]["token_ids"] == one["token_ids"]  # sample 0 is the n=1 answer
+    for c in choices:  # the prompt's fields: the same on every choice, the prompt's tokens first in the logprobs
+        assert c["prompt_logprobs"] == one["prompt_logprobs"] and len(c["prompt_logprobs"]) == 6
+        assert c["logprobs"]["tokens"] == [f"token_id:{t}" for t in PROMPT[:6] + c["token_ids"]]
+        assert c["logprobs"]["token_logprobs"][:6] == one["logprobs"]["token_logprobs"][:6]
+    chat = ChatCompletion.model_validate(records["chat"]["response"]["body"]).model_dump()
+    assert len(chat["prompt_logprobs"]) == 6 and chat["prompt_logprobs"][0] is None
+    assert all("prompt_logprobs" not in c for c in records["chat"]["response"]["body"]["choices"])

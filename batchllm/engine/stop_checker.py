@@ -43,15 +43,21 @@ class StopChecker:
         self.stop_text: str | None = None  # the returned text when a stop string matched
         self.stop_string: str | None = None  # the stop string that matched
         self._text = IncrementalText(decode) if params.stop else None
-        self._longest_stop = max((len(s) for s in params.stop), default=0)
         self._num_searched_chars = 0  # final characters already searched without a match
 
     def check(self, output_token_ids: list[int]) -> str | None:
-        """output_token_ids ends with the new token. Returns "stop", "length" or None."""
-        if self._is_stop_token(output_token_ids[-1]):
+        """output_token_ids ends with the new token. Returns "stop", "length" or None. As in vLLM,
+        no stop token ends a request before min_tokens tokens, and a stop string only matches
+        text that ends after them."""
+        num_tokens, min_tokens = len(output_token_ids), self.params.min_tokens
+        if num_tokens >= min_tokens and self._is_stop_token(output_token_ids[-1]):
             return "stop"
-        if self._text is not None and self._find_stop_string(output_token_ids):
-            return "stop"
+        if self._text is not None:
+            if num_tokens > min_tokens:
+                if self._find_stop_string(output_token_ids):
+                    return "stop"
+            else:  # searched past: a later match must end after this text
+                self._num_searched_chars = self._text.text(output_token_ids)[1]
         if len(output_token_ids) >= self.max_tokens:
             return "length"
         return None
@@ -62,8 +68,9 @@ class StopChecker:
 
     def _find_stop_string(self, output_token_ids: list[int]) -> bool:
         text, num_final_chars = self._text.text(output_token_ids)
-        search_from = max(0, self._num_searched_chars - self._longest_stop + 1)
-        matches = [(index, s) for s in self.params.stop if (index := text.find(s, search_from)) >= 0]
+        # each match ends past the characters already searched
+        searched = self._num_searched_chars
+        matches = [(index, s) for s in self.params.stop if (index := text.find(s, max(0, searched - len(s) + 1))) >= 0]
         self._num_searched_chars = num_final_chars
         if not matches:
             return False

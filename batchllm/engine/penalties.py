@@ -137,4 +137,4 @@ class PenaltyTable:
             return
         sampled = token_ids[:batch.leading_rows] if batch.leading_rows > 0 else token_ids.index_select(0, batch.rows)
         place = (batch.slots, sampled)
-        self.counts.index_put_(place, (self.counts[place] + 1).clamp_(max=COUNT_MAX))
+        self.counts.index_put_(place, self.counts[place].clamp_(max=COUNT_MAX - 1) + 1)  # no int16 wrap-around

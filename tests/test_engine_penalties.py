@@ -16,6 +16,7 @@ from batchllm.engine.run_options import RunOptions
 from batchllm.engine.sampler import SamplingBatch, sample, sampling_row
 from batchllm.engine.sampling_rows import PenaltyRows, SamplingRows
 from batchllm.engine.stop_checker import StopChecker
+from batchllm.ops.penalty_kernels import penalize_rows, penalize_rows_reference
 from batchllm.sampling_params import SamplingParams
 
 pytest_plugins = ["model_fixtures"]
@@ -56,6 +57,26 @@ def test_apply_penalties_equals_the_plain_reference_on_random_data():
         torch.testing.assert_close(apply_penalties(*case), _reference(*case), rtol=1e-6, atol=1e-6)
 
 
+def test_the_triton_kernel_equals_its_reference_and_the_op():
+    generator = torch.Generator().manual_seed(2)
+    logits, counts, prompt_seen, presence, frequency, repetition = _random_case(generator, num_rows=5,
+                                                                                vocab_size=1500)
+    table_counts = torch.zeros(7, 1500, dtype=torch.int16)
+    table_seen = torch.zeros(7, 1500, dtype=torch.bool)
+    slots = torch.tensor([6, 0, 3])
+    penalised_rows = [0, 2, 4]
+    table_counts[slots], table_seen[slots] = counts[penalised_rows], prompt_seen[penalised_rows]
+    penalty_index = torch.tensor([0, -1, 1, -1, 2], dtype=torch.int32)
+    args = (logits, penalty_index, slots, presence[:3], frequency[:3], repetition[:3], table_counts, table_seen)
+    out, reference = penalize_rows(*args), penalize_rows_reference(*args)
+    torch.testing.assert_close(out, reference, rtol=1e-6, atol=1e-5)
+    expected = logits.clone()
+    expected[penalised_rows] = apply_penalties(logits[penalised_rows], counts[penalised_rows],
+                                               prompt_seen[penalised_rows], presence[:3], frequency[:3], repetition[:3])
+    torch.testing.assert_close(reference, expected, rtol=1e-6, atol=1e-5)
+    assert torch.equal(out[[1, 3]], logits[[1, 3]])  # rows without a penalty are copied
+
+
 def _penalty_rows(rows, slots, num_slots, new_slots=EMPTY, prompt=(EMPTY, EMPTY), bans=(EMPTY, EMPTY),
                   presence=0.5, frequency=0.25, repetition=1.5):
     k = len(rows)
@@ -66,13 +87,14 @@ def _penalty_rows(rows, slots, num_slots, new_slots=EMPTY, prompt=(EMPTY, EMPTY)
                        np.asarray(bans[0], dtype=np.int64), np.asarray(bans[1], dtype=np.int64))
 
 
+@pytest.mark.parametrize("use_triton", [False, True])
 @pytest.mark.parametrize("rows", [[0, 1, 2, 3], [0, 1], [1, 3]])  # every row, leading rows, gathered rows
-def test_the_table_penalises_its_rows_and_counts_their_tokens(rows):
+def test_the_table_penalises_its_rows_and_counts_their_tokens(rows, use_triton):
     vocab_size, num_rows = 11, 4
-    table = PenaltyTable(CPU)
+    table = PenaltyTable(CPU, use_triton=use_triton)
     slots = [2, 0, 1, 3][:len(rows)]
     prompt = ([slots[0]] * 3, [4, 5, 4])  # the first row's prompt holds ids 4 and 5
-    first = PenaltyBatch.build(_penalty_rows(rows, slots, 4, new_slots=slots, prompt=prompt), CPU)
+    first = PenaltyBatch.build(_penalty_rows(rows, slots, 4, new_slots=slots, prompt=prompt), num_rows, CPU)
     logits = torch.randn(num_rows, vocab_size, generator=torch.Generator().manual_seed(1))
     penalised = table.apply(logits, first)
     zero = torch.zeros(len(rows), vocab_size, dtype=torch.int16)
@@ -80,7 +102,7 @@ def test_the_table_penalises_its_rows_and_counts_their_tokens(rows):
     seen[0, [4, 5]] = True
     expected = logits.clone()
     expected[rows] = _reference(logits[rows], zero, seen, *(torch.tensor(v).expand(len(rows)) for v in (.5, .25, 1.5)))
-    torch.testing.assert_close(penalised, expected)
+    torch.testing.assert_close(penalised, expected, rtol=1e-6, atol=1e-6)
     sampled = torch.tensor([7, 8, 9, 10])
     table.count(first, sampled)
     table.count(first, sampled)
@@ -88,7 +110,7 @@ def test_the_table_penalises_its_rows_and_counts_their_tokens(rows):
         assert table.counts[slot].tolist() == [2 if t == int(sampled[row]) else 0 for t in range(vocab_size)]
     assert table.prompt_seen[slots[0]].nonzero().flatten().tolist() == [4, 5]
     # the slot starts again for another request: counts and prompt marks at zero
-    again = PenaltyBatch.build(_penalty_rows(rows[:1], slots[:1], 4, new_slots=slots[:1]), CPU)
+    again = PenaltyBatch.build(_penalty_rows(rows[:1], slots[:1], 4, new_slots=slots[:1]), num_rows, CPU)
     table.apply(logits, again)
     assert not table.counts[slots[0]].any() and not table.prompt_seen[slots[0]].any()
     assert table.num_bytes == 8 * vocab_size * 3  # 8 slots (the least it holds), int16 + bool
@@ -96,13 +118,13 @@ def test_the_table_penalises_its_rows_and_counts_their_tokens(rows):
 
 def test_counts_saturate_and_the_table_grows_keeping_them():
     table = PenaltyTable(CPU)
-    batch = PenaltyBatch.build(_penalty_rows([0], [1], 2, new_slots=[1]), CPU)
+    batch = PenaltyBatch.build(_penalty_rows([0], [1], 2, new_slots=[1]), 1, CPU)
     table.apply(torch.zeros(1, 5), batch)
     table.counts[1, 3] = COUNT_MAX - 1
     for _ in range(3):
         table.count(batch, torch.tensor([3]))
     assert int(table.counts[1, 3]) == COUNT_MAX
-    grown = PenaltyBatch.build(_penalty_rows([0], [1], 20), CPU)
+    grown = PenaltyBatch.build(_penalty_rows([0], [1], 20), 1, CPU)
     table.apply(torch.zeros(1, 5), grown)
     assert table.counts.shape[0] >= 20 and int(table.counts[1, 3]) == COUNT_MAX
 
@@ -110,7 +132,7 @@ def test_counts_saturate_and_the_table_grows_keeping_them():
 def test_bans_set_their_ids_to_minus_infinity_only():
     table = PenaltyTable(CPU)
     logits = torch.randn(3, 6)
-    batch = PenaltyBatch.build(_penalty_rows([], [], 0, bans=([0, 0, 2, 2], [1, 5, 1, 99])), CPU)
+    batch = PenaltyBatch.build(_penalty_rows([], [], 0, bans=([0, 0, 2, 2], [1, 5, 1, 99])), 3, CPU)
     banned = table.apply(logits, batch)
     expected = logits.clone()
     expected[0, [1, 5]] = expected[2, 1] = float("-inf")  # an id past the vocabulary bans nothing
@@ -276,3 +298,11 @@ def test_min_tokens_holds_off_an_eos_pushed_early(default_llm):
             assert len(output.token_ids) == min_tokens + 1 and output.token_ids[-1] == eos
             assert eos not in output.token_ids[:-1] and output.finish_reason == "stop"
         assert len(outputs[3].logprobs) == 5
+
+
+def test_the_triton_path_gives_the_tokens_of_the_pytorch_path(tiny_engine, monkeypatch):
+    requests = _tiny_requests(8, presence_penalty=-0.4, frequency_penalty=0.9, repetition_penalty=1.7)
+    monkeypatch.setattr(tiny_engine.runner, "penalty_table", PenaltyTable(CPU, use_triton=False))
+    reference = _run(tiny_engine, requests, True)
+    monkeypatch.setattr(tiny_engine.runner, "penalty_table", PenaltyTable(CPU, use_triton=True))
+    assert _run(tiny_engine, requests, True) == reference

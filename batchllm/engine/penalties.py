@@ -4,7 +4,8 @@
 A penalised request holds a slot of a device-resident table: per slot, how often each vocab id was
 sampled (int16, saturating at COUNT_MAX) and whether it is in the prompt. Each step gathers its
 penalised rows' slots and applies the penalties in a few elementwise ops over [rows, vocab], then
-adds the sampled ids to the counts: no per-request host work, no upload of earlier tokens."""
+adds the sampled ids to the counts: no per-request host work, no upload of earlier tokens. On a
+GPU the penalties run as one Triton pass over the logits (ops/penalty_kernels.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 import torch
 
 from batchllm.engine.sampling_rows import PenaltyRows
+from batchllm.ops.penalty_kernels import penalize_rows
 from batchllm.ops.transfer import Upload, to_device
 
 COUNT_MAX = torch.iinfo(torch.int16).max  # a count stays here once reached
@@ -42,6 +44,7 @@ class PenaltyBatch:
     frequency: torch.Tensor  # float32 [k]
     repetition: torch.Tensor  # float32 [k]
     leading_rows: int  # k when rows are 0 .. k - 1 (sliced, not gathered), else -1
+    penalty_index: torch.Tensor  # int32 [num_rows]: each row's entry of the arrays above, -1 none
     num_slots: int
     new_slots: torch.Tensor | None  # int64; None: no slot starts this step
     prompt_slots: torch.Tensor | None
@@ -50,10 +53,14 @@ class PenaltyBatch:
     ban_token_ids: torch.Tensor | None
 
     @classmethod
-    def build(cls, rows: PenaltyRows, device: torch.device, upload: Upload | None = None) -> PenaltyBatch:
-        """upload: how the arrays travel (the runner's PinnedStaging.upload); None: one-off copies."""
+    def build(cls, rows: PenaltyRows, num_rows: int, device: torch.device,
+              upload: Upload | None = None) -> PenaltyBatch:
+        """num_rows: the step's sampled rows. upload: how the arrays travel (the runner's
+        PinnedStaging.upload); None: one-off copies."""
+        penalty_index = np.full(num_rows, -1, dtype=np.int32)
+        penalty_index[rows.rows] = np.arange(rows.rows.shape[0], dtype=np.int32)
         arrays = {"rows": rows.rows, "slots": rows.slots, "presence": rows.presence, "frequency": rows.frequency,
-                  "repetition": rows.repetition}
+                  "repetition": rows.repetition, "penalty_index": penalty_index}
         if rows.new_slots.size:
             arrays.update(new_slots=rows.new_slots, prompt_slots=rows.prompt_slots,
                           prompt_token_ids=rows.prompt_token_ids)
@@ -64,7 +71,7 @@ class PenaltyBatch:
         else:
             on_device = {name: to_device(np.ascontiguousarray(array), device) for name, array in arrays.items()}
         return cls(on_device["rows"], on_device["slots"], on_device["presence"], on_device["frequency"],
-                   on_device["repetition"], rows.every_row_of, rows.num_slots, on_device.get("new_slots"),
+                   on_device["repetition"], rows.every_row_of, on_device["penalty_index"], rows.num_slots, on_device.get("new_slots"),
                    on_device.get("prompt_slots"), on_device.get("prompt_token_ids"), on_device.get("ban_rows"),
                    on_device.get("ban_token_ids"))
 
@@ -78,8 +85,10 @@ class PenaltyTable:
     the slots out and takes them back). Memory: 3 bytes x vocab per slot (int16 count + bool
     mark); it grows by doubling to the most penalised requests running at once."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, use_triton: bool | None = None) -> None:
+        """use_triton: penalise through the Triton kernel (None: on a CUDA device)."""
         self.device = device
+        self.use_triton = device.type == "cuda" if use_triton is None else use_triton
         self.counts: torch.Tensor | None = None  # [num_slots, vocab] int16
         self.prompt_seen: torch.Tensor | None = None  # [num_slots, vocab] bool
 
@@ -120,6 +129,9 @@ class PenaltyTable:
             self.prompt_seen.index_fill_(0, batch.new_slots, False)
             self.prompt_seen.index_put_((batch.prompt_slots, batch.prompt_token_ids),
                                         torch.ones((), dtype=torch.bool, device=logits.device))
+        if self.use_triton:
+            return penalize_rows(logits, batch.penalty_index, batch.slots, batch.presence, batch.frequency,
+                                 batch.repetition, self.counts, self.prompt_seen)
         counts = self.counts.index_select(0, batch.slots)
         prompt_seen = self.prompt_seen.index_select(0, batch.slots)
         if batch.leading_rows == logits.shape[0]:  # every row is penalised

@@ -141,7 +141,7 @@ class SamplingBatch:
             needs_min_p=bool((rows.min_p > 0.0).any()),
             max_logprobs=rows.max_logprobs,
             logit_bias=LogitBias.from_rows(rows.logit_bias_rows.tolist(), rows.logit_bias, device, upload),
-            penalties=PenaltyBatch.build(rows.penalties, device, upload) if rows.penalties is not None else None,
+            penalties=PenaltyBatch.build(rows.penalties, len(rows), device, upload) if rows.penalties is not None else None,
         )
 
 

@@ -144,7 +144,8 @@ class SamplingParams:
             value = getattr(self, name)
             if not _is_number(value) or not -2.0 <= value <= 2.0:  # NaN fails too
                 raise SamplingParamsError(f"{name} must be a number in [-2, 2], got {short_repr(value)}")
-        if not _is_number(self.repetition_penalty) or not (self.repetition_penalty > 0 and _is_finite(self.repetition_penalty)):
+        repetition = self.repetition_penalty
+        if not _is_number(repetition) or not (repetition > 0 and _is_finite(repetition)):
             raise SamplingParamsError("repetition_penalty must be a finite number > 0 (1 is off), "
                                       f"got {short_repr(self.repetition_penalty)}")
         if not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool) or self.min_tokens < 0:

@@ -306,3 +306,12 @@ def test_the_triton_path_gives_the_tokens_of_the_pytorch_path(tiny_engine, monke
     reference = _run(tiny_engine, requests, True)
     monkeypatch.setattr(tiny_engine.runner, "penalty_table", PenaltyTable(CPU, use_triton=True))
     assert _run(tiny_engine, requests, True) == reference
+
+
+def test_a_context_that_cuts_max_tokens_cuts_min_tokens_with_it():
+    from batchllm.engine.request_limits import RequestLimits
+
+    limits = RequestLimits(max_model_len=16, num_kv_blocks=100, block_size=16)
+    params = limits.check(list(range(10)), SamplingParams(max_tokens=12, min_tokens=9))
+    assert (params.max_tokens, params.min_tokens) == (6, 6)
+    assert limits.check(list(range(10)), SamplingParams(max_tokens=5, min_tokens=4)).min_tokens == 4

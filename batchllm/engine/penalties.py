@@ -71,9 +71,9 @@ class PenaltyBatch:
         else:
             on_device = {name: to_device(np.ascontiguousarray(array), device) for name, array in arrays.items()}
         return cls(on_device["rows"], on_device["slots"], on_device["presence"], on_device["frequency"],
-                   on_device["repetition"], rows.every_row_of, on_device["penalty_index"], rows.num_slots, on_device.get("new_slots"),
-                   on_device.get("prompt_slots"), on_device.get("prompt_token_ids"), on_device.get("ban_rows"),
-                   on_device.get("ban_token_ids"))
+                   on_device["repetition"], rows.leading_rows, on_device["penalty_index"], rows.num_slots,
+                   on_device.get("new_slots"), on_device.get("prompt_slots"), on_device.get("prompt_token_ids"),
+                   on_device.get("ban_rows"), on_device.get("ban_token_ids"))
 
     @property
     def num_rows(self) -> int:

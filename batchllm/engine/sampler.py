@@ -1,6 +1,8 @@
-"""Token sampling: logit bias, min_tokens bans and penalties (engine/penalties.py), a structured output's token bitmask, greedy, temperature, top-k, top-p, min-p. Seeded sampling is the
-exponential race (argmax of probs / E, E ~ Exp(1)) with the uniform behind E a hash of (seed, output
-index, vocab id), so a request's tokens do not depend on its step's other requests or on recompute."""
+"""Token sampling: logit bias, min_tokens bans and penalties (engine/penalties.py), a structured
+output's token bitmask, greedy, temperature, top-k, top-p, min-p. Seeded sampling is the
+exponential race (argmax of probs / E, E ~ Exp(1)) with the uniform behind E a hash of (seed,
+output index, vocab id), so a request's tokens do not depend on its step's other requests or on
+recompute."""
 
 from __future__ import annotations
 
@@ -141,7 +143,8 @@ class SamplingBatch:
             needs_min_p=bool((rows.min_p > 0.0).any()),
             max_logprobs=rows.max_logprobs,
             logit_bias=LogitBias.from_rows(rows.logit_bias_rows.tolist(), rows.logit_bias, device, upload),
-            penalties=PenaltyBatch.build(rows.penalties, len(rows), device, upload) if rows.penalties is not None else None,
+            penalties=(PenaltyBatch.build(rows.penalties, len(rows), device, upload)
+                       if rows.penalties is not None else None),
         )
 
 

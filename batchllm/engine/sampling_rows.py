@@ -30,7 +30,7 @@ class PenaltyRows:
     ban_token_ids: np.ndarray  # int64
 
     @property
-    def every_row_of(self) -> int:
+    def leading_rows(self) -> int:
         """k when the penalised rows are 0 .. k - 1 (no gather and scatter needed), else -1."""
         k = int(self.rows.shape[0])
         return k if k and int(self.rows[-1]) == k - 1 else -1

@@ -150,4 +150,4 @@ def _to_request_output(request_id: str, prompt: str | None, done: FinishedOutput
     completion = CompletionOutput(0, done.text, done.output_token_ids, done.finish_reason, done.logprobs, cumulative,
                                   stop_reason=done.stop_reason)
     return RequestOutput(request_id, prompt, done.prompt_token_ids, [completion],
-                         num_cached_tokens=done.num_cached_prompt_tokens)
+                         num_cached_tokens=done.num_cached_prompt_tokens, prompt_logprobs=done.prompt_logprobs)

@@ -26,4 +26,6 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     num_cached_tokens: int = 0  # prompt tokens whose KV was reused instead of computed
     finished: bool = True  # LLM.generate and LLM.chat return finished requests only
-    prompt_logprobs: list[dict[int, float] | None] | None = None  # None: not asked for (not computed)
+    # SamplingParams.prompt_logprobs: None for the first prompt token, then per prompt position
+    # {the prompt's token: logprob, then the top prompt_logprobs tokens}, as vLLM; None: not asked for.
+    prompt_logprobs: list[dict[int, float] | None] | None = None

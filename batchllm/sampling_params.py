@@ -78,6 +78,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True  # False: special tokens (e.g. "<|im_end|>") stay in the text
+    # number of top logprobs per prompt position (vLLM's prompt_logprobs; 0: only the prompt's token)
+    prompt_logprobs: int | None = None
     logprobs: int | None = None  # number of top logprobs to return per token (0: only the sampled one)
     n: int = 1
     # OpenAI `logit_bias`: {token id: bias in [-100, 100]} added to the logits before sampling
@@ -125,6 +128,13 @@ class SamplingParams:
             not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool) or not (0 <= self.logprobs <= 20)
         ):
             raise SamplingParamsError(f"logprobs must be an integer in [0, 20], got {short_repr(self.logprobs)}")
+        if self.prompt_logprobs is not None and (
+            not isinstance(self.prompt_logprobs, int) or isinstance(self.prompt_logprobs, bool)
+            or not (0 <= self.prompt_logprobs <= 20)
+        ):
+            raise SamplingParamsError(f"prompt_logprobs must be an integer in [0, 20], got {short_repr(self.prompt_logprobs)}")
+        if not isinstance(self.skip_special_tokens, bool):
+            raise SamplingParamsError(f"skip_special_tokens must be true or false, got {short_repr(self.skip_special_tokens)}")
         if not isinstance(self.ignore_eos, bool):
             raise SamplingParamsError(f"ignore_eos must be true or false, got {short_repr(self.ignore_eos)}")
         if not isinstance(self.include_stop_str_in_output, bool):

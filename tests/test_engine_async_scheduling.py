@@ -154,10 +154,10 @@ def test_a_failing_request_ends_alone_with_an_error(tiny_engine, monkeypatch, as
             raise RuntimeError("injected")
         return original_check(self, output_token_ids)
 
-    def final_text(self, output_token_ids, finish_reason, decode):
+    def final_text(self, output_token_ids, finish_reason):
         if self.params.seed == 7:
             raise KeyError(7)
-        return original_text(self, output_token_ids, finish_reason, decode)
+        return original_text(self, output_token_ids, finish_reason)
 
     monkeypatch.setattr(StopChecker, "check", check)
     monkeypatch.setattr(StopChecker, "final_text", final_text)

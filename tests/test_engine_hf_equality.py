@@ -127,3 +127,22 @@ def test_piecewise_steps_give_hf_tokens(llm, hf_default_model, prompt_token_ids,
     for index, (mine, theirs) in enumerate(zip(ours, hf_outputs)):
         _assert_same_or_exact_tie(hf_default_model, prompt_token_ids[index], mine, theirs,
                                   f"prompt {index} through the pieces")
+
+
+def test_prompt_logprobs_equal_hf_log_softmax(llm, hf_default_model, prompt_token_ids):
+    """prompt_logprobs over prompts prefilled in 96-token chunks, two of them sharing a prefix with
+    a request that does not ask: each position's logprobs are HF's log_softmax of its logits."""
+    params = [SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=k) for k in (2, None, 5)]
+    prompts = prompt_token_ids[2:5]
+    results = llm.generate(prompts, params, use_tqdm=False)
+    assert results[1].prompt_logprobs is None
+    for prompt, result, num_top in ((prompts[0], results[0], 2), (prompts[2], results[2], 5)):
+        with torch.no_grad():
+            reference = torch.log_softmax(hf_default_model(torch.tensor([prompt])).logits[0].double(), dim=-1)
+        entries = result.prompt_logprobs
+        assert len(entries) == len(prompt) > 96 and entries[0] is None
+        for position in range(1, len(prompt)):
+            row = reference[position - 1]
+            assert set(entries[position]) == {prompt[position], *torch.topk(row, num_top).indices.tolist()}
+            for token_id, logprob in entries[position].items():
+                assert logprob == pytest.approx(float(row[token_id]), abs=2e-3)

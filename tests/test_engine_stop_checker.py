@@ -1,5 +1,6 @@
 """Stop conditions: EOS, stop ids, stop strings (checked incrementally), length."""
 
+import dataclasses
 import random
 
 import pytest
@@ -27,12 +28,24 @@ def test_eos_and_stop_ids_and_ignore_eos():
     state = StopChecker(SamplingParams(max_tokens=10), 10, frozenset({2}), _letters)
     assert state.check([0, 1]) is None
     assert state.check([0, 1, 2]) == "stop"
-    assert state.final_text([0, 1, 2], "stop", _letters) == "ab"
+    assert state.final_text([0, 1, 2], "stop") == "ab"
     ignoring = StopChecker(SamplingParams(max_tokens=10, ignore_eos=True, stop_token_ids=[5]), 10, frozenset({2}),
                            _letters)
     assert ignoring.check([2]) is None
     assert ignoring.check([2, 5]) == "stop"
-    assert ignoring.final_text([2, 5], "stop", _letters) == "c"
+    assert ignoring.final_text([2, 5], "stop") == "c"
+
+
+def test_include_stop_str_in_output_keeps_the_stop_token_in_the_text():
+    # vLLM's detokenizer leaves a terminating EOS / stop_token_ids token out of the text unless
+    # include_stop_str_in_output; the token stays in token_ids, completion_tokens and logprobs.
+    params = SamplingParams(max_tokens=10, stop_token_ids=[5], include_stop_str_in_output=True)
+    keep = StopChecker(params, 10, frozenset({2}), _letters)
+    assert keep.check([0, 5]) == "stop" and keep.final_text([0, 5], "stop") == "af"
+    assert keep.final_text([0, 2], "stop") == "ac"  # EOS too (a real tokenizer's EOS decodes to "" when skipped)
+    cut = StopChecker(dataclasses.replace(params, include_stop_str_in_output=False), 10, frozenset({2}), _letters)
+    assert cut.final_text([0, 5], "stop") == "a"
+    assert cut.final_text([0, 5], "length") == "af"  # the max_tokens-th token is text, whatever its id
 
 
 def test_stop_reason_names_the_stop_id_or_string_as_vllm():
@@ -53,20 +66,20 @@ def test_length():
     state = StopChecker(SamplingParams(max_tokens=3), 3, frozenset(), _letters)
     assert state.check([0, 1]) is None
     assert state.check([0, 1, 3]) == "length"
-    assert state.final_text([0, 1, 3], "length", _letters) == "abd"
+    assert state.final_text([0, 1, 3], "length") == "abd"
 
 
 def test_stop_string_cuts_text():
     cut = StopChecker(SamplingParams(max_tokens=10, stop=["cd"]), 10, frozenset(), _letters)
     assert _feed(cut, [0, 1, 2, 3, 4]) == (4, "stop")  # "abcd": found at the token that completes it
-    assert cut.final_text([0, 1, 2, 3], "stop", _letters) == "ab"
+    assert cut.final_text([0, 1, 2, 3], "stop") == "ab"
     keep = StopChecker(SamplingParams(max_tokens=10, stop=["cd"], include_stop_str_in_output=True), 10,
                        frozenset(), _letters)
     assert _feed(keep, [0, 1, 2, 3, 4]) == (4, "stop")
-    assert keep.final_text([0, 1, 2, 3], "stop", _letters) == "abcd"
+    assert keep.final_text([0, 1, 2, 3], "stop") == "abcd"
 
 
-def test_stop_string_spanning_tokens_and_the_earliest_match():
+def test_stop_string_spanning_tokens_and_the_list_order():
     pieces = {0: "ab", 1: "c ", 2: "de", 3: "xy", 4: "zz"}
 
     def decode(ids):
@@ -75,11 +88,14 @@ def test_stop_string_spanning_tokens_and_the_earliest_match():
     span = StopChecker(SamplingParams(max_tokens=10, stop=["c d", "zz"]), 10, frozenset(), decode)
     assert _feed(span, [3, 0, 1, 2, 4]) == (4, "stop")  # "xyabc de": "c d" spans tokens 2 and 3
     assert span.stop_text == "xyab"
-    # Two stop strings completed by the same token: the one that starts first wins.
-    first = StopChecker(SamplingParams(max_tokens=10, stop=["de", "c de"], include_stop_str_in_output=True), 10,
-                        frozenset(), decode)
+    # Two stop strings completed by the same token: the first in the stop list wins (vLLM's
+    # check_stop_strings), not the one that starts first in the text.
+    first = StopChecker(SamplingParams(max_tokens=10, stop=["de", "c de"]), 10, frozenset(), decode)
     assert _feed(first, [0, 1, 2]) == (3, "stop")
-    assert first.stop_text == "abc de"
+    assert (first.stop_text, first.stop_string) == ("abc ", "de")
+    other = StopChecker(SamplingParams(max_tokens=10, stop=["c de", "de"]), 10, frozenset(), decode)
+    assert _feed(other, [0, 1, 2]) == (3, "stop")
+    assert (other.stop_text, other.stop_string) == ("ab", "c de")
 
 
 def _bytes_decode(ids):
@@ -115,13 +131,13 @@ def test_decodes_only_the_newest_tokens():
 
 
 def _full_decode_stop(token_ids, params, decode):
-    """The stop-string rule on the whole text at every token (the reference)."""
+    """The stop-string rule on the whole text at every token (the reference): at the first token
+    after which a stop string is in the text, the first such string in list order."""
     for end in range(1, len(token_ids) + 1):
         text = decode(token_ids[:end])
-        matches = [(index, s) for s in params.stop if (index := text.find(s)) >= 0]
-        if matches:
-            index, stop = min(matches)
-            return end, text[:index + (len(stop) if params.include_stop_str_in_output else 0)]
+        stop = next((s for s in params.stop if s in text), None)
+        if stop is not None:
+            return end, text[:text.find(stop) + (len(stop) if params.include_stop_str_in_output else 0)]
     return None, None
 
 

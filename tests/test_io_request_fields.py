@@ -111,8 +111,8 @@ def test_unsupported_fields_are_refused_unless_at_their_no_op_value(endpoint):
 
 
 @pytest.mark.parametrize("name, value, accepted, no_ops", [
-    ("best_of", 2, "null, 1", [1]), ("echo", True, "null, false", [False]), ("suffix", "!", 'null, ""', [""]),
-    ("prompt_logprobs", 0, "null", []), ("guided_whitespace_pattern", " ", "null", []),
+    ("best_of", 2, "null, 1", [1]), ("suffix", "!", 'null, ""', [""]),
+    ("prompt_logprob_token_ids", [3], "null, []", [[]]), ("guided_whitespace_pattern", " ", "null", []),
 ])
 def test_fields_that_were_accepted_and_ignored_are_refused(name, value, accepted, no_ops):
     """Regression: these were answered with status 200 as if they had been applied."""
@@ -126,8 +126,22 @@ def test_fields_that_were_accepted_and_ignored_are_refused(name, value, accepted
 
 
 def test_a_bool_is_not_a_number_for_no_op_values():
-    assert _parse_body("completion", echo=0).code == "unsupported_feature"
     assert _parse_body("completion", best_of=True).code == "unsupported_feature"
+
+
+def test_echo_and_prompt_logprobs_are_read():
+    plain = _parse_body("completion", echo=True)
+    assert plain.echo and plain.sampling.prompt_logprobs is None  # echo without logprobs: the text only
+    scored = _parse_body("completion", echo=True, logprobs=2)
+    assert scored.echo and scored.sampling.prompt_logprobs == 2  # vLLM: echo + logprobs scores the prompt too
+    assert _parse_body("completion", echo=True, logprobs=2, prompt_logprobs=4).sampling.prompt_logprobs == 4
+    assert _parse_body("chat", prompt_logprobs=0).sampling.prompt_logprobs == 0
+    assert _parse_body("completion", echo=False).echo is False
+    assert _parse_body("completion", echo=0).code == "invalid_sampling"  # a bool, not a number
+    refused = _parse_body("chat", echo=True)
+    assert refused.code == "unsupported_feature" and "/v1/completions only" in refused.message
+    assert _parse_body("completion", prompt_logprobs=21).code == "invalid_sampling"
+    assert _parse_body("completion", skip_special_tokens=False).sampling.skip_special_tokens is False
 
 
 def test_add_special_tokens_no_op_follows_the_endpoint():

@@ -77,3 +77,25 @@ def test_stop_reason_is_the_stop_string_and_none_at_eos(default_llm):
                               use_tqdm=False)
     assert eos.outputs[0].token_ids[-1] in default_llm.engine.eos_token_ids
     assert (eos.outputs[0].finish_reason, eos.outputs[0].stop_reason) == ("stop", None)
+
+
+def test_skip_special_tokens_false_keeps_special_tokens_in_the_text(default_llm):
+    hf = default_llm.get_tokenizer()
+    say_hello = [{"role": "user", "content": "Say hello."}]
+    base = SamplingParams(temperature=0, max_tokens=64)
+    (plain,) = default_llm.chat(say_hello, base, use_tqdm=False)
+    (kept,) = default_llm.chat(say_hello, SamplingParams(temperature=0, max_tokens=64, skip_special_tokens=False,
+                                                         include_stop_str_in_output=True), use_tqdm=False)
+    token_ids = plain.outputs[0].token_ids
+    assert kept.outputs[0].token_ids == token_ids and hf.decode(token_ids[-1:]) == "<|im_end|>"
+    assert kept.outputs[0].text == plain.outputs[0].text + "<|im_end|>"
+    # Without include_stop_str_in_output the terminating EOS is left out of the text, as in vLLM.
+    (cut,) = default_llm.chat(say_hello, SamplingParams(temperature=0, max_tokens=64, skip_special_tokens=False),
+                              use_tqdm=False)
+    assert (cut.outputs[0].text, cut.outputs[0].token_ids) == (plain.outputs[0].text, token_ids)
+    # Past the EOS (ignore_eos) the special tokens the model writes stay in the text.
+    (run_on,) = default_llm.chat(say_hello, SamplingParams(temperature=0, max_tokens=len(token_ids) + 8,
+                                                           ignore_eos=True, skip_special_tokens=False), use_tqdm=False)
+    assert run_on.outputs[0].finish_reason == "length"
+    assert run_on.outputs[0].text == hf.decode(run_on.outputs[0].token_ids, skip_special_tokens=False)
+    assert "<|im_end|>" in run_on.outputs[0].text

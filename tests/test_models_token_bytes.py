@@ -33,6 +33,10 @@ def test_sentencepiece_byte_tokens_have_their_byte_and_pieces_their_text():
     text = hf.decode(token_ids, skip_special_tokens=True)
     assert text == "Hello😀"  # the decoder strips the first space
     assert text_offsets(token_ids, vocabulary, text) == [0, 5, 5, 5, 5, 6]
+    # skip_special_tokens=False: the special tokens are text too
+    with_special = hf.decode([1, *token_ids], skip_special_tokens=False)
+    assert with_special == "<s> Hello😀</s>"
+    assert text_offsets([1, *token_ids], vocabulary, with_special, skip_special_tokens=False) == [0, 3, 9, 9, 9, 9, 10]
     assert [token_string(t, vocabulary) for t in token_ids] == [
         " Hello", "bytes:\\xf0", "bytes:\\x9f", "bytes:\\x98", "bytes:\\x80", "</s>"]
 

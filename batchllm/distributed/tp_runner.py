@@ -30,11 +30,11 @@ class TPModelRunner(ModelRunner):
             raise EngineBrokenError(f"an earlier step failed mid-way ({self.broken!r}); restart the engine")
 
     def execute(self, output: SchedulerOutput, sampling_rows: SamplingRows, allow_graph: bool = True,
-                constraint: StepConstraint | None = None) -> StepResult:
+                constraint: StepConstraint | None = None, prompt_logprobs=None) -> StepResult:
         self.raise_if_broken()
         self.gate.pass_step(self.run_id, step_fingerprint(self.run_id, output))
         try:
-            return super().execute(output, sampling_rows, allow_graph, constraint)
+            return super().execute(output, sampling_rows, allow_graph, constraint, prompt_logprobs)
         except BaseException as error:
             self.broken = error
             raise

@@ -124,7 +124,7 @@ class LLMEngine:
         if options.cuda_graphs:  # graphs for a token budget raised since start-up, before the first step
             self.runner.ensure_step_capacity(self.scheduler_config.max_num_batched_tokens)
         loop = StepLoop(scheduler, self.runner, states, depth=1 if asynchronous else 0,
-                        allow_graph=options.cuda_graphs, decode=self._decode, stats=stats, on_step=on_step,
+                        allow_graph=options.cuda_graphs, stats=stats, on_step=on_step,
                         bitmask_filler=self.grammars.filler if self.grammars is not None else None)
         started = time.perf_counter()
         yield from loop.run()
@@ -136,7 +136,8 @@ class LLMEngine:
             raise InvalidRequestError(f"request {request.request_id} has no max_tokens: check it with "
                                       "engine.limits.check(prompt_token_ids, params) first")
         seed = params.seed if params.seed is not None else mix_seed(self.config.seed, request.request_id)
-        stop = StopChecker(params, params.max_tokens, self.eos_token_ids, self._decode)
+        decode = self._decode if params.skip_special_tokens else self._decode_with_special_tokens
+        stop = StopChecker(params, params.max_tokens, self.eos_token_ids, decode)
         state = RequestState(request, stop, seed, [] if params.logprobs is not None else None)
         if params.structured_outputs is not None:
             try:  # its grammar compiles in the background until its first sampled row needs it
@@ -147,3 +148,7 @@ class LLMEngine:
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids) if self.tokenizer is not None else ""
+
+    def _decode_with_special_tokens(self, token_ids: list[int]) -> str:
+        """skip_special_tokens=False: special tokens stay in the text."""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False) if self.tokenizer is not None else ""

@@ -19,6 +19,7 @@ from batchllm.engine.kv_cache import KVCache
 from batchllm.engine.last_tokens import FedRows, LastTokenColumn
 from batchllm.engine.penalties import PenaltyTable
 from batchllm.engine.piecewise_graphs import PiecewiseGraphs
+from batchllm.engine.prompt_logprobs import PromptLogprobRows, compute_prompt_logprobs
 from batchllm.engine.sampler import SamplingBatch, StepConstraint, sample
 from batchllm.engine.sampling_rows import SamplingRows
 from batchllm.engine.step_buffers import ActivationShape, StepBuffers
@@ -138,40 +139,54 @@ class ModelRunner:
     # -- steps -------------------------------------------------------------------------------
 
     def execute(self, output: SchedulerOutput, sampling_rows: SamplingRows, allow_graph: bool = True,
-                constraint: StepConstraint | None = None) -> StepResult:
+                constraint: StepConstraint | None = None,
+                prompt_logprobs: PromptLogprobRows | None = None) -> StepResult:
         """sampling_rows: the sampled chunks' settings as columns, in chunk order.
         allow_graph: False runs the step eagerly even when CUDA graphs could run it.
-        constraint: gives the token bitmask of the structured-output rows, asked for after the forward is queued."""
+        constraint: gives the token bitmask of the structured-output rows, asked for after the forward is queued.
+        prompt_logprobs: the prompt rows to score (an extra LM-head call on those rows only)."""
         observer = self.observer
         if observer is None:
-            return self._execute(output, sampling_rows, allow_graph, constraint)
+            return self._execute(output, sampling_rows, allow_graph, constraint, prompt_logprobs)
         observer.step_started(output)
         self.last_mode = "eager"
         try:
-            return self._execute(output, sampling_rows, allow_graph, constraint)
+            return self._execute(output, sampling_rows, allow_graph, constraint, prompt_logprobs)
         finally:
             observer.step_launched(output, self.last_mode)
 
     @torch.inference_mode()
     def _execute(self, output: SchedulerOutput, sampling_rows: SamplingRows, allow_graph: bool,
-                 constraint: StepConstraint | None = None) -> StepResult:
+                 constraint: StepConstraint | None = None,
+                 prompt_logprobs: PromptLogprobRows | None = None) -> StepResult:
         self.staging.begin_step()
         inputs = self.step_inputs(output)
+        prompt_rows = None
+        if prompt_logprobs is not None:
+            prompt_rows = self.staging.upload({"rows": prompt_logprobs.rows, "target_ids": prompt_logprobs.target_ids})
         if not sampling_rows:  # (then no row is fed either: a decode row samples)
-            self._forward(inputs, allow_graph)
-            return StepResult((), None)
+            hidden = self._forward(inputs, allow_graph)
+            return StepResult((), None, prompt_logprobs=self._prompt_logprobs(hidden, prompt_rows, prompt_logprobs))
         # Sampling settings and row indices go to the device before the forward is queued (no
         # wait behind it).
         batch = SamplingBatch.build(sampling_rows, self.device, self.staging.upload)
         indices = self.staging.upload({name: getattr(inputs, name) for name in _ROW_INDICES})
         hidden = self._forward(inputs, allow_graph, _fed_rows(inputs, indices))
-        # Only the rows that sample pay for the LM head.
+        scored = self._prompt_logprobs(hidden, prompt_rows, prompt_logprobs)
+        # Only the rows that sample (and the prompt rows asked for, above) pay for the LM head.
         logits = self.model.compute_logits(hidden[indices["sample_rows"]])
         bitmask = constraint.token_bitmask(logits.shape[-1], self.staging) if constraint is not None else None
         sampled = sample(logits, batch, bitmask, self.penalty_table)
         self.last_tokens.store(indices["sample_batch_rows"], sampled.token_ids)
         host = self.host_copies.copy(sampled) if self.host_copies is not None else None
-        return StepResult(inputs.sample_seq_ids, sampled, host)
+        return StepResult(inputs.sample_seq_ids, sampled, host, prompt_logprobs=scored)
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, device_rows: dict[str, torch.Tensor] | None,
+                         asked: PromptLogprobRows | None):
+        if device_rows is None:
+            return None
+        return compute_prompt_logprobs(self.model.compute_logits, hidden, device_rows["rows"],
+                                       device_rows["target_ids"], asked.num_top)
 
     def step_inputs(self, output: SchedulerOutput) -> StepInputs:
         """The step's host arrays, from the persistent rows."""

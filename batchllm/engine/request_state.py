@@ -40,6 +40,10 @@ class FinishedOutput:
     num_cached_prompt_tokens: int = 0
     error: str | None = None  # set when the request could not run or failed while running
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it (StopChecker)
+    # vLLM's prompt_logprobs: None for the first prompt token, then per position {the prompt's token:
+    # logprob, top tokens...}; with each position's prompt-token rank (1: the most likely). None: not asked.
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_token_ranks: list[int | None] | None = None
 
 
 @dataclass
@@ -66,12 +70,21 @@ class RequestState:
     finish_reason: str | None = None  # set once the last real token is known
     error: str | None = None
     grammar: GrammarState | None = None  # a structured output's place in its grammar
+    # filled as the prompt's chunks run (params.prompt_logprobs): FinishedOutput's fields
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_token_ranks: list[int | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.request.params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            num_prompt_tokens = len(self.request.prompt_token_ids)
+            self.prompt_logprobs, self.prompt_token_ranks = [None] * num_prompt_tokens, [None] * num_prompt_tokens
 
     def sched_request(self) -> SchedRequest:
-        """The request as the scheduler sees it, sharing output_token_ids."""
+        """The request as the scheduler sees it, sharing output_token_ids. A request that asks for
+        prompt logprobs shares no prefix: every prompt position's logits must be computed for it."""
         request = self.request
         return SchedRequest(request.request_id, list(request.prompt_token_ids), request.params.max_tokens,
-                            self.output_token_ids)
+                            self.output_token_ids, share_prefix=request.params.prompt_logprobs is None)
 
     def output_index(self, num_positions: int) -> int:
         """The output index of the token sampled after the first num_positions positions (a sampling
@@ -105,13 +118,18 @@ class RequestState:
         except Exception as error:  # noqa: BLE001 - finish this request only
             self.fail(error)
 
-    def finished_output(self, done: FinishedRequest, decode: Callable[[list[int]], str]) -> FinishedOutput:
+    def finished_output(self, done: FinishedRequest) -> FinishedOutput:
         request = self.request
         output = FinishedOutput(request.request_id, request.prompt_token_ids, list(self.output_token_ids), "",
-                                self.finish_reason, self.logprobs, done.num_cached_prompt_tokens, self.error)
+                                self.finish_reason, self.logprobs, done.num_cached_prompt_tokens, self.error,
+                                prompt_logprobs=self.prompt_logprobs, prompt_token_ranks=self.prompt_token_ranks)
+        if self.error is None and self.prompt_logprobs is not None and None in self.prompt_logprobs[1:]:
+            # every prompt position runs (sched_request: no shared prefix); one left out is a bug, never a gap
+            self.fail(RuntimeError("a prompt position's logprobs were not computed"))
+            output.finish_reason, output.error = self.finish_reason, self.error
         if self.error is None:
             try:
-                output.text = self.stop.final_text(self.output_token_ids, self.finish_reason, decode)
+                output.text = self.stop.final_text(self.output_token_ids, self.finish_reason)
                 output.stop_reason = self.stop.stop_reason(self.output_token_ids, self.finish_reason)
             except Exception as error:  # noqa: BLE001 - finish this request only
                 self.fail(error)

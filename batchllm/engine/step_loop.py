@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from batchllm.engine.grammar_constraint import GrammarConstraint
+from batchllm.engine.prompt_logprobs import PromptLogprobRows, prompt_logprob_entry
 from batchllm.engine.request_columns import RequestColumns
 from batchllm.engine.request_state import FinishedOutput, RequestState, RunStats
 from batchllm.engine.step_result import StepResult
@@ -37,6 +38,8 @@ class _Step:
     launch_time_s: float
     sample_index: np.ndarray  # the column index of each sampled row's request
     sample_output_index: np.ndarray  # the output index each sampled row samples
+    # the prompt positions scored (PromptLogprobRows), per request: (column index, first position, end)
+    prompt_places: list[tuple[int, int, int]]
     read: bool = False  # its sampled ids are read (appended to the requests' outputs)
     finished: list[FinishedRequest] | None = None  # set by the update
     num_new_tokens: int = 0
@@ -50,16 +53,18 @@ class StepLoop:
     states: dict[int, RequestState]
     depth: int  # 0: synchronous, 1: asynchronous
     allow_graph: bool
-    decode: Callable[[list[int]], str]
     stats: RunStats
     on_step: Callable[[int, int], None] | None = None
     bitmask_filler: TokenBitmaskFiller | None = None  # set when a request has a structured output
     _last_completed_s: float = 0.0
     _columns: RequestColumns | None = None
+    _wants_prompt_logprobs: np.ndarray | None = None  # per column: the request asks for prompt logprobs
 
     def run(self) -> Iterator[FinishedOutput]:
         """Yields each request as it finishes."""
         self._columns = RequestColumns(self.states)
+        self._wants_prompt_logprobs = np.array([state.prompt_logprobs is not None for state in self._columns.states],
+                                               dtype=bool)
         inflight: deque[_Step] = deque()
         self._last_completed_s = time.perf_counter()
         while self.scheduler.has_unfinished() or inflight:
@@ -91,9 +96,41 @@ class StepLoop:
         if constrained.size:  # structured outputs: their bitmask needs the earlier steps' tokens
             constraint = GrammarConstraint(columns, constrained, index[constrained], index.shape[0],
                                            self.bitmask_filler, partial(self._read_all, inflight))
+        prompt_rows, prompt_places = self._prompt_logprob_rows(chunks)
+        extra = {"prompt_logprobs": prompt_rows} if prompt_rows is not None else {}  # (runners that never see them)
         result = self.runner.execute(output, columns.sampling_rows(index, output_index), allow_graph=self.allow_graph,
-                                     constraint=constraint)
-        return _Step(output, result, scheduled - started, time.perf_counter() - scheduled, index, output_index)
+                                     constraint=constraint, **extra)
+        return _Step(output, result, scheduled - started, time.perf_counter() - scheduled, index, output_index,
+                     prompt_places)
+
+    def _prompt_logprob_rows(self, chunks) -> tuple[PromptLogprobRows | None, list[tuple[int, int, int]]]:
+        """The step's rows whose logits score a prompt token of a request that asks for prompt
+        logprobs: a row at position p scores prompt token p + 1 (the last prompt row samples)."""
+        if not self._wants_prompt_logprobs.any():
+            return None, []
+        columns = self._columns
+        own = np.flatnonzero(~chunks.is_prefix)  # such requests are never in a shared prefix (PreparedRequest)
+        index = columns.index_of(chunks.seq_ids[own])
+        asking = np.flatnonzero(self._wants_prompt_logprobs[index] & ~columns.finished[index])
+        if not asking.size:
+            return None, []
+        row_starts = np.concatenate(([0], np.cumsum(chunks.num_tokens)[:-1]))
+        rows, targets, places, num_top = [], [], [], 0
+        for chunk, i in zip(own[asking].tolist(), index[asking].tolist()):
+            state = columns.states[i]
+            prompt = state.request.prompt_token_ids
+            first = int(chunks.start_positions[chunk])
+            end = min(first + int(chunks.num_tokens[chunk]), len(prompt) - 1)
+            if end <= first:
+                continue
+            row = int(row_starts[chunk])
+            rows.append(np.arange(row, row + end - first))
+            targets.extend(prompt[first + 1:end + 1])
+            places.append((i, first + 1, end + 1))
+            num_top = max(num_top, state.request.params.prompt_logprobs)
+        if not rows:
+            return None, []
+        return PromptLogprobRows(np.concatenate(rows), np.array(targets, dtype=np.int64), num_top), places
 
     def _read_all(self, steps: deque[_Step]) -> None:
         for step in steps:
@@ -107,6 +144,8 @@ class StepLoop:
         sampled = step.result.host_output()
         step.wait_time_s = time.perf_counter() - waiting
         step.read = True
+        if step.prompt_places:
+            self._read_prompt_logprobs(step)
         if sampled is None:
             return
         columns = self._columns
@@ -128,6 +167,20 @@ class StepLoop:
                                     top_values)
                 columns.read_one(i, token_id, entry)
                 step.num_new_tokens += 1
+
+    def _read_prompt_logprobs(self, step: _Step) -> None:
+        """Attach the step's prompt logprobs to their requests (a position scored again after a
+        preemption gets the same entry again)."""
+        logprobs, ranks, top_values, top_ids = step.result.prompt_logprobs.host_lists()
+        row = 0
+        for i, first, end in step.prompt_places:
+            state = self._columns.states[i]
+            num_top, prompt = state.request.params.prompt_logprobs, state.request.prompt_token_ids
+            for position in range(first, end):
+                state.prompt_logprobs[position] = prompt_logprob_entry(num_top, prompt[position], logprobs[row],
+                                                                       top_values[row], top_ids[row])
+                state.prompt_token_ranks[position] = ranks[row]
+                row += 1
 
     def _update(self, step: _Step) -> None:
         """scheduler.update for the newest step (read or not): finish the requests whose end is
@@ -154,7 +207,7 @@ class StepLoop:
         ))
         self._last_completed_s = now
         for done in step.finished:
-            yield self.states.pop(done.request_id).finished_output(done, self.decode)
+            yield self.states.pop(done.request_id).finished_output(done)
         if self.on_step is not None:
             self.on_step(len(step.finished), step.num_new_tokens)
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from batchllm.engine.prompt_logprobs import PromptLogprobs
 from batchllm.engine.sampler import SamplerOutput
 
 
@@ -32,6 +33,8 @@ class StepResult:
     # would also wait for every step queued after it (asynchronous scheduling queues the next
     # step before reading this one).
     host: HostCopy | None = None
+    # the prompt rows' logprobs the step was asked for (PromptLogprobRows), in that order
+    prompt_logprobs: PromptLogprobs | None = None
 
     def host_output(self) -> SamplerOutput | None:
         """The sampled output on the host (waits for this step's copy). Read it before the runner

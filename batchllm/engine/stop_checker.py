@@ -1,5 +1,5 @@
 """Decides when a request is finished: EOS, stop token ids, stop strings (checked incrementally:
-docs/design.md, "The step loop"), length."""
+docs/design.md, "The step loop"), length; and the returned text, as vLLM's detokenizer gives it."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ class StopChecker:
         self.params = params
         self.max_tokens = max_tokens  # resolved: never past the context length
         self.eos_token_ids = eos_token_ids
+        self.decode = decode  # the request's decode (skip_special_tokens as its params ask)
         self.stop_text: str | None = None  # the returned text when a stop string matched
         self.stop_string: str | None = None  # the stop string that matched
         self._text = IncrementalText(decode) if params.stop else None
@@ -67,14 +68,16 @@ class StopChecker:
         return token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids)
 
     def _find_stop_string(self, output_token_ids: list[int]) -> bool:
+        """The first stop string, in the order of params.stop, that the new characters complete
+        (vLLM's rule: list order, not the earliest place in the text)."""
         text, num_final_chars = self._text.text(output_token_ids)
-        # each match ends past the characters already searched
         searched = self._num_searched_chars
-        matches = [(index, s) for s in self.params.stop if (index := text.find(s, max(0, searched - len(s) + 1))) >= 0]
         self._num_searched_chars = num_final_chars
-        if not matches:
+        match = next(((index, s) for s in self.params.stop
+                      if (index := text.find(s, max(0, searched - len(s) + 1))) >= 0), None)
+        if match is None:
             return False
-        index, stop = min(matches)
+        index, stop = match
         end = index + (len(stop) if self.params.include_stop_str_in_output else 0)
         self.stop_text, self.stop_string = text[:end], stop
         return True
@@ -91,12 +94,14 @@ class StopChecker:
             return None
         return last if last in self.params.stop_token_ids else None
 
-    def final_text(self, output_token_ids: list[int], finish_reason: str,
-                   decode: Callable[[list[int]], str]) -> str:
-        """The returned text: cut before (or after) a matched stop string; a terminating EOS or
-        stop id is not text."""
+    def final_text(self, output_token_ids: list[int], finish_reason: str) -> str:
+        """The returned text, as vLLM's detokenizer gives it: cut before a matched stop string
+        (after it with include_stop_str_in_output); a terminating EOS or stop_token_ids token is
+        left out of the text unless include_stop_str_in_output (it stays in the token ids, the
+        completion_tokens and the logprobs, as in vLLM)."""
         if self.stop_text is not None:
             return self.stop_text
-        if finish_reason == "stop" and output_token_ids and self._is_stop_token(output_token_ids[-1]):
-            return decode(output_token_ids[:-1])
-        return decode(output_token_ids)
+        if (finish_reason == "stop" and output_token_ids and not self.params.include_stop_str_in_output
+                and self._is_stop_token(output_token_ids[-1])):
+            return self.decode(output_token_ids[:-1])
+        return self.decode(output_token_ids)

@@ -47,6 +47,7 @@ class BatchRequest:
     prompt_token_ids: tuple[int, ...] | None = None
     warnings: tuple[FieldWarning, ...] = ()  # fields accepted without effect (counted by the job)
     digest: int = 0  # digest64 of the raw input line (the journal checks it on resume)
+    echo: bool = False  # /v1/completions: the prompt's text (and logprobs) before the completion's
 
 
 @dataclass(frozen=True)
@@ -96,9 +97,13 @@ def parse_request_object(obj: object, line_number: int = 0) -> BatchRequest:
         raise RequestError(refusal.code, refusal.message)
     warnings += field_warnings
     messages, prompt, prompt_token_ids = _parse_prompt(body, endpoint)
-    sampling = _parse_sampling(body, endpoint)
+    echo = body.get("echo") is not None and _boolean(body["echo"], "echo")
+    if echo and endpoint == "chat":
+        raise RequestError("unsupported_feature", "echo=true is supported on /v1/completions only: remove 'echo' "
+                           "from the chat request")
+    sampling = _parse_sampling(body, endpoint, echo)
     return BatchRequest(custom_id, line_number, endpoint, sampling, messages=messages, prompt=prompt,
-                        prompt_token_ids=prompt_token_ids, warnings=tuple(warnings))
+                        prompt_token_ids=prompt_token_ids, warnings=tuple(warnings), echo=echo)
 
 
 def _parse_prompt(body: dict, endpoint: str):
@@ -166,9 +171,10 @@ def _boolean(value: object, name: str) -> bool:
     return value
 
 
-def _parse_sampling(body: dict, endpoint: str) -> SamplingParams:
+def _parse_sampling(body: dict, endpoint: str, echo: bool = False) -> SamplingParams:
     """Check each field's JSON type here (bool is not an int, sizes fit int32/int64); value
-    ranges are SamplingParams' to check."""
+    ranges are SamplingParams' to check. echo with logprobs asks for the prompt's logprobs too
+    (with as many top tokens, unless prompt_logprobs says otherwise), as vLLM does."""
     kwargs: dict = {}
     max_tokens = next((body[k] for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None), None)
     if max_tokens is not None:
@@ -183,7 +189,7 @@ def _parse_sampling(body: dict, endpoint: str) -> SamplingParams:
                             ("n", -MAX_TOKEN_ID, MAX_TOKEN_ID), ("min_tokens", -MAX_TOKEN_ID, MAX_TOKEN_ID)):
         if body.get(name) is not None:
             kwargs[name] = _integer(body[name], name, low, high)
-    for name in ("ignore_eos", "include_stop_str_in_output"):
+    for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
         if body.get(name) is not None:
             kwargs[name] = _boolean(body[name], name)
     stop = body.get("stop")
@@ -199,6 +205,10 @@ def _parse_sampling(body: dict, endpoint: str) -> SamplingParams:
     logprobs = _parse_logprobs(body, endpoint)
     if logprobs is not None:
         kwargs["logprobs"] = logprobs
+    if body.get("prompt_logprobs") is not None:
+        kwargs["prompt_logprobs"] = _integer(body["prompt_logprobs"], "prompt_logprobs", -MAX_TOKEN_ID, MAX_TOKEN_ID)
+    elif echo and logprobs is not None:
+        kwargs["prompt_logprobs"] = logprobs
     try:
         structured = parse_structured_outputs(body)
     except StructuredFieldError as error:

@@ -21,8 +21,8 @@ ANY = None  # HARMLESS_FIELDS default: every value is a default (never warned ab
 HONOURED_FIELDS = frozenset({
     "messages", "prompt", "prompt_token_ids", "max_tokens", "max_completion_tokens", "temperature", "top_p",
     "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "logprobs", "top_logprobs", "n",
-    "include_stop_str_in_output", "logit_bias", "frequency_penalty", "presence_penalty", "repetition_penalty",
-    "min_tokens",
+    "include_stop_str_in_output", "logit_bias", "skip_special_tokens", "echo", "prompt_logprobs",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_tokens",
     # structured outputs (batchllm/io/structured_fields.py)
     "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
 })
@@ -35,12 +35,12 @@ NO_OP_VALUES: dict[str, tuple | dict[str, tuple]] = {
     "bad_words": ([],), "thinking_token_budget": (), "repetition_detection": (), "extra_args": ({},),
     "vllm_xargs": ({},), "logits_processors": ([],),
     # other outputs than the completion text and its logprobs
-    "echo": (False,), "suffix": ("",), "prompt_logprobs": (), "prompt_logprob_token_ids": ([],),
+    "suffix": ("",), "prompt_logprob_token_ids": ([],),
     "prompt_logprob_start": (), "logprob_token_ids": ([],), "return_tokens_as_token_ids": (False,),
     "return_token_ids": (False,), "return_token_offsets": (False,), "return_prompt_text": (False,),
     "return_weight_versions": (False,), "return_mm_kwargs": (False,), "routed_experts_prompt_start": (0,),
     "trace_decode_token_ids": ([],), "audio": (), "modalities": (["text"],), "detokenize": (True,),
-    "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,), "include_reasoning": (True,),
+    "spaces_between_special_tokens": (True,), "include_reasoning": (True,),
     "reasoning_effort": (), "verbosity": (), "moderation": (),
     # tools: batchllm generates plain text (or structured outputs, HONOURED_FIELDS)
     "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),

@@ -17,7 +17,8 @@ import numpy as np
 from batchllm.engine.errors import EngineBrokenError
 from batchllm.engine.llm_engine import LLMEngine, PreparedRequest, RunStats
 from batchllm.io.batch_input import DEFAULT_MAX_LINE_BYTES, BatchError, BatchRequest, read_batch_file
-from batchllm.io.batch_output import dumps, error_line, openai_logprobs, success_line
+from batchllm.io.batch_output import (dumps, echo_completion, error_line, openai_logprobs, success_line,
+                                      vllm_prompt_logprobs)
 from batchllm.io.request_fields import FieldWarning
 from batchllm.io.job_files import JobLock, check_existing_output, check_job_paths, journal_path_for
 from batchllm.io.job_io import JobFileError, file_operation
@@ -402,10 +403,14 @@ class _JobRun:
                 code = "internal_error" if done.error.startswith("internal_error") else "invalid_request"
                 record = error_line(request.custom_id, code, done.error, done.request_id)
             else:
+                text, logprobs = done.text, _openai_logprobs(self.engine, done, request)
+                if request.echo:
+                    text, logprobs = echo_completion(_prompt_text(self.engine, request, done), done.prompt_token_ids,
+                                                     done.prompt_logprobs, _vocabulary(self.engine), text, logprobs)
                 record = success_line(
-                    request.custom_id, request.endpoint, self.engine.model_name, done.text,
+                    request.custom_id, request.endpoint, self.engine.model_name, text,
                     done.finish_reason, len(done.prompt_token_ids), len(done.output_token_ids),
-                    done.num_cached_prompt_tokens, _openai_logprobs(self.engine, done, request),
+                    done.num_cached_prompt_tokens, logprobs, _prompt_logprobs(self.engine, done, request),
                 )
         except Exception as error:
             record = self._internal_error(request, error)
@@ -461,9 +466,30 @@ def _read_input(path: str, max_line_bytes: int):
         yield item
 
 
+def _vocabulary(engine: LLMEngine):
+    return engine.tokenizer.vocabulary if engine.tokenizer is not None else None  # None: "token_id:N"
+
+
+def _prompt_text(engine: LLMEngine, request: BatchRequest, done) -> str:
+    """The prompt as text for echo: as given, or its token ids decoded."""
+    if request.prompt is not None:
+        return request.prompt
+    if engine.tokenizer is None:
+        return ""
+    return engine.tokenizer.decode(done.prompt_token_ids, skip_special_tokens=request.sampling.skip_special_tokens)
+
+
+def _prompt_logprobs(engine: LLMEngine, done, request: BatchRequest) -> list | None:
+    """vLLM's prompt_logprobs field, whenever they were computed (as vLLM does, echo's too)."""
+    if done.prompt_logprobs is None:
+        return None
+    return vllm_prompt_logprobs(done.prompt_token_ids, done.prompt_logprobs, done.prompt_token_ranks,
+                                _vocabulary(engine))
+
+
 def _openai_logprobs(engine: LLMEngine, done, request: BatchRequest) -> dict | None:
     if done.logprobs is None:
         return None
-    vocabulary = engine.tokenizer.vocabulary if engine.tokenizer is not None else None  # None: "token_id:N"
+    vocabulary = _vocabulary(engine)
     return openai_logprobs(request.endpoint, done.output_token_ids, done.logprobs, request.sampling.logprobs,
-                           vocabulary, done.text)
+                           vocabulary, done.text, request.sampling.skip_special_tokens)

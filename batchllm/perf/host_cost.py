@@ -131,7 +131,7 @@ def measure(workload: str, num_requests: int, budget: int, kv_cache_tokens: int,
     plan_s = time.process_time() - started
     stats = RunStats()
     loop = StepLoop(_TimedScheduler(scheduler, clock), _FakeRunner(block_size, clock), states, depth=1,
-                    allow_graph=True, decode=lambda ids: "", stats=stats)
+                    allow_graph=True, stats=stats)
     started = time.process_time()
     for _ in loop.run():
         if max_steps is not None and stats.num_steps >= max_steps:

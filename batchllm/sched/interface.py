@@ -105,6 +105,9 @@ class SchedRequest:
     prompt_token_ids: list[int]
     max_tokens: int
     output_token_ids: list[int] = field(default_factory=list)
+    # False: its prompt reuses no other request's KV (no shared prefix group, no prefix-cache hit),
+    # so every prompt position runs through the model (prompt logprobs need their logits).
+    share_prefix: bool = True
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -83,13 +83,17 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         for request in requests:
             if request.request_id < 0 or request.request_id in self._slot_of:
                 raise ValueError(f"request ids must be unique and >= 0, got {request.request_id}")
-        plan = plan_prefix_arrays([r.prompt_token_ids for r in requests])
+        sharing = [i for i, r in enumerate(requests) if r.share_prefix]
+        plan = plan_prefix_arrays([requests[i].prompt_token_ids for i in sharing])
         starts = plan.group_start.tolist()
-        request_indices = plan.member_request_index.tolist()
+        request_indices = [sharing[i] for i in plan.member_request_index.tolist()]
+        # (members, prefix length) per group; a request that shares no prefix is a group of its own
+        planned = [(request_indices[starts[index]:starts[index + 1]], prefix_len)
+                   for index, prefix_len in enumerate(plan.group_prefix_num_tokens.tolist())]
+        planned += [([i], 0) for i, r in enumerate(requests) if not r.share_prefix]
         ratio = self.config.decode_reserve_ratio
         groups = []
-        for index, prefix_len in enumerate(plan.group_prefix_num_tokens.tolist()):
-            indices = request_indices[starts[index]:starts[index + 1]]
+        for indices, prefix_len in planned:
             group = Group(len(self.groups), tuple(requests[indices[0]].prompt_token_ids[:prefix_len]))
             self.groups.append(group)
             max_tokens = prefill = 0

@@ -52,7 +52,7 @@ class CachedPolicyBase(PolicyBase):
         return self.pool.num_free_blocks + evictable
 
     def match_cached(self, seq: CachedSeq) -> list[CacheNode]:
-        if self.cache is None:
+        if self.cache is None or not seq.request.share_prefix:
             return []
         request = seq.request
         if seq.first_block_token_ids is None:

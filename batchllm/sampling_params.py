@@ -91,6 +91,15 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] | None = None
     # Constrain the text to a JSON schema, regex, choice or grammar (README, "Structured outputs").
     structured_outputs: StructuredOutputsParams | None = None
+    # OpenAI penalties over the tokens generated so far: logit -= frequency_penalty * count +
+    # presence_penalty * (count > 0); each in [-2, 2].
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # HF / vLLM repetition penalty over the prompt and the generated tokens: a seen token's logit
+    # is divided by it when positive, multiplied when not; > 0, 1 is off.
+    repetition_penalty: float = 1.0
+    # EOS and stop_token_ids cannot be sampled, and no stop ends the request, before min_tokens tokens.
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         # Normalise list inputs so the object stays hashable and immutable.
@@ -133,6 +142,7 @@ class SamplingParams:
         if not isinstance(self.include_stop_str_in_output, bool):
             raise SamplingParamsError(
                 f"include_stop_str_in_output must be true or false, got {short_repr(self.include_stop_str_in_output)}")
+        self._check_penalties()
         if self.structured_outputs is not None:
             if not isinstance(self.structured_outputs, StructuredOutputsParams):
                 raise SamplingParamsError("structured_outputs must be a StructuredOutputsParams, got "
@@ -141,9 +151,28 @@ class SamplingParams:
                 raise SamplingParamsError(f"ignore_eos cannot be combined with {self.structured_outputs.source}: "
                                           "a structured answer ends with the end-of-sequence token")
 
+    def _check_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -2.0 <= value <= 2.0:  # NaN fails too
+                raise SamplingParamsError(f"{name} must be a number in [-2, 2], got {short_repr(value)}")
+        repetition = self.repetition_penalty
+        if not _is_number(repetition) or not (repetition > 0 and _is_finite(repetition)):
+            raise SamplingParamsError("repetition_penalty must be a finite number > 0 (1 is off), "
+                                      f"got {short_repr(self.repetition_penalty)}")
+        if not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool) or self.min_tokens < 0:
+            raise SamplingParamsError(f"min_tokens must be an integer >= 0, got {short_repr(self.min_tokens)}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise SamplingParamsError(f"min_tokens ({self.min_tokens}) must be at most max_tokens ({self.max_tokens})")
+
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE
+
+    @property
+    def has_penalties(self) -> bool:
+        """Whether a presence, frequency or repetition penalty is on (min_tokens is not one)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
 
 MAX_LOGIT_BIAS = 100.0

@@ -41,11 +41,11 @@ def test_another_schedule_changes_the_logits_by_rounding_only(tiny_engine, monke
     logits_by_schedule = []
     sample = model_runner.sample
 
-    def spy(logits, batch, bitmask=None):
+    def spy(logits, batch, *rest):
         for row in range(logits.shape[0]):
             if int(batch.seeds[row]) == TARGET.seed:
                 captured[int(batch.output_index[row])] = logits[row].clone()
-        return sample(logits, batch, bitmask)
+        return sample(logits, batch, *rest)
 
     monkeypatch.setattr(model_runner, "sample", spy)
     greedy = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)] * 3

@@ -111,8 +111,6 @@ def test_unsupported_fields_are_refused_unless_at_their_no_op_value(endpoint):
 
 
 @pytest.mark.parametrize("name, value, accepted, no_ops", [
-    ("presence_penalty", 0.5, "null, 0", [0, 0.0]), ("frequency_penalty", -1, "null, 0", [0]),
-    ("repetition_penalty", 1.1, "null, 1", [1, 1.0]), ("min_tokens", 3, "null, 0", [0]),
     ("suffix", "!", 'null, ""', [""]),
     ("prompt_logprob_token_ids", [3], "null, []", [[]]), ("guided_whitespace_pattern", " ", "null", []),
 ])
@@ -128,7 +126,7 @@ def test_fields_that_were_accepted_and_ignored_are_refused(name, value, accepted
 
 
 def test_a_bool_is_not_a_number_for_no_op_values():
-    assert _parse_body("completion", presence_penalty=False).code == "unsupported_feature"
+    assert _parse_body("completion", length_penalty=True).code == "unsupported_feature"
 
 
 def test_echo_and_prompt_logprobs_are_read():
@@ -156,3 +154,29 @@ def test_add_special_tokens_no_op_follows_the_endpoint():
 def test_harmless_fields_are_accepted_with_any_value():
     for name in HARMLESS_FIELDS:
         assert isinstance(_parse_body("chat", **{name: {"any": "value"}}), BatchRequest), name
+
+
+def test_penalties_and_min_tokens_reach_the_sampling_params():
+    request = _parse_body("completion", presence_penalty=0.5, frequency_penalty=-2, repetition_penalty=1.25,
+                          min_tokens=3, max_tokens=8)
+    assert isinstance(request, BatchRequest) and request.warnings == ()
+    sampling = request.sampling
+    assert (sampling.presence_penalty, sampling.frequency_penalty, sampling.repetition_penalty,
+            sampling.min_tokens) == (0.5, -2, 1.25, 3)
+    assert _parse_body("chat", presence_penalty=None, min_tokens=None).sampling.min_tokens == 0
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"presence_penalty": 2.5}, "presence_penalty must be a number in [-2, 2], got 2.5"),
+    ({"frequency_penalty": -3}, "frequency_penalty must be a number in [-2, 2], got -3"),
+    ({"frequency_penalty": True}, "frequency_penalty must be a number in [-2, 2], got True"),
+    ({"repetition_penalty": 0}, "repetition_penalty must be a finite number > 0 (1 is off), got 0"),
+    ({"repetition_penalty": "1.2"}, "repetition_penalty must be a finite number > 0 (1 is off), got '1.2'"),
+    ({"min_tokens": -1}, "min_tokens must be an integer >= 0, got -1"),
+    ({"min_tokens": 1.5}, "min_tokens must be an integer in [-2147483647, 2147483647], got 1.5"),
+    ({"min_tokens": 9, "max_tokens": 8}, "min_tokens (9) must be at most max_tokens (8)"),
+])
+def test_bad_penalties_and_min_tokens_are_refused_on_their_line(fields, message):
+    refused = _parse_body("completion", **fields)
+    assert isinstance(refused, BatchError)
+    assert (refused.code, refused.custom_id, refused.message) == ("invalid_sampling", "a", message)

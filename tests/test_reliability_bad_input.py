@@ -40,7 +40,7 @@ CASES = [
     ({"custom_id": "s6", "prompt_token_ids": [5], "temperature": "hot"}, "invalid_sampling", "temperature string"),
     ({"custom_id": "typo", "prompt_token_ids": _ids(4), "max_tokens": 2, "temperature": 0, "frobnicate": 1},
      "unknown_field", "unknown body field: refused"),
-    ({"custom_id": "pen", "prompt_token_ids": _ids(4), "presence_penalty": 0.5}, "unsupported_feature",
+    ({"custom_id": "bo", "prompt_token_ids": _ids(4), "best_of": 2}, "unsupported_feature",
      "a field not implemented, set: refused"),
     ({"custom_id": "unk", **ENVELOPE, "note": 1, "body": {"prompt": _ids(4), "max_tokens": 2, "temperature": 0,
                                                          "user": "u1", "presence_penalty": 0}},
@@ -58,6 +58,14 @@ CASES = [
     (None, None, "blank line: skipped"),
     ("   ", None, "whitespace line: skipped"),
     ({"custom_id": 42, "prompt_token_ids": _ids(6), "max_tokens": 2, "temperature": 0}, "ok", "integer custom_id"),
+    ({"custom_id": "pp", "prompt_token_ids": _ids(4), "presence_penalty": 2.5}, "invalid_sampling",
+     "presence_penalty outside [-2, 2]"),
+    ({"custom_id": "rp", "prompt_token_ids": _ids(4), "repetition_penalty": 0}, "invalid_sampling",
+     "repetition_penalty not > 0"),
+    ({"custom_id": "mt", "prompt_token_ids": _ids(4), "max_tokens": 2, "min_tokens": 3}, "invalid_sampling",
+     "min_tokens > max_tokens"),
+    ({"custom_id": "pen", "prompt_token_ids": _ids(4), "max_tokens": 3, "temperature": 0, "presence_penalty": 0.5,
+      "frequency_penalty": -0.5, "repetition_penalty": 1.3, "min_tokens": 2}, "ok", "penalties and min_tokens: run"),
 ]
 
 
@@ -94,7 +102,8 @@ def test_every_bad_line_is_one_error_record_and_the_job_completes(tmp_path, caps
             assert (record["error"]["code"], record["error"]["line"]) == (expect, line_number), why
             assert record["error"]["message"], why
     by_id = {r["custom_id"]: r for r in records if r["error"] is None}
-    assert sorted(by_id) == ["42", "clamp", "ok1", "unk"]
+    assert sorted(by_id) == ["42", "clamp", "ok1", "pen", "unk"]
+    assert by_id["pen"]["response"]["body"]["usage"]["completion_tokens"] == 3
     usage = by_id["clamp"]["response"]["body"]["usage"]
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (200, KV_TOKENS - 16 - 200)
     assert by_id["ok1"]["response"]["body"]["usage"]["completion_tokens"] == 3
@@ -104,7 +113,7 @@ def test_every_bad_line_is_one_error_record_and_the_job_completes(tmp_path, caps
     assert (None, "invalid_utf8") in codes and (None, "missing_custom_id") in codes
     errors = [json.loads(line) for line in errors_path.read_text(encoding="utf-8").splitlines()]
     assert errors == [r for r in records if r["error"] is not None]
-    assert "4 requests answered, 27 errors" in captured.out
+    assert "5 requests answered, 30 errors" in captured.out
     assert captured.err.count("warning:") == 2  # one summary line per field, not one per line
     assert ("warning: 1 line had 'note' ignored: not a field of an OpenAI Batch line (custom_id, method, url, body) "
             "(first: line 21)") in captured.err

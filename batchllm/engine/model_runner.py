@@ -17,6 +17,7 @@ from batchllm.engine.graph_capture import GraphCapture
 from batchllm.engine.graph_shapes import decode_rows_bucket, piecewise_buckets
 from batchllm.engine.kv_cache import KVCache
 from batchllm.engine.last_tokens import FedRows, LastTokenColumn
+from batchllm.engine.penalties import PenaltyTable
 from batchllm.engine.piecewise_graphs import PiecewiseGraphs
 from batchllm.engine.prompt_logprobs import PromptLogprobRows, compute_prompt_logprobs
 from batchllm.engine.sampler import SamplingBatch, StepConstraint, sample
@@ -62,6 +63,7 @@ class ModelRunner:
         self.rows = BatchRows()  # the persistent batch: host rows kept from step to step
         self.last_tokens = LastTokenColumn(device, self.rows.num_rows)  # each row's last sampled id
         self.staging = PinnedStaging(device)  # every host-to-device copy of a step
+        self.penalty_table = PenaltyTable(device)  # penalised requests' token counts (allocated on first use)
         self.host_copies = SampledHostCopies() if device.type == "cuda" else None
         self.activation_shape = ActivationShape(model.config.hidden_size, model.config.num_heads,
                                                 model.config.head_dim, model.embed_tokens.weight.dtype)
@@ -174,7 +176,7 @@ class ModelRunner:
         # Only the rows that sample (and the prompt rows asked for, above) pay for the LM head.
         logits = self.model.compute_logits(hidden[indices["sample_rows"]])
         bitmask = constraint.token_bitmask(logits.shape[-1], self.staging) if constraint is not None else None
-        sampled = sample(logits, batch, bitmask)
+        sampled = sample(logits, batch, bitmask, self.penalty_table)
         self.last_tokens.store(indices["sample_batch_rows"], sampled.token_ids)
         host = self.host_copies.copy(sampled) if self.host_copies is not None else None
         return StepResult(inputs.sample_seq_ids, sampled, host, prompt_logprobs=scored)

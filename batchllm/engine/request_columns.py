@@ -11,7 +11,7 @@ import numpy as np
 
 from batchllm.engine.request_state import RequestState
 from batchllm.engine.sampler import sampling_row
-from batchllm.engine.sampling_rows import NO_LOGPROBS, SamplingRows
+from batchllm.engine.sampling_rows import NO_LOGPROBS, PenaltyRows, SamplingRows
 from batchllm.engine.stop_checker import StopChecker
 
 # The sampling row of a request whose row could not be built: greedy, no logprobs (its tokens are
@@ -58,6 +58,7 @@ class RequestColumns:
         self._sampling = SamplingRows.from_tuples(rows)
         self._bias = np.zeros(num, dtype=bool)
         self._bias[self._sampling.logit_bias_rows] = True
+        self.penalty_slots = PenaltySlots(self.states, self.finished, self.eos_token_ids)
 
     @staticmethod
     def _static_row(state: RequestState) -> tuple:
@@ -92,7 +93,8 @@ class RequestColumns:
         else:
             logit_bias = ()
         return SamplingRows(rows.temperature[index], rows.top_p[index], rows.top_k[index], rows.min_p[index],
-                            rows.seeds[index], output_index, rows.logprobs[index], biased, logit_bias)
+                            rows.seeds[index], output_index, rows.logprobs[index], biased, logit_bias,
+                            self.penalty_slots.rows(index, output_index))
 
     def asks_logprobs(self, index: np.ndarray) -> bool:
         return bool((self._sampling.logprobs[index] != NO_LOGPROBS).any())
@@ -105,6 +107,8 @@ class RequestColumns:
         deque(map(list.append, self.outputs[index], token_ids.tolist()), maxlen=0)
         self.num_read[index] += 1
         stop = self.stop_on_eos[index] & np.isin(token_ids, self.eos_token_ids)
+        if self.penalty_slots.min_tokens is not None:  # no EOS stop before min_tokens tokens
+            stop &= self.num_read[index] >= self.penalty_slots.min_tokens[index]
         ended = stop | (self.num_read[index] >= self.max_tokens[index])
         for i, is_stop in zip(index[ended].tolist(), stop[ended].tolist()):
             self.states[i].finish_reason = "stop" if is_stop else "length"
@@ -123,3 +127,89 @@ class RequestColumns:
         state.add_token(token_id, logprob_entry)
         self.num_read[i] += 1
         self.finished[i] = state.finish_reason is not None
+
+
+class PenaltySlots:
+    """The requests' penalties and min_tokens as columns, and the slots of the device's count table
+    (engine/penalties.py): a penalised request takes a slot when it first samples and holds it
+    until it finishes (a recomputed request keeps its counts: its replayed tokens are not sampled
+    again). A finished request's slot is taken back when a new one is needed, so the table holds
+    as many slots as penalised requests run at once."""
+
+    def __init__(self, states: list[RequestState], finished: np.ndarray, eos_token_ids: np.ndarray) -> None:
+        num = len(states)
+        self._finished = finished  # RequestColumns.finished (shared, updated in place)
+        self._states = states
+        self.penalised = np.zeros(num, dtype=bool)
+        self.presence = np.zeros(num, dtype=np.float32)
+        self.frequency = np.zeros(num, dtype=np.float32)
+        self.repetition = np.ones(num, dtype=np.float32)
+        self.slot = np.full(num, -1, dtype=np.int64)
+        self.min_tokens: np.ndarray | None = None  # None: no request has min_tokens
+        self._free: list[int] = []
+        self.num_slots = 0
+        min_tokens = np.zeros(num, dtype=np.int64)
+        banned: list[np.ndarray] = []
+        for i, state in enumerate(states):
+            params = state.request.params
+            self.penalised[i] = params.has_penalties
+            self.presence[i], self.frequency[i] = params.presence_penalty, params.frequency_penalty
+            self.repetition[i] = params.repetition_penalty
+            min_tokens[i] = params.min_tokens
+            # vLLM's all_stop_token_ids: EOS (unless ignored) and stop_token_ids
+            banned.append(np.union1d(np.array(params.stop_token_ids, dtype=np.int64),
+                                     eos_token_ids if not params.ignore_eos else np.zeros(0, dtype=np.int64))
+                          if params.min_tokens else np.zeros(0, dtype=np.int64))
+        self._any_penalised = bool(self.penalised.any())
+        if min_tokens.any():
+            self.min_tokens = min_tokens
+            self._ban_len = np.array([ids.shape[0] for ids in banned], dtype=np.int64)
+            self._ban_start = np.concatenate([[0], np.cumsum(self._ban_len)[:-1]]).astype(np.int64)
+            self._ban_ids = np.concatenate(banned).astype(np.int64)
+
+    def rows(self, index: np.ndarray, output_index: np.ndarray) -> PenaltyRows | None:
+        """The penalties and bans of requests `index` sampling their output_index-th tokens; None
+        when none has any (no device work then)."""
+        ban_rows = ban_ids = _EMPTY
+        if self.min_tokens is not None:
+            banned = np.flatnonzero((output_index < self.min_tokens[index]) & ~self._finished[index])
+            if banned.size:
+                lengths = self._ban_len[index[banned]]
+                ban_rows = np.repeat(banned, lengths)
+                starts = np.repeat(self._ban_start[index[banned]] - np.cumsum(lengths) + lengths, lengths)
+                ban_ids = self._ban_ids[starts + np.arange(ban_rows.shape[0])]
+        rows = np.flatnonzero(self.penalised[index] & ~self._finished[index]) if self._any_penalised else _EMPTY
+        if not rows.size and not ban_rows.size:
+            return None
+        requests = index[rows]
+        new_slots, prompt_slots, prompt_ids = self._take_slots(requests)
+        return PenaltyRows(rows, self.slot[requests], self.presence[requests], self.frequency[requests],
+                           self.repetition[requests], self.num_slots, new_slots, prompt_slots, prompt_ids,
+                           ban_rows, ban_ids)
+
+    def _take_slots(self, requests: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Slots for the requests that hold none yet: (those slots, and the (slot, prompt id) pairs
+        of those that have a repetition penalty, which counts the prompt)."""
+        starting = requests[self.slot[requests] < 0]
+        if not starting.size:
+            return _EMPTY, _EMPTY, _EMPTY
+        if len(self._free) < starting.size:  # take back the slots of finished requests
+            done = np.flatnonzero((self.slot >= 0) & self._finished)
+            self._free.extend(self.slot[done].tolist())
+            self.slot[done] = -1
+        num_new = max(0, int(starting.size) - len(self._free))
+        self._free.extend(range(self.num_slots, self.num_slots + num_new))
+        self.num_slots += num_new
+        slots = np.array(self._free[-starting.size:], dtype=np.int64)
+        del self._free[-starting.size:]
+        self.slot[starting] = slots
+        prompts = [(slot, self._states[i].request.prompt_token_ids)
+                   for slot, i in zip(slots.tolist(), starting.tolist()) if self.repetition[i] != 1.0]
+        if not prompts:
+            return slots, _EMPTY, _EMPTY
+        prompt_slots = np.concatenate([np.full(len(ids), slot, dtype=np.int64) for slot, ids in prompts])
+        prompt_ids = np.concatenate([np.asarray(ids, dtype=np.int64) for _, ids in prompts])
+        return slots, prompt_slots, prompt_ids
+
+
+_EMPTY = np.zeros(0, dtype=np.int64)

@@ -71,7 +71,10 @@ class RequestLimits:
             raise InvalidTokenIdError(f"prompt holds token id {bad}, outside the vocabulary [0, {self.vocab_size})")
         self._check_sampling_token_ids(params)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-        return params if max_tokens == params.max_tokens else dataclasses.replace(params, max_tokens=max_tokens)
+        if max_tokens == params.max_tokens:
+            return params
+        # the context cuts min_tokens as it cuts max_tokens (the request ends at the context's end)
+        return dataclasses.replace(params, max_tokens=max_tokens, min_tokens=min(params.min_tokens, max_tokens))
 
     def _check_sampling_token_ids(self, params: SamplingParams) -> None:
         """A logit_bias or stop_token_ids id the model cannot produce would do nothing: refused."""

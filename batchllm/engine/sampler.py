@@ -1,6 +1,8 @@
-"""Token sampling: logit bias, a structured output's token bitmask, greedy, temperature, top-k, top-p, min-p. Seeded sampling is the
-exponential race (argmax of probs / E, E ~ Exp(1)) with the uniform behind E a hash of (seed, output
-index, vocab id), so a request's tokens do not depend on its step's other requests or on recompute."""
+"""Token sampling: logit bias, min_tokens bans and penalties (engine/penalties.py), a structured
+output's token bitmask, greedy, temperature, top-k, top-p, min-p. Seeded sampling is the
+exponential race (argmax of probs / E, E ~ Exp(1)) with the uniform behind E a hash of (seed,
+output index, vocab id), so a request's tokens do not depend on its step's other requests or on
+recompute."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from batchllm.engine.penalties import PenaltyBatch, PenaltyTable
 from batchllm.engine.sampling_rows import SamplingRows
 from batchllm.ops.transfer import PinnedStaging, Upload, to_device
 from batchllm.sampling_params import GREEDY_TEMPERATURE, SamplingParams
@@ -110,6 +113,7 @@ class SamplingBatch:
     needs_min_p: bool
     max_logprobs: int | None  # None: no logprobs asked for
     logit_bias: LogitBias | None = None
+    penalties: PenaltyBatch | None = None  # None: no row has a penalty or a min_tokens ban
 
     @classmethod
     def build(cls, rows: SamplingRows | Sequence[tuple], device: torch.device,
@@ -139,6 +143,8 @@ class SamplingBatch:
             needs_min_p=bool((rows.min_p > 0.0).any()),
             max_logprobs=rows.max_logprobs,
             logit_bias=LogitBias.from_rows(rows.logit_bias_rows.tolist(), rows.logit_bias, device, upload),
+            penalties=(PenaltyBatch.build(rows.penalties, len(rows), device, upload)
+                       if rows.penalties is not None else None),
         )
 
 
@@ -168,21 +174,30 @@ def uniform_noise(seeds: torch.Tensor, output_index: torch.Tensor, vocab_size: i
     return (bits.to(torch.float64) + 0.5).div_(2.0**32).to(torch.float32)
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch, bitmask: TokenBitmask | None = None) -> SamplerOutput:
+def sample(logits: torch.Tensor, batch: SamplingBatch, bitmask: TokenBitmask | None = None,
+           penalty_table: PenaltyTable | None = None) -> SamplerOutput:
     """logits: [num_rows, vocab] float32 -> sampled token ids. bitmask: the tokens a structured
-    output allows on its rows, applied after the logit bias.
+    output allows on its rows, applied after the logit bias, min_tokens bans and penalties (in
+    vLLM's order). penalty_table: the runner's counts, needed when batch.penalties is set; the
+    sampled ids of the penalised rows are added to it.
 
-    Logprobs are those of the model's distribution (before logit bias, the bitmask, temperature
-    and the filters), as vLLM reports them by default. The top list holds the position's
+    Logprobs are those of the model's distribution (before logit bias, penalties, the bitmask,
+    temperature and the filters), as vLLM reports them by default. The top list holds the position's
     max_logprobs most likely tokens, whether or not the sampled token is among them."""
     logprobs_full = torch.log_softmax(logits, dim=-1) if batch.max_logprobs is not None else None
     if batch.logit_bias is not None:
         logits = batch.logit_bias.apply(logits)
+    if batch.penalties is not None:
+        if penalty_table is None:
+            raise ValueError("a step with penalties or min_tokens needs the runner's PenaltyTable")
+        logits = penalty_table.apply(logits, batch.penalties)
     if bitmask is not None:
         logits = bitmask.apply(logits)
     token_ids = logits.argmax(dim=-1)
     if not batch.all_greedy:
         token_ids = torch.where(batch.temperature == 0.0, token_ids, _sample_random(logits, batch))
+    if batch.penalties is not None:
+        penalty_table.count(batch.penalties, token_ids)
     if logprobs_full is None:
         return SamplerOutput(token_ids)
     chosen = logprobs_full.gather(1, token_ids[:, None])[:, 0]

@@ -13,6 +13,30 @@ NO_LOGPROBS = -1  # logprobs column: the row asked for none
 
 
 @dataclass(frozen=True, eq=False)
+class PenaltyRows:
+    """A step's penalised rows and min_tokens bans, for the device's count table
+    (engine/penalties.py). Rows without a penalty or a ban are in none of the arrays."""
+
+    rows: np.ndarray  # int64 [k]: rows with a presence, frequency or repetition penalty, ascending
+    slots: np.ndarray  # int64 [k]: their requests' rows of the count table
+    presence: np.ndarray  # float32 [k]
+    frequency: np.ndarray  # float32 [k]
+    repetition: np.ndarray  # float32 [k]
+    num_slots: int  # slots handed out so far: the table holds at least this many rows
+    new_slots: np.ndarray  # int64: slots first used this step (their counts and prompt marks start at zero)
+    prompt_slots: np.ndarray  # int64: with prompt_token_ids, the (slot, id) pairs of the new slots' prompts
+    prompt_token_ids: np.ndarray  # int64
+    ban_rows: np.ndarray  # int64: with ban_token_ids, (row, id) pairs that cannot be sampled (min_tokens)
+    ban_token_ids: np.ndarray  # int64
+
+    @property
+    def leading_rows(self) -> int:
+        """k when the penalised rows are 0 .. k - 1 (no gather and scatter needed), else -1."""
+        k = int(self.rows.shape[0])
+        return k if k and int(self.rows[-1]) == k - 1 else -1
+
+
+@dataclass(frozen=True, eq=False)
 class SamplingRows(Sequence[tuple]):
     """Row i is sampling_row(...)'s tuple (engine/sampler.py): (temperature, top_p, top_k, min_p,
     seed, output_index, logprobs, logit_bias); indexing gives that tuple."""
@@ -26,6 +50,7 @@ class SamplingRows(Sequence[tuple]):
     logprobs: np.ndarray  # int64, NO_LOGPROBS where none are asked for
     logit_bias_rows: np.ndarray  # int64: the rows with a logit bias, ascending
     logit_bias: tuple[tuple[tuple[int, float], ...], ...]  # their (token id, bias) pairs
+    penalties: PenaltyRows | None = None  # None: no row has a penalty or a min_tokens ban
 
     @classmethod
     def from_tuples(cls, rows: Sequence[tuple]) -> "SamplingRows":

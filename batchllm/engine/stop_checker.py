@@ -47,11 +47,18 @@ class StopChecker:
         self._num_searched_chars = 0  # final characters already searched without a match
 
     def check(self, output_token_ids: list[int]) -> str | None:
-        """output_token_ids ends with the new token. Returns "stop", "length" or None."""
-        if self._is_stop_token(output_token_ids[-1]):
+        """output_token_ids ends with the new token. Returns "stop", "length" or None. As in vLLM,
+        no stop token ends a request before min_tokens tokens, and a stop string only matches
+        text that ends after them."""
+        num_tokens, min_tokens = len(output_token_ids), self.params.min_tokens
+        if num_tokens >= min_tokens and self._is_stop_token(output_token_ids[-1]):
             return "stop"
-        if self._text is not None and self._find_stop_string(output_token_ids):
-            return "stop"
+        if self._text is not None:
+            if num_tokens > min_tokens:
+                if self._find_stop_string(output_token_ids):
+                    return "stop"
+            else:  # searched past: a later match must end after this text
+                self._num_searched_chars = self._text.text(output_token_ids)[1]
         if len(output_token_ids) >= self.max_tokens:
             return "length"
         return None

@@ -188,11 +188,12 @@ def _parse_sampling(body: dict, endpoint: str, echo: bool = False) -> SamplingPa
         kwargs["max_tokens"] = _integer(max_tokens, "max_tokens", -MAX_TOKEN_ID, MAX_TOKEN_ID)
     elif endpoint == "chat":
         kwargs["max_tokens"] = None  # OpenAI chat: up to the context length
-    for name in ("temperature", "top_p", "min_p", "logit_bias"):
+    for name in ("temperature", "top_p", "min_p", "logit_bias", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty"):
         if body.get(name) is not None:
             kwargs[name] = body[name]
     for name, low, high in (("top_k", -MAX_TOKEN_ID, MAX_TOKEN_ID), ("seed", -MAX_INT64 - 1, MAX_INT64),
-                            ("n", -MAX_TOKEN_ID, MAX_TOKEN_ID)):
+                            ("n", -MAX_TOKEN_ID, MAX_TOKEN_ID), ("min_tokens", -MAX_TOKEN_ID, MAX_TOKEN_ID)):
         if body.get(name) is not None:
             kwargs[name] = _integer(body[name], name, low, high)
     for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):

@@ -22,7 +22,7 @@ HONOURED_FIELDS = frozenset({
     "messages", "prompt", "prompt_token_ids", "max_tokens", "max_completion_tokens", "temperature", "top_p",
     "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "logprobs", "top_logprobs", "n",
     "include_stop_str_in_output", "logit_bias", "skip_special_tokens", "echo", "prompt_logprobs", "best_of",
-    "return_token_ids",
+    "return_token_ids", "frequency_penalty", "presence_penalty", "repetition_penalty", "min_tokens",
     # structured outputs (batchllm/io/structured_fields.py)
     "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
 })
@@ -30,7 +30,6 @@ HONOURED_FIELDS = frozenset({
 # name -> the values that ask for nothing (besides null). A per-endpoint dict where they differ.
 NO_OP_VALUES: dict[str, tuple | dict[str, tuple]] = {
     # sampling that is not implemented
-    "frequency_penalty": (0,), "presence_penalty": (0,), "repetition_penalty": (1,), "min_tokens": (0,),
     "use_beam_search": (False,), "length_penalty": (1,), "watermarking": (False,), "allowed_token_ids": (),
     "bad_words": ([],), "thinking_token_budget": (), "repetition_detection": (), "extra_args": ({},),
     "vllm_xargs": ({},), "logits_processors": ([],),

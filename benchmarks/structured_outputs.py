@@ -102,6 +102,9 @@ def run_engine(args) -> dict:
     best = {kind: max(result[f"{kind}_{r}"]["output_tokens_per_s"] for r in range(args.repeats))
             for kind in ("unconstrained", "json_schema")}
     result["ratio"] = round(best["json_schema"] / best["unconstrained"], 3)
+    runs = [result[f"{kind}_{r}"] for kind in ("unconstrained", "json_schema") for r in range(args.repeats)]
+    if len({run["output_tokens"] for run in runs}) > 1:  # an answer ended early (an error): not the same work
+        result["ratio"] = None
     return result
 
 

@@ -83,3 +83,14 @@ def test_extreme_logits_at_a_small_temperature_sample_a_finite_distribution():
     rows = [_row(temperature=1e-3, seed=s) for s in range(10)]
     out = sample(logits.expand(10, -1).contiguous(), SamplingBatch.build(rows, torch.device("cpu")))
     assert out.token_ids.tolist() == [2] * 10
+
+
+def test_a_token_of_probability_zero_is_never_sampled_when_its_noise_rounds_to_one():
+    # Seed 485's uniform for token 15203 at output index 0 rounds to 1.0 in float32 (its bits are
+    # within 128 of 2^32): its exponential was 0 and 0 / 0 made that filtered token win.
+    seed, token, vocab_size = 485, 15203, 50000
+    assert uniform_noise(torch.tensor([seed]), torch.tensor([0]), vocab_size)[0, token] < 1
+    logits = torch.zeros(1, vocab_size)
+    logits[0, 7] = 5.0  # the one token top_k=1 keeps
+    out = sample(logits, SamplingBatch.build([_row(top_k=1, seed=seed)], torch.device("cpu"))).token_ids
+    assert out.tolist() == [7]

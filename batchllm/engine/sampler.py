@@ -19,6 +19,7 @@ from batchllm.ops.transfer import PinnedStaging, Upload, to_device
 from batchllm.sampling_params import GREEDY_TEMPERATURE, SamplingParams
 
 _MASK32 = 0xFFFFFFFF
+_BELOW_ONE = 1.0 - 2.0**-24  # the largest float32 below 1
 
 
 def sampling_row(params: SamplingParams, seed: int, output_index: int) -> tuple:
@@ -167,11 +168,14 @@ def _fmix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def uniform_noise(seeds: torch.Tensor, output_index: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """u in (0, 1): [num_rows, vocab_size] float32, a pure function of (seed, index, vocab id)."""
+    """u in (0, 1): [num_rows, vocab_size] float32, a pure function of (seed, index, vocab id).
+    The float32 cast rounds the top 2^-25 of the range to 1.0, whose exponential -log(u) is 0: a
+    token of probability 0 (masked, filtered) would then win the race as 0 / 0 = NaN, so u stops at
+    the largest float32 below 1."""
     row_key = _fmix32((_fmix32(seeds) ^ (output_index * 0x9E3779B1 & _MASK32)) & _MASK32)  # [num_rows]
     vocab = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
     bits = _fmix32((row_key[:, None] ^ _fmix32(vocab + 0x632BE5AB)[None, :]) & _MASK32)
-    return (bits.to(torch.float64) + 0.5).div_(2.0**32).to(torch.float32)
+    return (bits.to(torch.float64) + 0.5).div_(2.0**32).to(torch.float32).clamp_(max=_BELOW_ONE)
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch, bitmask: TokenBitmask | None = None,

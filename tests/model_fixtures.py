@@ -89,6 +89,17 @@ def hf_default_model():
     return model.eval()
 
 
+def hf_prompt_token_ids(llm, completions: list[str], chats: list[list[dict]]) -> list[list[int]]:
+    """Prompt ids from transformers' own tokenizer calls (the GGUF's AutoTokenizer, as loaded for
+    the engine: loading it again costs seconds), not from the engine's encode_* methods."""
+    tokenizer = llm.engine.tokenizer.hf
+    ids = [tokenizer(text).input_ids for text in completions]
+    for messages in chats:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids.append(tokenizer(text, add_special_tokens=False).input_ids)
+    return ids
+
+
 @contextmanager
 def _settings_restored(engine):
     """Afterwards, put back every attribute of engine that the test rebound (scheduler config,

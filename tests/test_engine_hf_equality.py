@@ -10,6 +10,8 @@ import torch
 
 from batchllm import SamplingParams
 
+from model_fixtures import hf_prompt_token_ids
+
 pytest_plugins = ["model_fixtures"]
 
 DOCUMENT = (
@@ -37,14 +39,7 @@ MAX_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def prompt_token_ids(session_default_llm):
-    # transformers' AutoTokenizer of the GGUF, as loaded for the engine (loading it again costs
-    # seconds); the ids come from HF's own calls, not from the engine's encode_* methods.
-    tokenizer = session_default_llm.engine.tokenizer.hf
-    ids = [tokenizer(text).input_ids for text in COMPLETIONS]
-    for messages in CHATS:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        ids.append(tokenizer(text, add_special_tokens=False).input_ids)
-    return ids
+    return hf_prompt_token_ids(session_default_llm, COMPLETIONS, CHATS)
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,8 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from batchllm import SamplingParams
 
+from model_fixtures import hf_prompt_token_ids
+
 pytest_plugins = ["model_fixtures"]
 
 DOCUMENT = ("The Great Barrier Reef is the world's largest coral reef system, composed of over 2,900 individual "
@@ -43,12 +45,7 @@ class OpenAIPenalties(LogitsProcessor):
 
 @pytest.fixture(scope="module")
 def prompt_token_ids(session_default_llm):
-    tokenizer = session_default_llm.engine.tokenizer.hf
-    ids = [tokenizer(text).input_ids for text in COMPLETIONS]
-    for messages in CHATS:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        ids.append(tokenizer(text, add_special_tokens=False).input_ids)
-    return ids
+    return hf_prompt_token_ids(session_default_llm, COMPLETIONS, CHATS)
 
 
 def _hf_generate(hf_model, ids, eos_token_ids, presence, frequency, repetition, min_tokens):

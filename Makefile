@@ -33,6 +33,7 @@ $(UPSTREAM)/.vllm-$(VLLM_VERSION): $(BIN)/.installed
 install: $(BIN)/.installed $(UPSTREAM)/.vllm-$(VLLM_VERSION)
 
 run: $(BIN)/.installed
+	mkdir -p results
 	$(BIN)/batchllm run examples/batch.jsonl -o results/batch_output.jsonl --overwrite
 
 # The test suite also runs the Ray data-parallel path: the ray extra (pinned in pyproject.toml).

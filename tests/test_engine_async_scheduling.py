@@ -176,9 +176,9 @@ def test_run_options_reach_the_runner(tiny_engine, monkeypatch):
     calls = []
     execute = tiny_engine.runner.execute
 
-    def spy(output, rows, allow_graph=True, constraint=None):
+    def spy(output, rows, allow_graph=True, **kwargs):
         calls.append(allow_graph)
-        return execute(output, rows, allow_graph=allow_graph, constraint=constraint)
+        return execute(output, rows, allow_graph=allow_graph, **kwargs)
 
     monkeypatch.setattr(tiny_engine.runner, "execute", spy)
     requests = _requests(4, {})

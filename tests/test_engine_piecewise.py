@@ -90,9 +90,9 @@ def _record_steps(engine) -> list:
     """The (SchedulerOutput, sampling rows) of every step of an eager run of _requests()."""
     steps, execute = [], engine.runner.execute
 
-    def recording(output, rows, allow_graph=True, constraint=None):
+    def recording(output, rows, allow_graph=True, **kwargs):
         steps.append((output, rows))
-        return execute(output, rows, allow_graph, constraint)
+        return execute(output, rows, allow_graph, **kwargs)
 
     engine.runner.execute = recording
     try:

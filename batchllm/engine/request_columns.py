@@ -38,6 +38,7 @@ class RequestColumns:
         self.finished = np.zeros(num, dtype=bool)
         self.needs_python = np.zeros(num, dtype=bool)
         self.constrained = np.zeros(num, dtype=bool)  # a structured output: its grammar masks its rows
+        self.wants_prompt_logprobs = np.zeros(num, dtype=bool)  # its prompt rows are scored too
         self.stop_on_eos = np.zeros(num, dtype=bool)
         eos = self.states[0].stop.eos_token_ids if self.states else frozenset()
         self.eos_token_ids = np.array(sorted(eos), dtype=np.int64)
@@ -50,6 +51,7 @@ class RequestColumns:
             self.num_read[i] = len(state.output_token_ids)
             self.stop_on_eos[i] = not params.ignore_eos
             self.constrained[i] = state.grammar is not None
+            self.wants_prompt_logprobs[i] = state.prompt_logprobs is not None
             self.needs_python[i] = bool(state.logprobs is not None or params.stop or params.stop_token_ids
                                         or state.grammar is not None
                                         or state.stop.eos_token_ids != eos or type(state.stop) is not StopChecker)

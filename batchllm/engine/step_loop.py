@@ -1,7 +1,7 @@
 """The engine's one step loop: schedule -> launch -> read the sampled tokens -> update, at depth 0
 (synchronous) or 1 (asynchronous scheduling): docs/design.md, "The step loop". A step's sampled
 rows are read and checked as arrays (RequestColumns); Python runs per token only for the requests
-that need it (stop strings, stop token ids, logprobs)."""
+that need it (stop strings, stop token ids, logprobs, a structured output's grammar)."""
 
 from __future__ import annotations
 
@@ -58,13 +58,10 @@ class StepLoop:
     bitmask_filler: TokenBitmaskFiller | None = None  # set when a request has a structured output
     _last_completed_s: float = 0.0
     _columns: RequestColumns | None = None
-    _wants_prompt_logprobs: np.ndarray | None = None  # per column: the request asks for prompt logprobs
 
     def run(self) -> Iterator[FinishedOutput]:
         """Yields each request as it finishes."""
         self._columns = RequestColumns(self.states)
-        self._wants_prompt_logprobs = np.array([state.prompt_logprobs is not None for state in self._columns.states],
-                                               dtype=bool)
         inflight: deque[_Step] = deque()
         self._last_completed_s = time.perf_counter()
         while self.scheduler.has_unfinished() or inflight:
@@ -97,21 +94,20 @@ class StepLoop:
             constraint = GrammarConstraint(columns, constrained, index[constrained], index.shape[0],
                                            self.bitmask_filler, partial(self._read_all, inflight))
         prompt_rows, prompt_places = self._prompt_logprob_rows(chunks)
-        extra = {"prompt_logprobs": prompt_rows} if prompt_rows is not None else {}  # (runners that never see them)
         result = self.runner.execute(output, columns.sampling_rows(index, output_index), allow_graph=self.allow_graph,
-                                     constraint=constraint, **extra)
+                                     constraint=constraint, prompt_logprobs=prompt_rows)
         return _Step(output, result, scheduled - started, time.perf_counter() - scheduled, index, output_index,
                      prompt_places)
 
     def _prompt_logprob_rows(self, chunks) -> tuple[PromptLogprobRows | None, list[tuple[int, int, int]]]:
         """The step's rows whose logits score a prompt token of a request that asks for prompt
         logprobs: a row at position p scores prompt token p + 1 (the last prompt row samples)."""
-        if not self._wants_prompt_logprobs.any():
-            return None, []
         columns = self._columns
+        if not columns.wants_prompt_logprobs.any():
+            return None, []
         own = np.flatnonzero(~chunks.is_prefix)  # such requests are never in a shared prefix (PreparedRequest)
         index = columns.index_of(chunks.seq_ids[own])
-        asking = np.flatnonzero(self._wants_prompt_logprobs[index] & ~columns.finished[index])
+        asking = np.flatnonzero(columns.wants_prompt_logprobs[index] & ~columns.finished[index])
         if not asking.size:
             return None, []
         row_starts = np.concatenate(([0], np.cumsum(chunks.num_tokens)[:-1]))

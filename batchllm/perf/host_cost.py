@@ -76,7 +76,7 @@ class _FakeRunner:
         num_heads, num_kv_heads, head_dim = LLAMA_HEADS
         self.decode_tile = decode_tile_config(head_dim, num_heads // num_kv_heads, interpret=False)
 
-    def execute(self, output, sampling_rows, allow_graph: bool = True, constraint=None):
+    def execute(self, output, sampling_rows, allow_graph: bool = True, constraint=None, prompt_logprobs=None):
         import torch
 
         from batchllm.attention_plan.work_list import build_prefix_shared_plan

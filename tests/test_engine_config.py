@@ -146,3 +146,18 @@ def test_bench_refuses_an_engine_it_cannot_build_before_loading(capsys, tmp_path
                  "--output-tokens", "2", "--out", str(tmp_path / "r.json"), *options])
     assert (code, capsys.readouterr().err.splitlines()) == (2, [message])
     assert not list(tmp_path.iterdir())
+
+
+def test_llm_takes_engine_config_options_with_the_same_defaults():
+    # LLM(...) spells out engine_config's options for its signature; their defaults must agree.
+    import inspect
+
+    from batchllm.config import engine_config
+    from batchllm.llm import LLM
+
+    built = inspect.signature(engine_config).parameters
+    for name, parameter in inspect.signature(LLM.__init__).parameters.items():
+        if name in ("self",):
+            continue
+        assert name in built, name
+        assert parameter.default == built[name].default, name

@@ -318,7 +318,7 @@ def test_float16_mmas_scale_the_query_tile_into_range(device, magnitude):
 
     heads = (8, 2, 32)
     tile = decode_tile_config(32, 4, kv_fp8=True)
-    assert tile.fp8_conversion == "float16_ptx"
+    assert tile.fp8_conversion == "float16_ptx_v"
     b = make_batch(DECODE, num_heads=8, num_kv_heads=2, head_dim=32, block_size=16, device=device)
     b.query.mul_(magnitude)
     k8, v8 = _fp8_caches(b)
@@ -330,17 +330,18 @@ def test_float16_mmas_scale_the_query_tile_into_range(device, magnitude):
 
 def test_fp8_decode_row_on_the_gpu_table():
     """A float8_e4m3fn cache's decode tiles: the bf16 row's, with SMALL steps of 128 positions
-    (the bytes of the bf16 row's 64) and split-KV pieces of at least 1024, float16 MMAs converted
-    by PTX, and 3 programs of 4 warps and 168 registers per SM (values written out)."""
+    (the bytes of the bf16 row's 64) and split-KV pieces of at least 1024, float16 MMAs with V
+    converted by PTX, 3 stages, and 3 programs of 4 warps and 168 registers per SM (values
+    written out)."""
     from batchllm.attention_plan.tile_config import decode_tile_config
 
     bf16 = decode_tile_config(128, 4, interpret=False)
     fp8 = decode_tile_config(128, 4, interpret=False, kv_fp8=True)
     assert fp8 == replace(bf16, small_n=128, min_kv_split_tokens=1024, small_max_registers=168,
-                          graph_programs_per_sm=3, fp8_conversion="float16_ptx")
+                          graph_programs_per_sm=3, small_num_stages=3, fp8_conversion="float16_ptx_v")
     assert (bf16.small_n, bf16.small_max_registers, bf16.fp8_conversion, bf16.graph_programs_per_sm) == (
         64, None, "query", 4)
-    assert decode_tile_config(64, 3, interpret=True, kv_fp8=True).fp8_conversion == "float16_ptx"  # the CPU tests' row
+    assert decode_tile_config(64, 3, interpret=True, kv_fp8=True).fp8_conversion == "float16_ptx_v"  # the CPU tests' row
 
 
 def test_decode_rows_fit_their_programs_per_sm():

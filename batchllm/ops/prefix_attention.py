@@ -76,7 +76,7 @@ def launch_arguments(work, query, k_cache, v_cache, plan, out, part_out, part_ls
         PAGE=plan.block_size, WORK_FIELDS=WORK_FIELDS, SMALL_M=small[0], SMALL_N=small[1], BIG_M=big[0],
         BIG_N=big[1], DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", CLASSES=classes,
         PERSISTENT=persistent, KV_FP8=kv_fp8, FP8_AS_F16=kv_fp8 and tile.fp8_conversion != "query",
-        FP8_PTX=kv_fp8 and tile.fp8_conversion == "float16_ptx" and query.is_cuda,  # (the interpreter runs no PTX)
+        FP8_PTX=kv_fp8 and tile.fp8_conversion == "float16_ptx_v" and query.is_cuda,  # (the interpreter runs no PTX)
         WINDOWED=bool(window), num_warps=num_warps, num_stages=num_stages, maxnreg=max_registers,
     )
     return args, constants

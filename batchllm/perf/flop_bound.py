@@ -10,9 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 H200_BF16_PEAK_FLOPS = 790e12  # a bf16 8192^3 matmul in PyTorch on an H200 ran at 780-810 TFLOP/s
-# An 8192^3 FP8 torch._scaled_mm (e4m3, row-wise scales, bf16 output, as the engine's FP8 GEMMs
-# run) on an H200: median 1232.6 TFLOP/s over 5 repeats, 1203.7-1440.7 (benchmarks/gemm_peak.py)
-H200_FP8_PEAK_FLOPS = 1232.6e12
+# An 8192^3 FP8 torch._scaled_mm (e4m3, row-wise scales, bf16 output, fast accumulation, as the
+# engine's FP8 GEMMs run) on an H200: median 1338.1 TFLOP/s over 5 repeats, 1327.5-1359.0
+# (benchmarks/gemm_peak.py)
+H200_FP8_PEAK_FLOPS = 1338.1e12
 
 
 def peak_flops_for(quantization: str | None) -> float:

@@ -180,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", default="batchllm")
     parser.add_argument("--kv-cache-tokens", type=int, default=None)
     parser.add_argument("--quantization", default=None, choices=["fp8"], help="FP8 linear layers")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"], help="fp8: an FP8 KV cache")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="the token budget per step")
     parser.add_argument("--windows", default="40:44,100:104,150:154,230:234",
                         help="gpu: step windows to profile (step indices, end excluded)")
     parser.add_argument("--top", type=int, default=25, help="host: functions listed by own time")
@@ -189,12 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     from batchllm import LLM, SamplingParams
 
     llm = LLM(model=args.model, policy=args.policy, kv_cache_tokens=args.kv_cache_tokens,
-              quantization=args.quantization)
+              quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+              max_num_batched_tokens=args.max_num_batched_tokens)
     workload = make_workload(args.workload, args.requests, args.output_tokens, llm.engine.arch.vocab_size, 0)
     prompts = [p.tolist() for p in workload.prompts]
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in workload.max_tokens]
     result = {"git_commit": git_commit(), "date": datetime.date.today().isoformat(), "model": args.model,
-              "quantization": args.quantization, "workload": args.workload, "requests": len(prompts),
+              "quantization": args.quantization,
+              "kv_cache_dtype": args.kv_cache_dtype, "max_num_batched_tokens": args.max_num_batched_tokens, "workload": args.workload, "requests": len(prompts),
               "policy": args.policy}
     (run_gpu if args.mode == "gpu" else run_host)(args, llm, prompts, params, result)
     print(json.dumps(result, indent=1), flush=True)

@@ -37,8 +37,9 @@ class TileConfig:
     # How an FP8 cache's tiles reach the MMAs (ops/attention_kernels.py): "query", converted to the
     # query dtype; "float16", to float16 (FP8_AS_F16), by Triton's conversion, which Triton moves
     # after the tile's shared-memory load in the MMA operand layout (single-byte loads for V);
-    # "float16_ptx_v", K so and V by one PTX instruction per two values right after its load
-    # (FP8_PTX, on a GPU), so that V's operand comes from float16 in shared memory through ldmatrix
+    # "float16_ptx_v", to float16, K by Triton's conversion and V by one PTX instruction per two
+    # values right after its load (FP8_PTX, on a GPU), so that V's operand comes from float16 in
+    # shared memory through ldmatrix
     fp8_conversion: str = "query"
     # A segment of at least this many query rows runs the KV range that all its rows see whole
     # (a group's prefix for its members, the context before a prefill chunk) as one dense

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
+
+from batchllm.perf.result_files import report_result
 
 PENALTIES = {"presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1}
 
@@ -79,11 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
     engine.add_argument("--out", default=None, metavar="FILE.json")
     args = parser.parse_args(argv)
     result = run_engine(args)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as handle:
-            handle.write(text + "\n")
+    report_result(result, args.out)
     return result
 
 

@@ -23,8 +23,9 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import dataclasses
-import json
 import time
+
+from batchllm.perf.result_files import report_result
 
 # Objects of a few typed fields in an array no answer finishes within the benchmark's tokens.
 BENCH_SCHEMA = {"type": "object", "properties": {"records": {"type": "array", "minItems": 1000, "items": {
@@ -168,11 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
         mode.add_argument("--out", default=None, metavar="FILE.json")
     args = parser.parse_args(argv)
     result = run_engine(args) if args.mode == "engine" else run_matcher(args)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as handle:
-            handle.write(text + "\n")
+    report_result(result, args.out)
     return result
 
 

@@ -86,3 +86,16 @@ def test_git_commit_names_a_tree_that_differs_from_its_commit_dirty(tmp_path):
     assert runner.git_commit(str(tmp_path)) == head
     (tmp_path / "a.py").write_text("x = 2\n")
     assert runner.git_commit(str(tmp_path)) == head + "-dirty"
+
+
+def test_report_result_prints_the_json_and_writes_it_only_when_asked(tmp_path, capsys):
+    from batchllm.perf.result_files import report_result
+
+    result = {"ratio": 0.999, "runs": [1, 2]}
+    out = tmp_path / "sub" / "r.json"
+    report_result(result, str(out))
+    assert json.loads(capsys.readouterr().out) == result
+    assert json.loads(out.read_text()) == result and out.read_text().endswith("\n")
+    report_result(result, None)
+    assert json.loads(capsys.readouterr().out) == result
+    assert sorted(p.name for p in out.parent.iterdir()) == ["r.json"]  # no partial file left

@@ -27,6 +27,14 @@ class ResultFiles:
             _replace(self.markdown_path, render_markdown(result))
 
 
+def report_result(result: dict, out_path: str | None) -> None:
+    """A one-shot benchmark's result: printed as JSON, and written to out_path when given."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if out_path:
+        _replace(out_path, text + "\n")
+
+
 def _replace(path: str, text: str) -> None:
     """Write next to `path`, then rename over it: a reader never sees half a file."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

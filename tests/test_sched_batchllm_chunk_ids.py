@@ -1,0 +1,55 @@
+"""The batchllm policy's prompt chunks carry the request's own ids at their positions (prompt, then
+the outputs read), recomputes after preemption included: the pinned schedule digests do not hash
+token ids."""
+
+from __future__ import annotations
+
+import random
+
+from batchllm.sched.config import SchedulerConfig
+from batchllm.sched.factory import make_scheduler
+from batchllm.sched.interface import SchedRequest
+from batchllm.sched.simulator import fake_token
+
+
+def _requests(seed: int) -> list[SchedRequest]:
+    """Lone requests (some not sharing) mixed with groups sharing a prefix, random lengths."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(1, 5000) for _ in range(rng.randrange(20, 60))] for _ in range(3)]
+    requests = []
+    for request_id in range(120):
+        kind = rng.randrange(4)
+        own = [rng.randrange(1, 5000) for _ in range(rng.randrange(1, 90))]
+        prompt = own if kind < 2 else prefixes[kind - 2] + own
+        requests.append(SchedRequest(request_id, prompt, rng.randrange(1, 40), share_prefix=kind != 0))
+    return requests
+
+
+def test_chunk_ids_are_the_requests_positions_under_preemption():
+    for seed, num_kv_blocks, reserve in ((0, 4000, 1.0), (1, 60, 0.0), (2, 90, 0.0)):
+        requests = _requests(seed)
+        by_id = {request.request_id: request for request in requests}
+        config = SchedulerConfig(policy="batchllm", num_kv_blocks=num_kv_blocks, block_size=16,
+                                 max_num_batched_tokens=512, decode_reserve_ratio=reserve)
+        scheduler = make_scheduler(config)
+        scheduler.add_requests(requests)
+        num_checked = num_preempted = 0
+        while scheduler.has_unfinished():
+            output = scheduler.schedule()
+            num_preempted += len(output.preempted_request_ids)
+            reasons = {}
+            for chunk in output.chunks:
+                if chunk.is_prefix:
+                    continue
+                request = by_id[chunk.seq_id]
+                if chunk.token_ids:
+                    ids = request.prompt_token_ids + request.output_token_ids
+                    assert list(chunk.token_ids) == ids[chunk.start_position:chunk.kv_len]
+                    num_checked += 1
+                if chunk.sample:
+                    request.output_token_ids.append(fake_token(chunk.seq_id, len(request.output_token_ids)))
+                    if len(request.output_token_ids) == request.max_tokens:
+                        reasons[chunk.seq_id] = "length"
+            scheduler.update(output, reasons)
+        assert num_checked > len(requests)
+        assert num_preempted > 0 or reserve == 1.0

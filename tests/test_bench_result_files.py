@@ -64,11 +64,13 @@ def test_the_command_keeps_the_first_row_when_interrupted(tmp_path, monkeypatch)
     assert "| micro:32:8:2 | batchllm |" in (tmp_path / "r.md").read_text()
 
 
-def test_git_commit_names_a_tree_that_differs_from_its_commit_dirty(tmp_path):
+def test_git_commit_names_a_tree_that_differs_from_its_commit_dirty(tmp_path, monkeypatch):
     """A row's commit is the checkout's short hash, with "-dirty" when tracked files were changed
     (a run on a copied tree must not name a commit its code was not); untracked files do not
     count, and outside git there is none."""
     import subprocess
+
+    monkeypatch.delenv(runner.GIT_COMMIT_ENV, raising=False)
 
     def git(*args):
         return subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
@@ -86,6 +88,15 @@ def test_git_commit_names_a_tree_that_differs_from_its_commit_dirty(tmp_path):
     assert runner.git_commit(str(tmp_path)) == head
     (tmp_path / "a.py").write_text("x = 2\n")
     assert runner.git_commit(str(tmp_path)) == head + "-dirty"
+
+
+def test_git_commit_takes_the_commit_the_environment_names(tmp_path, monkeypatch):
+    """A copied tree whose git metadata is stale names its commit through the environment, in
+    every benchmark that records one; a blank value is no name."""
+    monkeypatch.setenv(runner.GIT_COMMIT_ENV, "abc1234")
+    assert runner.git_commit(str(tmp_path)) == "abc1234"
+    monkeypatch.setenv(runner.GIT_COMMIT_ENV, " ")
+    assert runner.git_commit(str(tmp_path)) is None  # tmp_path is not a checkout
 
 
 def test_report_result_prints_the_json_and_writes_it_only_when_asked(tmp_path, capsys):

@@ -122,8 +122,8 @@ def add_parser(subparsers) -> None:
                         help="write each run's step trace (batchllm plot input) and one timeline PNG per "
                              "workload with every policy's panel into DIR")
     parser.add_argument("--git-commit", default=None,
-                        help="commit id to record (default: the checkout's short hash, with -dirty when "
-                             "tracked files were changed)")
+                        help="commit id to record (default: $BATCHLLM_GIT_COMMIT, else the checkout's short "
+                             "hash, with -dirty when tracked files were changed)")
     parser.add_argument("--no-warm-pass", dest="warm_pass", action="store_false",
                         help="skip the untimed pass of the first policy over each workload (by default it "
                              "runs before the workload's timed policies, so one-time costs such as the CUDA "

@@ -109,10 +109,17 @@ def engine_tags(engine) -> dict:
             "kv_cache_tokens": engine.num_kv_tokens}
 
 
+GIT_COMMIT_ENV = "BATCHLLM_GIT_COMMIT"
+
+
 def git_commit(directory: str | None = None) -> str | None:
     """Short commit of the checkout holding this package (or `directory`), with "-dirty" when
     tracked files differ from it, so a row never names a commit its code was not; None outside
-    git."""
+    git. $BATCHLLM_GIT_COMMIT, when set, names it instead: for a copy of a checkout whose git
+    metadata is not the tree's own."""
+    named = os.environ.get(GIT_COMMIT_ENV, "").strip()
+    if named:
+        return named
     if directory is None:
         directory = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

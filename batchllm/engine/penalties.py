@@ -16,7 +16,7 @@ import torch
 
 from batchllm.engine.sampling_rows import PenaltyRows
 from batchllm.ops.penalty_kernels import penalize_rows
-from batchllm.ops.transfer import Upload, to_device
+from batchllm.ops.transfer import Upload, upload_arrays
 
 COUNT_MAX = torch.iinfo(torch.int16).max  # a count stays here once reached
 
@@ -66,10 +66,8 @@ class PenaltyBatch:
                           prompt_token_ids=rows.prompt_token_ids)
         if rows.ban_rows.size:
             arrays.update(ban_rows=rows.ban_rows, ban_token_ids=rows.ban_token_ids)
-        if upload is not None:
-            on_device = upload({name: np.ascontiguousarray(array) for name, array in arrays.items()})
-        else:
-            on_device = {name: to_device(np.ascontiguousarray(array), device) for name, array in arrays.items()}
+        arrays = {name: np.ascontiguousarray(array) for name, array in arrays.items()}
+        on_device = upload(arrays) if upload is not None else upload_arrays(arrays, device)
         return cls(on_device["rows"], on_device["slots"], on_device["presence"], on_device["frequency"],
                    on_device["repetition"], rows.leading_rows, on_device["penalty_index"], rows.num_slots,
                    on_device.get("new_slots"), on_device.get("prompt_slots"), on_device.get("prompt_token_ids"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from batchllm.sched.config import SchedulerConfig
+from batchllm.sched.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, SchedulerConfig
 
 ATTENTION_BACKENDS = ("auto", "reference", "torch", "triton", "fused")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -153,7 +153,7 @@ def engine_config(
     gpu_memory_utilization: float = 0.90,
     policy: str = "batchllm",
     block_size: int = 16,
-    max_num_batched_tokens: int = 2048,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     max_num_seqs: int | None = None,
     attention_backend: str = "auto",
     seed: int = 0,

@@ -13,6 +13,7 @@ from batchllm.engine.samples import SampleSplit
 from batchllm.engines import build_engine
 from batchllm.job.progress import Progress
 from batchllm.outputs import CompletionOutput, RequestOutput
+from batchllm.sched.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from batchllm.sampling_params import SamplingParams
 
 
@@ -37,7 +38,7 @@ class LLM:
         gpu_memory_utilization: float = 0.90,
         policy: str = "batchllm",
         block_size: int = 16,
-        max_num_batched_tokens: int = 2048,
+        max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
         max_num_seqs: int | None = None,
         attention_backend: str = "auto",
         seed: int = 0,

@@ -32,7 +32,7 @@ from batchllm.perf.roofline import (H200_COPY_BANDWIDTH_BYTES_PER_S, TrafficMode
 from batchllm.perf.schedule_replay import replay_schedule
 from batchllm.perf.workload import make_workload, split_workload_spec
 from batchllm.models.presets import PRESETS
-from batchllm.sched.config import SchedulerConfig
+from batchllm.sched.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, SchedulerConfig
 
 WORKLOADS = ("micro:2000:200:16#1024", "industrial#2000", "micro:2000:1000:4#1024", "micro:16000:200:16#512")
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-cache-tokens", type=int, default=500_000)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--output-tokens", type=int, default=100)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
     parser.add_argument("--gemm-tflops", type=float, default=692.0,
                         help="the rate bf16 GEMMs sustain (TFLOP/s; default: measured on an H200)")
     parser.add_argument("--out", default=None, help="write the rows here (JSON)")

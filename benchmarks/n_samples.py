@@ -17,6 +17,8 @@ import time
 
 import numpy as np
 
+from batchllm.sched.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
+
 
 def run_once(llm, prompts: list[list[int]], n: int, output_tokens: int) -> dict:
     from batchllm.sampling_params import SamplingParams
@@ -41,6 +43,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--kv-cache-tokens", type=int, default=None)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
     parser.add_argument("--quantization", default=None)
     parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--device", default="auto")
@@ -50,7 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
     from batchllm.llm import LLM
 
     llm = LLM(args.model, kv_cache_tokens=args.kv_cache_tokens, quantization=args.quantization,
-              kv_cache_dtype=args.kv_cache_dtype, device=args.device)
+              kv_cache_dtype=args.kv_cache_dtype, device=args.device, max_num_batched_tokens=args.max_num_batched_tokens)
     vocab_size = llm.engine.arch.vocab_size
     rng = np.random.default_rng(0)
     prompts = rng.integers(10, vocab_size, size=(args.requests, args.prompt_tokens)).tolist()

@@ -16,6 +16,7 @@ import dataclasses
 import time
 
 from batchllm.perf.result_files import report_result
+from batchllm.sched.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 PENALTIES = {"presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1}
 
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
     engine.add_argument("--repeats", type=int, default=2, help="runs of each kind, alternating (the best counts)")
     engine.add_argument("--dtype", default="auto")
     engine.add_argument("--kv-cache-tokens", type=int, default=None)
-    engine.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    engine.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
     engine.add_argument("--device", default="auto")
     engine.add_argument("--temperature", type=float, default=1.0)
     engine.add_argument("--seed", type=int, default=0)

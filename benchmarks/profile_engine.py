@@ -26,6 +26,7 @@ import time
 
 from batchllm.perf.runner import git_commit
 from batchllm.perf.workload import make_workload
+from batchllm.sched.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 CATEGORIES = (  # (category, substrings of kernel names), first match wins
     # the fused work-list launch, its merge, and the dense calls' cuDNN kernels (whose names
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-cache-tokens", type=int, default=None)
     parser.add_argument("--quantization", default=None, choices=["fp8"], help="FP8 linear layers")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"], help="fp8: an FP8 KV cache")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="the token budget per step")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS, help="the token budget per step")
     parser.add_argument("--windows", default="40:44,100:104,150:154,230:234",
                         help="gpu: step windows to profile (step indices, end excluded)")
     parser.add_argument("--top", type=int, default=25, help="host: functions listed by own time")

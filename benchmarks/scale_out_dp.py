@@ -44,6 +44,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
+from batchllm.sched.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
+
 DEFAULT_MODEL = "random:llama-3.1-8b"
 DEFAULT_REQUESTS = 512  # of a workload without "#N"
 WARMUP_REQUESTS = 8  # as each policy's warm-up in `batchllm bench`
@@ -62,6 +64,7 @@ class Settings:
     output_num_tokens: int  # per request
     num_replicas: int
     kv_cache_tokens: int | None  # None: fill free memory
+    max_num_batched_tokens: int
     out: str | None
     check_shards: bool = False
 
@@ -216,7 +219,8 @@ def engine_config(settings: Settings):
     """The engine `batchllm bench` loads (perf/runner.load_llm) for these settings."""
     from batchllm.config import engine_config as build_config
 
-    return build_config(settings.model, kv_cache_tokens=settings.kv_cache_tokens)
+    return build_config(settings.model, kv_cache_tokens=settings.kv_cache_tokens,
+                        max_num_batched_tokens=settings.max_num_batched_tokens)
 
 
 def run_shards_alone(engine, requests: list, num_replicas: int) -> dict[int, list[int]]:
@@ -341,6 +345,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--replicas", type=int, default=2, help="Ray replicas, one GPU each (default 2)")
     parser.add_argument("--kv-cache-tokens", type=int, default=None,
                         help="KV cache of every engine in tokens (default: free GPU memory)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                        help=f"token budget per step of every engine (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
     parser.add_argument("--out", default=None, metavar="FILE.jsonl", help="also append the rows here")
     parser.add_argument("--check-shards", action="store_true",
                         help="also run each replica's shard alone on the one-device engine (untimed) and compare "
@@ -374,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     settings = Settings(model=args.model, workloads=tuple(args.workload or [DEFAULT_WORKLOAD]),
                         output_num_tokens=args.output_tokens, num_replicas=args.replicas,
-                        kv_cache_tokens=args.kv_cache_tokens, out=args.out, check_shards=args.check_shards)
+                        kv_cache_tokens=args.kv_cache_tokens, max_num_batched_tokens=args.max_num_batched_tokens,
+                        out=args.out, check_shards=args.check_shards)
     try:
         run_benchmark(settings, log=lambda text: print(text, file=sys.stderr, flush=True))
     except BenchError as error:

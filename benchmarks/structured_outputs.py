@@ -26,6 +26,7 @@ import dataclasses
 import time
 
 from batchllm.perf.result_files import report_result
+from batchllm.sched.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 # Objects of a few typed fields in an array no answer finishes within the benchmark's tokens.
 BENCH_SCHEMA = {"type": "object", "properties": {"records": {"type": "array", "minItems": 1000, "items": {
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> dict:
     engine.add_argument("--device", default="auto")
     engine.add_argument("--dtype", default="auto")
     engine.add_argument("--kv-cache-tokens", type=int, default=None)
-    engine.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    engine.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
     matcher = modes.add_parser("matcher", help="host microseconds per constrained row")
     matcher.add_argument("--vocab-size", type=int, default=128256)
     matcher.add_argument("--rows", type=int, default=1024)

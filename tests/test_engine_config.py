@@ -161,3 +161,15 @@ def test_llm_takes_engine_config_options_with_the_same_defaults():
             continue
         assert name in built, name
         assert parameter.default == built[name].default, name
+
+
+@pytest.mark.parametrize("argv", [["run", "in.jsonl", "-o", "out.jsonl"], ["bench"], ["simulate", "in.jsonl"]])
+def test_every_command_defaults_to_the_one_token_budget(argv):
+    # The step's token budget has one default (measured: BENCHMARKS.md, "Token budget"); the
+    # commands, LLM(...) and the configuration tree all take it from there.
+    from batchllm.cli.main import build_parser
+    from batchllm.sched.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
+
+    assert build_parser().parse_args(argv).max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS
+    assert engine_config().scheduler.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS
+    assert SchedulerConfig().max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS == 8192

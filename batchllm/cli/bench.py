@@ -8,6 +8,7 @@ import sys
 from batchllm.perf.engine_variants import KV_CACHE_DTYPE_CHOICES, NO_QUANTIZATION, QUANTIZATION_CHOICES
 from batchllm.perf.flop_bound import H200_BF16_PEAK_FLOPS, H200_FP8_PEAK_FLOPS
 from batchllm.perf.roofline import H200_COPY_BANDWIDTH_BYTES_PER_S
+from batchllm.sched.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 DEFAULT_GPU_MODEL = "random:llama-3.1-8b"
 CPU_SMOKE_MODEL = "random:tiny?vocab_size=32000"
@@ -94,7 +95,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--policies", default="batchllm,vllm,sglang",
                         help="comma list (default batchllm,vllm,sglang); NAME@TOKENS or NAME@SEQS/TOKENS sets the "
                              "budget; suffix +eager (no CUDA graphs) or +sync (no asynchronous scheduling)")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step (default 2048)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                        help=f"token budget per step (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
     parser.add_argument("--attention-backend", default="auto",
                         choices=["auto", "reference", "torch", "triton", "fused"])
     parser.add_argument("--kv-cache-tokens", type=int, default=None,

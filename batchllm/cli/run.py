@@ -7,6 +7,7 @@ import os
 import sys
 
 from batchllm.io.batch_input import DEFAULT_MAX_LINE_BYTES
+from batchllm.sched.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 
 class ModelLoadError(RuntimeError):
@@ -92,7 +93,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="scheduling policy (default batchllm: global prefix groups)")
     parser.add_argument("--kv-cache-tokens", type=int, default=None,
                         help="KV cache capacity in tokens (default: free GPU memory; 32768 on CPU)")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one step")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                        help=f"token budget of one step (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="request cap per step (default: none)")
     parser.add_argument("--block-size", type=int, default=16, help="KV block size in tokens")
     parser.add_argument("--attention-backend", default="auto", choices=["auto", "reference", "torch", "triton", "fused"],

@@ -9,6 +9,7 @@ import sys
 from dataclasses import asdict
 
 from batchllm.cli.prompt_tokens import add_model_argument
+from batchllm.sched.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 DEFAULT_KV_CACHE_TOKENS = 1_000_000  # ~ Llama-3.1-8B on an H200 after weights (128 KiB/token)
 
@@ -31,7 +32,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--kv-cache-tokens", type=int, default=DEFAULT_KV_CACHE_TOKENS,
                         help=f"KV cache size in tokens (default {DEFAULT_KV_CACHE_TOKENS})")
     parser.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (default 16)")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step, N_chunk")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                        help=f"token budget per step, N_chunk (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
     parser.add_argument("--max-num-seqs", type=int, default=None,
                         help="request cap per step (vllm default 256; batchllm ignores it)")
     parser.add_argument("--kv-memory-threshold", type=float, default=None, help="M_threshold as a fraction of the KV cache")

@@ -24,6 +24,7 @@ from batchllm.perf.schedule_replay import replay_schedule
 from batchllm.perf.workload import DEFAULT_WORKLOAD, make_workload, read_input_workload, split_workload_spec
 from batchllm.engine.run_options import RunOptions
 from batchllm.sched.trace import Trace, write_trace
+from batchllm.sched.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from batchllm.perf.workloads import DEFAULT_LOW_TOKEN_ID
 
 GIB = 1 << 30
@@ -39,7 +40,7 @@ class BenchOptions:
     requests: int = 512
     output_tokens: int = 100
     policies: str = "batchllm,vllm,sglang"
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     attention_backend: str = "auto"
     kv_cache_tokens: int | None = None
     device: str = "auto"

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 POLICIES = ("batchllm", "vllm", "sglang", "simple")
+# Tokens per step unless the user says otherwise. On an H200 (Llama-3.1-8B), 8192 ran 2-35% faster
+# than 2048 on every workload measured, FP8 and bf16; 16384 gained 3-5% more only on FP8 runs without
+# shared prefixes (BENCHMARKS.md, "Token budget").
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 
 
 @dataclass(frozen=True)
@@ -16,7 +20,7 @@ class SchedulerConfig:
     num_kv_blocks: int = 1024
     block_size: int = 16
     # N_chunk (BatchLLM 4.3.3): most tokens in one step.
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     # Request-count cap (vLLM's max_num_seqs). None = no cap (memory-centric batching).
     max_num_seqs: int | None = None
     # M_threshold (BatchLLM 4.3.3) as a fraction of the KV blocks; None = policy default.

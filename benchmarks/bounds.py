@@ -3,13 +3,13 @@ each row's wall time, and the floor the bf16 GEMMs set under it.
 
 For each workload and policy the scheduler runs on the host (perf/schedule_replay.py, the steps a
 bench run makes) and every step is charged:
-  flop_bound_s           all FLOPs at the peak (790 TFLOP/s bf16): arithmetic only
+  flop_bound_s           all FLOPs at the peak (692.3 TFLOP/s bf16): arithmetic only
   roofline_s             per step max(FLOPs / peak, bytes read / 4.2 TB/s) (perf/roofline.py)
   serial_roofline_s      per step the linear part (weights, LM head) and attention (KV) each at its
                          own max(FLOPs / peak, bytes / bandwidth), added: the engine runs them one
                          after the other
-  serial_at_gemm_rate_s  the same with the linear part at --gemm-tflops, the rate bf16 GEMMs
-                         sustain on the device (692 TFLOP/s on an H200, benchmarks/gemm_peak.py)
+  serial_at_gemm_rate_s  the same with the linear part at --gemm-tflops (default: the peak, the
+                         692.3 TFLOP/s bf16 GEMMs sustain on an H200, benchmarks/gemm_peak.py)
   attention_roofline_s   the serial roofline's attention part alone
 The FLOP bound here is the policy's own work (its recomputed prefixes included); for batchllm it is
 the bench rows' flop_bound_s. Each *_over_flop_bound divides by the batchllm policy's FLOP bound of
@@ -89,8 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--output-tokens", type=int, default=100)
     parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
-    parser.add_argument("--gemm-tflops", type=float, default=692.0,
-                        help="the rate bf16 GEMMs sustain (TFLOP/s; default: measured on an H200)")
+    parser.add_argument("--gemm-tflops", type=float, default=H200_BF16_PEAK_FLOPS / 1e12,
+                        help="the rate the linear layers' GEMMs run at (TFLOP/s; default: the rate bf16 GEMMs "
+                             "sustain on an H200, the bound's peak)")
     parser.add_argument("--out", default=None, help="write the rows here (JSON)")
     args = parser.parse_args(argv)
     if args.gemm_tflops <= 0:

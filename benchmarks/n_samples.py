@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> dict:
     from batchllm.llm import LLM
 
     llm = LLM(args.model, kv_cache_tokens=args.kv_cache_tokens, quantization=args.quantization,
-              kv_cache_dtype=args.kv_cache_dtype, device=args.device, max_num_batched_tokens=args.max_num_batched_tokens)
+              kv_cache_dtype=args.kv_cache_dtype, device=args.device,
+              max_num_batched_tokens=args.max_num_batched_tokens)
     vocab_size = llm.engine.arch.vocab_size
     rng = np.random.default_rng(0)
     prompts = rng.integers(10, vocab_size, size=(args.requests, args.prompt_tokens)).tolist()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import sys
 import time
 
 from batchllm.perf.runner import git_commit
@@ -128,6 +129,10 @@ def profile_windows(llm, prompts, params, windows) -> list[dict]:
         for _ in llm.engine.run(requests, on_step=on_step, stats=stats):
             pass
         _sync()
+    unreached = [f"{first}:{end}" for first, end in windows if end > len(marks)]
+    if unreached:  # a larger token budget runs the same work in fewer steps
+        print(f"profile: the run took {len(marks)} steps; windows {', '.join(unreached)} were not profiled "
+              "(pass --windows inside the run)", file=sys.stderr)
     return [_window_summary(trace, stats.step_records, first, end, marks[end - 1] - marks[first - 1])
             for (first, end), trace in zip(windows, traces)]
 
@@ -182,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-cache-tokens", type=int, default=None)
     parser.add_argument("--quantization", default=None, choices=["fp8"], help="FP8 linear layers")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"], help="fp8: an FP8 KV cache")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS, help="the token budget per step")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                        help="the token budget per step")
     parser.add_argument("--windows", default="40:44,100:104,150:154,230:234",
                         help="gpu: step windows to profile (step indices, end excluded)")
     parser.add_argument("--top", type=int, default=25, help="host: functions listed by own time")

@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="micro:P:D:SD or industrial, optionally #REQUESTS (as in batchllm bench; default 1024)")
     parser.add_argument("--output-tokens", type=int, default=100)
     parser.add_argument("--kv-cache-tokens", type=int, default=None, help="default: fill the free GPU memory")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS, help="token budget per step")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                        help="token budget per step")
     parser.add_argument("--vocab-size", type=int, default=32000, help="prompt token ids drawn below this")
     parser.add_argument("--profile-requests", type=int, default=256,
                         help="on CUDA: profile a run of the first N requests for the collectives' time (0: none)")

@@ -68,3 +68,14 @@ def test_gpu_mode_summarises_each_window(tmp_path):
     assert [w["steps"] for w in windows] == [[1, 2], [2, 4]]
     assert [(w["mean_tokens"], w["mean_decode_rows"]) for w in windows] == [(16.0, 16.0), (16.0, 16.0)]
     assert all(w["wall_ms_per_step"] > 0 for w in windows)
+
+
+def test_gpu_mode_names_the_windows_past_the_run(tmp_path, capsys):
+    # A larger token budget runs the same work in fewer steps: a window the run never reached is
+    # said, not dropped without a word.
+    out = tmp_path / "profile.json"
+    argv = ["gpu", "--model", "random:tiny?vocab_size=4096", "--workload", "micro:64:8:4", "--requests", "16",
+            "--output-tokens", "4", "--windows", "1:2,5:7", "--out", str(out)]
+    assert profile_engine.main(argv) == 0
+    assert [w["steps"] for w in json.loads(out.read_text())["windows"]] == [[1, 2]]
+    assert "the run took 4 steps; windows 5:7 were not profiled" in capsys.readouterr().err

@@ -6,6 +6,7 @@ that need it (stop strings, stop token ids, logprobs, a structured output's gram
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -60,7 +61,16 @@ class StepLoop:
     _columns: RequestColumns | None = None
 
     def run(self) -> Iterator[FinishedOutput]:
-        """Yields each request as it finishes."""
+        """Yields each request as it finishes. The objects alive at its start (the batch's requests
+        and plan, the model) are frozen out of the cyclic garbage collector until it ends: each full
+        collection would walk all of them again (one took ~0.3 s in a run of 30,000 requests)."""
+        gc.freeze()
+        try:
+            yield from self._run()
+        finally:
+            gc.unfreeze()
+
+    def _run(self) -> Iterator[FinishedOutput]:
         self._columns = RequestColumns(self.states)
         inflight: deque[_Step] = deque()
         self._last_completed_s = time.perf_counter()

@@ -73,6 +73,12 @@ def plan_prefix_arrays(prompts: Sequence[Sequence[int]]) -> PlanArrays:
     return _plan_arrays(prompts, time.perf_counter())[0]
 
 
+def plan_prefix_token_arrays(prompts: Sequence[Sequence[int]]) -> tuple[PlanArrays, list[np.ndarray]]:
+    """plan_prefix_arrays, and each prompt as the 1-D integer array the planner read (a
+    scheduler keeps them, so that a step's input ids are array slices, not Python ints)."""
+    return _plan_arrays(prompts, time.perf_counter())
+
+
 def plan_prefix_groups(prompts: Sequence[Sequence[int]]) -> PrefixPlan:
     """Exact maximum of saved = sum_g (|g| - 1) * len(prefix(g)); see docs/design.md.
 

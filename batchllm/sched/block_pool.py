@@ -9,26 +9,22 @@ class OutOfBlocksError(RuntimeError):
     pass
 
 
-class BlockPool:
-    """Free list of KV block ids 0 .. num_blocks-1 with reference counts: a block is free at 0;
-    a shared block carries one reference per holder (a group, a cache entry)."""
+class PoolSize:
+    """What every pool of num_blocks blocks of block_size tokens answers."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        # Pop from the end: hand out low ids first (stable, readable block tables in tests).
-        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
-        self._ref_counts: list[int] = [0] * num_blocks
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        raise NotImplementedError
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.num_free_blocks
 
     def blocks_for_tokens(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -41,6 +37,25 @@ class BlockPool:
                 f"request {request_id} needs {needed} KV blocks at full length ({num_prompt_tokens} prompt + "
                 f"{max_tokens} max_tokens), the cache has {self.num_blocks}"
             )
+
+
+class BlockPool(PoolSize):
+    """Free list of KV block ids 0 .. num_blocks-1 with reference counts: a block is free at 0;
+    a shared block carries one reference per holder (a group, a cache entry)."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        super().__init__(num_blocks, block_size)
+        # Pop from the end: hand out low ids first (stable, readable block tables in tests).
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._ref_counts: list[int] = [0] * num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
 
     def allocate(self, num_blocks: int) -> list[int]:
         """num_blocks free blocks, each with one reference, in the order single pops would give."""

@@ -202,11 +202,12 @@ def _take_segments(values: np.ndarray, offsets: np.ndarray, order: np.ndarray) -
 class ChunksBuilder:
     """Appends chunks one at a time (Python lists), then builds the columns in one go."""
 
-    __slots__ = ("_columns", "_token_ids", "_token_counts", "_block_ids", "_block_counts")
+    __slots__ = ("_columns", "_token_pieces", "_token_counts", "_block_ids", "_block_counts")
 
     def __init__(self) -> None:
         self._columns: tuple[list, ...] = tuple([] for _ in range(len(_INT_COLUMNS) + len(_BOOL_COLUMNS)))
-        self._token_ids: list[int] = []
+        # Each chunk's ids as given (an integer array or a sequence of ints), joined in build().
+        self._token_pieces: list = []
         self._token_counts: list[int] = []
         self._block_ids: list[int] = []
         self._block_counts: list[int] = []
@@ -228,8 +229,10 @@ class ChunksBuilder:
         prefix.append(is_prefix)
         samples.append(sample)
         decode.append(is_decode)
-        self._token_ids.extend(token_ids)
-        self._token_counts.append(len(token_ids))
+        num_token_ids = len(token_ids)
+        if num_token_ids:
+            self._token_pieces.append(token_ids)
+        self._token_counts.append(num_token_ids)
         self._block_ids.extend(new_block_ids)
         self._block_counts.append(len(new_block_ids))
 
@@ -237,7 +240,16 @@ class ChunksBuilder:
         int_columns = [np.array(c, dtype=np.int64) for c in self._columns[:len(_INT_COLUMNS)]]
         bool_columns = [np.array(c, dtype=bool) for c in self._columns[len(_INT_COLUMNS):]]
         return ScheduledChunks(*int_columns, *bool_columns,
-                               np.array(self._token_ids, dtype=np.int64),
+                               _join_token_ids(self._token_pieces),
                                count_offsets(np.array(self._token_counts, dtype=np.int64)),
                                np.array(self._block_ids, dtype=np.int64),
                                count_offsets(np.array(self._block_counts, dtype=np.int64)))
+
+
+def _join_token_ids(pieces: list) -> np.ndarray:
+    """The pieces (integer arrays or sequences of ints) as one int64 array."""
+    if not pieces:
+        return np.zeros(0, dtype=np.int64)
+    if len(pieces) == 1:
+        return np.asarray(pieces[0], dtype=np.int64)
+    return np.concatenate([np.asarray(piece, dtype=np.int64) for piece in pieces])

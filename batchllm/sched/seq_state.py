@@ -106,9 +106,11 @@ class SeqState:
 class PolicyBase:
     """What every policy shares: the block pool, the unfinished requests by id and update()."""
 
+    pool_class: type = BlockPool
+
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self.pool = BlockPool(config.num_kv_blocks, config.block_size)
+        self.pool = self.pool_class(config.num_kv_blocks, config.block_size)
         self._seqs: dict[int, SeqState] = {}  # unfinished requests
         self.step_index = 0
         self.finished_seq_ids: list[int] = []  # since the last step: the runner drops their rows

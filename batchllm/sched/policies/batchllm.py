@@ -11,11 +11,13 @@ running requests are a running total."""
 from __future__ import annotations
 
 from collections import deque
-from itertools import islice
+from itertools import islice, takewhile
+from operator import attrgetter
 
 import numpy as np
 
 from batchllm.sched.config import SchedulerConfig
+from batchllm.sched.owned_block_pool import OwnedBlockPool
 from batchllm.sched.interface import FinishedRequest, SchedRequest, SchedulerOutput
 from batchllm.sched.chunks import count_offsets
 from batchllm.sched.policies.batchllm_output import LoneRun, Step, StepChunks
@@ -23,11 +25,19 @@ from batchllm.sched.policies.batchllm_state import RANK_SHIFT, Group, Members
 from batchllm.sched.seq_state import PolicyBase
 
 _LONE_RUN_WINDOW = 64  # pending groups _admit_lone_requests looks at in one go
+_NO_BLOCKS = np.zeros(0, dtype=np.int64)
+_is_lone = attrgetter("lone")
+
+
+def _first_member(group: Group) -> int:
+    return group.members[0]
 
 
 class BatchLLMScheduler(StepChunks, PolicyBase):
     """config.max_num_seqs is ignored on purpose: BatchLLM 4.3.3 caps a step by tokens and KV
     memory, never by the number of requests."""
+
+    pool_class = OwnedBlockPool  # every block has one holder: its group (prefix blocks) or its member
 
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(config)
@@ -78,13 +88,19 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         """Plan prefix-sharing groups over this batch (BatchLLM 4.2) and queue them."""
         if not requests:
             return
-        from batchllm.prefix.planner import plan_prefix_arrays
+        from batchllm.prefix.planner import plan_prefix_token_arrays
 
         for request in requests:
             if request.request_id < 0 or request.request_id in self._slot_of:
                 raise ValueError(f"request ids must be unique and >= 0, got {request.request_id}")
         sharing = [i for i, r in enumerate(requests) if r.share_prefix]
-        plan = plan_prefix_arrays([requests[i].prompt_token_ids for i in sharing])
+        plan, sharing_arrays = plan_prefix_token_arrays([requests[i].prompt_token_ids for i in sharing])
+        prompt_arrays: list = [None] * len(requests)
+        for i, array in zip(sharing, sharing_arrays):
+            prompt_arrays[i] = array
+        for i, request in enumerate(requests):
+            if prompt_arrays[i] is None:
+                prompt_arrays[i] = np.asarray(request.prompt_token_ids, dtype=np.int64)
         starts = plan.group_start.tolist()
         request_indices = [sharing[i] for i in plan.member_request_index.tolist()]
         # (members, prefix length) per group; a request that shares no prefix is a group of its own
@@ -100,13 +116,14 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
             for request_index in indices:
                 request = requests[request_index]
                 reserved = int(ratio * request.max_tokens + 0.999999)
-                slot = self.members.add(request, group, prefix_len, reserved)
+                slot = self.members.add(request, group, prefix_len, reserved, prompt_arrays[request_index])
                 self._check_fits(group, slot)
                 group.members.append(slot)
                 self._slot_of[request.request_id] = slot
                 max_tokens += request.max_tokens
                 prefill += len(request.prompt_token_ids) - prefix_len
             group.num_unfinished = len(group.members)
+            group.lone = len(group.members) == 1 and not prefix_len
             group.r_group = max_tokens / (prefix_len + prefill)  # Eq. 3 per group
             groups.append(group)
         # BatchLLM 4.3.2: larger R_group first (decode-heavy groups early, so that later long
@@ -283,15 +300,12 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         does not fit). Each one is admitted as _admit would (nothing is forced: something runs) and
         its prompt scheduled as _schedule_distinct would: its own prompt is due from its start,
         and the room it reserved covers it, so the token budget alone cuts its chunk."""
-        run: list[Group] = []
-        for group in islice(self.pending_groups, _LONE_RUN_WINDOW):
-            if len(group.members) != 1 or group.prefix_token_ids:
-                break
-            run.append(group)
-        if not run:
+        head = self.pending_groups[0]
+        if not head.lone or self._committed_blocks() + self._need_blocks(head.members[0]) > self.threshold_blocks:
             return 0
+        run = list(takewhile(_is_lone, islice(self.pending_groups, _LONE_RUN_WINDOW)))
         members, size = self.members, self.block_size
-        slots = np.array([group.members[0] for group in run], dtype=np.int64)
+        slots = np.fromiter(map(_first_member, run), dtype=np.int64, count=len(run))
         num_outputs = members.num_outputs[slots]
         num_own = members.num_own_prompt_tokens[slots] + num_outputs
         reserved = np.maximum(num_outputs, members.reserved_decode_tokens[slots])
@@ -305,7 +319,8 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         slots, need, pending, num_outputs = slots[:num], need[:num], pending[:num], num_outputs[:num]
         num_tokens = np.minimum(pending, budget_before[:num])
         num_blocks = -(-num_tokens // size)
-        block_ids = self.pool.allocate(int(num_blocks.sum()))
+        new_block_ids = self.pool.allocate_array(int(num_blocks.sum()))
+        block_ids = new_block_ids.tolist()
         offsets = count_offsets(num_blocks).tolist()
         rank = self._next_rank
         self._next_rank += num
@@ -327,7 +342,7 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         partial = num_tokens < pending
         for i in np.flatnonzero(partial & ~((num_outputs > 0) & (pending - num_tokens == 1))).tolist():
             self._add_work(run[i], int(slots[i]))
-        step.add_lone_run(LoneRun(slots, num_tokens, ~partial, block_ids))
+        step.add_lone_run(LoneRun(slots, num_tokens, ~partial, new_block_ids))
         return num
 
     # -- building a step ----------------------------------------------------------------
@@ -353,11 +368,12 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         fast, need = chosen[:num_fast], need[:num_fast]
         if num_fast:
             growing = need > 0
-            block_ids: list[int] = []
+            new_block_ids = _NO_BLOCKS
             if growing.any():
                 slots, counts = fast[growing], need[growing]
                 promised_before = self._promised_array(slots)
-                block_ids = self.pool.allocate(int(counts.sum()))
+                new_block_ids = self.pool.allocate_array(int(counts.sum()))
+                block_ids = new_block_ids.tolist()
                 if int(counts.max()) == 1:
                     own = members.block_ids
                     deque(map(list.append, [own[slot] for slot in slots.tolist()], block_ids), maxlen=0)
@@ -369,7 +385,7 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
                 members.num_blocks[slots] += counts
                 self._promised_member_blocks += int((self._promised_array(slots) - promised_before).sum())
             members.scheduled_stamp[fast] = step.stamp
-            step.add_decodes(fast, num_computed[:num_fast], need, block_ids)
+            step.add_decodes(fast, num_computed[:num_fast], need, new_block_ids)
         # Past the first decode that does not fit: the exact order, one at a time.
         for slot in decoders[num_fast:].tolist():
             if step.budget <= 0:
@@ -380,7 +396,8 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
             if self._grow_or_preempt(slot, step):
                 members.scheduled_stamp[slot] = step.stamp
                 grown = members.block_ids[slot][before:]
-                step.add_decodes(np.array([slot]), members.num_computed_tokens[[slot]], np.array([len(grown)]), grown)
+                step.add_decodes(np.array([slot]), members.num_computed_tokens[[slot]], np.array([len(grown)]),
+                                 np.array(grown, dtype=np.int64))
 
     def _schedule_distinct(self, group: Group, step: "Step") -> None:
         members = self.members
@@ -484,7 +501,7 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         """The member's KV is gone (preempted or finished): its own blocks are freed, nothing is
         stored any more and the runner drops the row."""
         members = self.members
-        self.pool.free_owned(members.block_ids[slot])
+        self.pool.free(members.block_ids[slot])
         members.block_ids[slot] = []
         members.num_blocks[slot] = 0
         members.num_computed_tokens[slot] = 0
@@ -528,9 +545,11 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
             seq_ids = chunks.seq_ids[named].tolist()
             slots = [slot_of.pop(seq_id) for seq_id in seq_ids]
             self._finish_members(np.array(slots, dtype=np.int64))
+            own_block_ids: list[list[int]] = []  # freed in one go, as one at a time in chunk order
             for seq_id, slot in zip(seq_ids, slots):
                 self.finished_seq_ids.append(seq_id)
-                finished.append(FinishedRequest(seq_id, finish_reasons[seq_id], self._finish(slot)))
+                finished.append(FinishedRequest(seq_id, finish_reasons[seq_id], self._finish(slot, own_block_ids)))
+            self.pool.free_many(own_block_ids)
         self.step_index += 1
         return finished
 
@@ -552,13 +571,15 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
             getattr(members, name)[slots] = 0
         members.last_sampled[slots] = False
 
-    def _finish(self, slot: int) -> int:
-        """The rest of finishing a member (after _finish_members): its blocks are freed, and its
-        group's prefix with the group's last member; returns its prompt tokens reused."""
+    def _finish(self, slot: int, own_block_ids: list[list[int]]) -> int:
+        """The rest of finishing a member (after _finish_members): its blocks join own_block_ids
+        (the caller frees them), and its group's prefix is freed with the group's last member
+        (after the blocks listed before it); returns its prompt tokens reused."""
         members = self.members
         group = self.groups[members.info[slot][1]]
-        self.pool.free_owned(members.block_ids[slot])
+        own_block_ids.append(members.block_ids[slot])
         members.block_ids[slot] = []
+        members.prompt_arrays[slot] = None
         if slot in group.work:
             self._discard_work(group, slot)
         group.num_unfinished -= 1
@@ -566,6 +587,9 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         num_cached = len(group.prefix_token_ids) if slot != group.members[0] else 0
         if not group.num_unfinished:
             # BatchLLM 4.3.1: the prefix's memory is released as soon as its group is done.
+            if group.prefix_block_ids:
+                self.pool.free_many(own_block_ids)
+                own_block_ids.clear()
             self._free_prefix(group)
         return num_cached
 

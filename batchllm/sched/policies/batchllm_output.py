@@ -13,6 +13,12 @@ from batchllm.sched.chunks import count_offsets
 from batchllm.sched.interface import ChunksBuilder, SchedulerOutput, ScheduledChunks
 from batchllm.sched.policies.batchllm_state import RANK_SHIFT, Group
 
+_NO_IDS = np.zeros(0, dtype=np.int64)
+
+
+def _join_block_ids(parts: list[np.ndarray]) -> np.ndarray:
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
 
 class StepChunks:
     """BatchLLMScheduler's methods that build a step's SchedulerOutput (they read and advance its
@@ -92,16 +98,16 @@ class StepChunks:
         prompt_offset = members.prompt_offset[slots]
         starts = prompt_offset + num_computed
         fed = members.last_sampled[slots]
-        token_ids: list[int] = []
+        token_ids = _NO_IDS
         if not fed.all():  # a recomputed token right before the newest output: its id is read
-            for slot, start in zip(slots[~fed].tolist(), starts[~fed].tolist()):
-                token_ids.extend(members.token_ids(slot, start, start + 1))
+            token_ids = np.concatenate([members.token_ids(slot, start, start + 1)
+                                        for slot, start in zip(slots[~fed].tolist(), starts[~fed].tolist())])
         num_rows = slots.shape[0]
         true = np.ones(num_rows, dtype=bool)
         chunks = ScheduledChunks(members.request_id[slots], starts, np.ones(num_rows, dtype=np.int64), sent,
                                  prompt_offset, members.chunk_group_id[slots], ~true, true, true,
-                                 np.array(token_ids, dtype=np.int64), count_offsets(~fed),
-                                 np.array(step.decode_new_block_ids, dtype=np.int64), count_offsets(new_counts))
+                                 token_ids, np.zeros(num_rows + 1, dtype=np.int64) if fed.all() else count_offsets(~fed),
+                                 _join_block_ids(step.decode_new_block_ids), count_offsets(new_counts))
         members.num_computed_tokens[slots] = num_computed + 1
         num_outputs = members.num_outputs[slots]
         grows = num_outputs >= members.reserved_decode_tokens[slots]  # its reservation grows with its outputs
@@ -121,19 +127,18 @@ class StepChunks:
         them: every own block is new to the runner, the ids are the prompt's, then outputs read)."""
         members = self.members
         slots, num_tokens = run.slots, run.num_tokens
-        token_ids: list[int] = []
+        prompt_arrays = members.prompt_arrays
+        pieces = []
         for slot, count in zip(slots.tolist(), num_tokens.tolist()):
-            prompt = members.requests[slot].prompt_token_ids
-            if count <= len(prompt):
-                token_ids.extend(prompt[:count])
-            else:  # a recompute: the outputs read so far follow the prompt
-                token_ids.extend(members.token_ids(slot, 0, count))
+            prompt = prompt_arrays[slot]
+            # a recompute: the outputs read so far follow the prompt
+            pieces.append(prompt[:count] if count <= prompt.shape[0] else members.token_ids(slot, 0, count))
         num = slots.shape[0]
         zeros, false = np.zeros(num, dtype=np.int64), np.zeros(num, dtype=bool)
         chunks = ScheduledChunks(members.request_id[slots], zeros, num_tokens, zeros, zeros,
                                  members.chunk_group_id[slots], false, run.sample, false,
-                                 np.array(token_ids, dtype=np.int64), count_offsets(num_tokens),
-                                 np.array(run.block_ids, dtype=np.int64), count_offsets(members.num_blocks[slots]))
+                                 np.concatenate(pieces), count_offsets(num_tokens),
+                                 run.block_ids, count_offsets(members.num_blocks[slots]))
         members.num_computed_tokens[slots] = num_tokens
         sampled = slots[run.sample]
         num_outputs = members.num_outputs[sampled]
@@ -211,7 +216,7 @@ class LoneRun:
     slots: np.ndarray
     num_tokens: np.ndarray
     sample: np.ndarray
-    block_ids: list[int]
+    block_ids: np.ndarray
 
 
 @dataclass
@@ -225,7 +230,7 @@ class Step:
     decode_slots: list[np.ndarray] = field(default_factory=list)
     decode_num_computed: list[np.ndarray] = field(default_factory=list)
     decode_new_counts: list[np.ndarray] = field(default_factory=list)
-    decode_new_block_ids: list[int] = field(default_factory=list)
+    decode_new_block_ids: list[np.ndarray] = field(default_factory=list)
     # Every other chunk: the groups in the order the step reached them, their prefix and members' tokens.
     group_order: list[Group | LoneRun] = field(default_factory=list)
     member_tokens: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
@@ -233,11 +238,11 @@ class Step:
     preempted: list[int] = field(default_factory=list)
 
     def add_decodes(self, slots: np.ndarray, num_computed: np.ndarray, new_counts: np.ndarray,
-                    new_block_ids: list[int]) -> None:
+                    new_block_ids: np.ndarray) -> None:
         self.decode_slots.append(slots)
         self.decode_num_computed.append(num_computed)
         self.decode_new_counts.append(new_counts)
-        self.decode_new_block_ids.extend(new_block_ids)
+        self.decode_new_block_ids.append(new_block_ids)
         self.budget -= slots.shape[0]
 
     def add_lone_run(self, run: LoneRun) -> None:

@@ -29,6 +29,7 @@ class Group:
     active: bool = False  # admitted (its prefix blocks are, or are being, stored)
     rank: int = -1  # admission order (a group admitted again gets a new one)
     num_unfinished: int = 0  # members not finished
+    lone: bool = False  # one request that shares no prefix (set once its members are added)
     # Members with own prompt work: waiting (deferred or preempted), or running with prompt
     # tokens to compute. Decoding and finished members are never in it.
     work: set[int] = field(default_factory=set)
@@ -74,13 +75,18 @@ class Members:
             setattr(self, name, np.zeros(0, dtype=bool))
         self.block_ids: list[list[int]] = []  # own KV blocks per member
         self.requests: list[SchedRequest] = []
+        # Each unfinished member's prompt as an integer array (the one the planner read): a chunk's
+        # input ids are slices of it (a list of Python ints costs ~35 ns a token to convert).
+        self.prompt_arrays: list[np.ndarray | None] = []
         # The fixed fields of each member as Python ints, for the per-member paths (a numpy
         # scalar costs a few times a list item): (request_id, group, prompt_offset,
         # num_own_prompt_tokens, reserved_decode_tokens, chunk_group_id).
         self.info: list[tuple[int, int, int, int, int, int]] = []
 
-    def add(self, request: SchedRequest, group: Group, prompt_offset: int, reserved_decode_tokens: int) -> int:
-        """A new member of group (not yet running); returns its slot."""
+    def add(self, request: SchedRequest, group: Group, prompt_offset: int, reserved_decode_tokens: int,
+            prompt_array: np.ndarray) -> int:
+        """A new member of group (not yet running); returns its slot. prompt_array: the request's
+        prompt_token_ids as a 1-D integer array."""
         slot = self.size
         if slot == self.request_id.shape[0]:
             self._grow(max(16, 2 * slot))
@@ -96,6 +102,7 @@ class Members:
         self.chunk_group_id[slot] = group.chunk_group_id
         self.block_ids.append([])
         self.requests.append(request)
+        self.prompt_arrays.append(prompt_array)
         self.info.append((request.request_id, group.group_id, prompt_offset,
                           len(request.prompt_token_ids) - prompt_offset, reserved_decode_tokens, group.chunk_group_id))
         return slot
@@ -122,17 +129,16 @@ class Members:
         pending = self.num_own_prompt_tokens[slots] + num_outputs - self.num_computed_tokens[slots]
         return (num_outputs > 0) & (pending == 1)
 
-    def token_ids(self, slot: int, start: int, end: int) -> tuple[int, ...]:
+    def token_ids(self, slot: int, start: int, end: int) -> np.ndarray:
         """Ids of the request's positions [start, end) (prompt, then generated): only ids already read."""
-        request = self.requests[slot]
-        prompt = request.prompt_token_ids
-        num_prompt = len(prompt)
+        prompt = self.prompt_arrays[slot]
+        num_prompt = prompt.shape[0]
         if end <= num_prompt:
-            return tuple(prompt[start:end])
+            return prompt[start:end]
+        request = self.requests[slot]
         output_token_ids = request.output_token_ids
         if end - num_prompt > len(output_token_ids):
             raise AssertionError(f"request {request.request_id}: position {end - 1} scheduled as an input "
                                  f"before its id was read")
-        if start >= num_prompt:
-            return tuple(output_token_ids[start - num_prompt:end - num_prompt])
-        return tuple(prompt[start:]) + tuple(output_token_ids[:end - num_prompt])
+        outputs = np.array(output_token_ids[max(0, start - num_prompt):end - num_prompt], dtype=np.int64)
+        return outputs if start >= num_prompt else np.concatenate([prompt[start:], outputs])

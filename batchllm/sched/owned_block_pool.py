@@ -1,0 +1,76 @@
+"""A pool of KV blocks each held by one owner at a time (no reference counts), kept in arrays:
+the batchllm policy's pool, whose steps take and return hundreds of blocks (a Python loop over
+them cost ~0.2 us a block). Torch-free."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from batchllm.sched.block_pool import OutOfBlocksError, PoolSize
+
+
+class OwnedBlockPool(PoolSize):
+    """Free list of KV block ids 0 .. num_blocks-1, each block free or held once. It hands out and
+    takes back blocks in the order BlockPool does for blocks held once: low ids first, and a
+    freed list's first block on top."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        super().__init__(num_blocks, block_size)
+        self._free = np.arange(num_blocks - 1, -1, -1, dtype=np.int64)  # a stack, top at _num_free - 1
+        self._num_free = num_blocks
+        self._held = np.zeros(num_blocks, dtype=bool)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._num_free
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self._num_free
+
+    def allocate(self, num_blocks: int) -> list[int]:
+        """num_blocks free blocks, in the order single pops would give."""
+        return self.allocate_array(num_blocks).tolist()
+
+    def allocate_array(self, num_blocks: int) -> np.ndarray:
+        """allocate(num_blocks) as a new int64 array."""
+        top = self._num_free
+        if num_blocks > top:
+            raise OutOfBlocksError(f"asked for {num_blocks} KV blocks, {top} free")
+        if num_blocks <= 0:
+            return np.zeros(0, dtype=np.int64)
+        block_ids = self._free[top - num_blocks:top][::-1].copy()
+        self._num_free = top - num_blocks
+        self._held[block_ids] = True
+        return block_ids
+
+    def free(self, block_ids: list[int]) -> None:
+        """Return the blocks, the last one first (the first one ends on top)."""
+        if block_ids:
+            self._release(block_ids[::-1])
+
+    def free_many(self, block_id_lists: list[list[int]]) -> None:
+        """free() of each list, in order, in one go."""
+        flat: list[int] = []
+        for block_ids in block_id_lists:
+            flat.extend(reversed(block_ids))
+        if flat:
+            self._release(flat)
+
+    def _release(self, block_ids: list[int]) -> None:
+        ids = np.asarray(block_ids, dtype=np.int64)
+        held = self._held[ids]
+        if not held.all() or len(set(block_ids)) != len(block_ids):
+            seen: set[int] = set()
+            for block_id, was_held in zip(block_ids, held.tolist()):
+                if not was_held or block_id in seen:
+                    raise ValueError(f"double free of KV block {block_id}")
+                seen.add(block_id)
+        self._held[ids] = False
+        top = self._num_free
+        self._free[top:top + ids.shape[0]] = ids
+        self._num_free = top + ids.shape[0]
+
+    def ref_count(self, block_id: int) -> int:
+        """1 while the block is held, else 0."""
+        return int(self._held[block_id])

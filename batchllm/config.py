@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 
 from batchllm.sched.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, SchedulerConfig
 
+# Share of the GPU's memory the engine may fill (weights, activations, KV cache).
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.90
+
 ATTENTION_BACKENDS = ("auto", "reference", "torch", "triton", "fused")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 QUANTIZATIONS = ("fp8",)
@@ -28,7 +31,7 @@ class CacheConfig:
     # "fp8": e4m3 values with one scale per cache (twice the tokens per byte); "auto": the model dtype.
     kv_cache_dtype: str = "auto"
     # Share of the GPU's memory the engine may fill (weights, activations, KV cache).
-    gpu_memory_utilization: float = 0.90
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -150,7 +153,7 @@ def engine_config(
     device: str = "auto",
     max_model_len: int | None = None,
     kv_cache_tokens: int | None = None,
-    gpu_memory_utilization: float = 0.90,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
     policy: str = "batchllm",
     block_size: int = 16,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from batchllm.config import engine_config
+from batchllm.config import DEFAULT_GPU_MEMORY_UTILIZATION, engine_config
 from batchllm.engine.engine_protocol import Engine
 from batchllm.engine.request_limits import NoTokenizerError
 from batchllm.engine.request_state import FinishedOutput, PreparedRequest, RunStats
@@ -35,7 +35,7 @@ class LLM:
         device: str = "auto",
         max_model_len: int | None = None,
         kv_cache_tokens: int | None = None,
-        gpu_memory_utilization: float = 0.90,
+        gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
         policy: str = "batchllm",
         block_size: int = 16,
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,

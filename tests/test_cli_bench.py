@@ -14,6 +14,7 @@ REQUIRED = {"workload", "requests", "model", "policy", "seconds", "req_per_s", "
             "valley_steps", "peak_kv_blocks", "peak_kv_gib", "mean_step_ms", "schedule_ms_per_step",
             "launch_ms_per_step", "wait_ms_per_step", "flop_bound_s", "time_over_bound", "async_scheduling",
             "quantization", "kv_cache_dtype", "tensor_parallel_size", "flop_bound_peak_tflop_per_s",
+            "kv_cache_tokens", "gpu_memory_utilization",
             "kv_bytes_per_token", "roofline_s", "time_over_roofline", "roofline_memory_bound_steps",
             "roofline_bandwidth_tb_per_s", "roofline_replay_matches_run", "attention_flop_share",
             "serial_roofline_s", "time_over_serial_roofline"}

@@ -173,3 +173,18 @@ def test_every_command_defaults_to_the_one_token_budget(argv):
     assert build_parser().parse_args(argv).max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS
     assert engine_config().scheduler.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS
     assert SchedulerConfig().max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS == 8192
+
+
+@pytest.mark.parametrize("argv", [["run", "in.jsonl", "-o", "out.jsonl"], ["bench"]])
+def test_every_command_defaults_to_the_one_memory_share(argv):
+    # The share of GPU memory the engine fills has one default; the commands, LLM(...) and the
+    # configuration tree take it from there, and bench passes a chosen share to its engines.
+    from batchllm.cli.bench import options_from_args
+    from batchllm.cli.main import build_parser
+    from batchllm.config import DEFAULT_GPU_MEMORY_UTILIZATION
+    from batchllm.perf.runner import engine_options
+
+    assert build_parser().parse_args(argv).gpu_memory_utilization == DEFAULT_GPU_MEMORY_UTILIZATION == 0.90
+    assert engine_config().cache.gpu_memory_utilization == DEFAULT_GPU_MEMORY_UTILIZATION
+    chosen = build_parser().parse_args(["bench", "--gpu-memory-utilization", "0.95"])
+    assert engine_options(options_from_args(chosen, "random:tiny"))["gpu_memory_utilization"] == 0.95

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+from batchllm.config import DEFAULT_GPU_MEMORY_UTILIZATION
 from batchllm.perf.engine_variants import KV_CACHE_DTYPE_CHOICES, NO_QUANTIZATION, QUANTIZATION_CHOICES
 from batchllm.perf.flop_bound import H200_BF16_PEAK_FLOPS, H200_FP8_PEAK_FLOPS
 from batchllm.perf.roofline import H200_COPY_BANDWIDTH_BYTES_PER_S
@@ -100,7 +101,11 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--attention-backend", default="auto",
                         choices=["auto", "reference", "torch", "triton", "fused"])
     parser.add_argument("--kv-cache-tokens", type=int, default=None,
-                        help="KV cache capacity in tokens (default: free GPU memory; 32768 on CPU)")
+                        help="KV cache capacity in tokens (default: what --gpu-memory-utilization leaves; "
+                             "32768 on CPU)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION,
+                        help="share of the GPU's memory the engine may fill: weights, activations and the KV "
+                             f"cache, which takes what is left (default {DEFAULT_GPU_MEMORY_UTILIZATION})")
     parser.add_argument("--quantization", default=NO_QUANTIZATION, metavar="{" + ",".join(QUANTIZATION_CHOICES) + "}",
                         help="fp8: the decoder's linear layers run FP8 (e4m3) GEMMs, weights scaled per output "
                              "channel, activations per token; the embedding, LM head and norms stay bf16. "
@@ -186,7 +191,8 @@ def options_from_args(args, model: str):
                         workloads=list(args.workload or []), inputs=list(args.input),
                         requests=args.requests, output_tokens=args.output_tokens, policies=args.policies,
                         max_num_batched_tokens=args.max_num_batched_tokens, attention_backend=args.attention_backend,
-                        kv_cache_tokens=args.kv_cache_tokens, device=args.device, dtype=args.dtype, seed=args.seed,
+                        kv_cache_tokens=args.kv_cache_tokens, gpu_memory_utilization=args.gpu_memory_utilization,
+                        device=args.device, dtype=args.dtype, seed=args.seed,
                         trace_dir=args.trace_dir, git_commit=args.git_commit,
                         hf_peer=parse_batch_sizes(args.hf_peer), hf_peer_requests=args.hf_peer_requests,
                         warm_pass=args.warm_pass)

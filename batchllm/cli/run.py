@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from batchllm.config import DEFAULT_GPU_MEMORY_UTILIZATION
 from batchllm.io.batch_input import DEFAULT_MAX_LINE_BYTES
 from batchllm.sched.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 
@@ -99,7 +100,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=16, help="KV block size in tokens")
     parser.add_argument("--attention-backend", default="auto", choices=["auto", "reference", "torch", "triton", "fused"],
                         help="attention implementation (auto: fused Triton kernel on GPU, batched PyTorch on CPU)")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.90)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION,
+                        help="share of the GPU's memory the engine may fill: weights, activations and the KV "
+                             f"cache, which takes what is left (default {DEFAULT_GPU_MEMORY_UTILIZATION})")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="no CUDA graphs: every step runs op by op (slower; for debugging)")
     parser.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false",

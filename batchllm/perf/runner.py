@@ -14,6 +14,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from batchllm.config import DEFAULT_GPU_MEMORY_UTILIZATION
 from batchllm.perf.device_memory import free_device_memory
 from batchllm.perf.engine_variants import EngineVariant
 from batchllm.perf.flop_bound import (H200_BF16_PEAK_FLOPS, WorkFlops, flop_bound_seconds, peak_flops_for,
@@ -43,6 +44,7 @@ class BenchOptions:
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     attention_backend: str = "auto"
     kv_cache_tokens: int | None = None
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     device: str = "auto"
     dtype: str = "auto"
     seed: int = 0
@@ -107,7 +109,8 @@ def engine_tags(engine) -> dict:
     """What every row says about the engine that produced it."""
     return {"quantization": engine.config.quantization, "kv_cache_dtype": engine.config.cache.kv_cache_dtype,
             "tensor_parallel_size": engine.config.parallel.tensor.size,
-            "kv_cache_tokens": engine.num_kv_tokens}
+            "kv_cache_tokens": engine.num_kv_tokens,
+            "gpu_memory_utilization": engine.config.cache.gpu_memory_utilization}
 
 
 GIT_COMMIT_ENV = "BATCHLLM_GIT_COMMIT"
@@ -163,6 +166,7 @@ def engine_options(options: BenchOptions, variant: EngineVariant = EngineVariant
     not name keeps LLM's default."""
     return dict(model=options.model, dtype=options.dtype, device=options.device, quantization=variant.quantization,
                 kv_cache_dtype=variant.kv_cache_dtype, kv_cache_tokens=options.kv_cache_tokens,
+                gpu_memory_utilization=options.gpu_memory_utilization,
                 attention_backend=options.attention_backend, seed=options.seed,
                 max_num_batched_tokens=options.max_num_batched_tokens)
 

@@ -324,12 +324,14 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         offsets = count_offsets(num_blocks).tolist()
         rank = self._next_rank
         self._next_rank += num
-        for i, (group, slot) in enumerate(zip(run[:num], slots.tolist())):
-            self.pending_groups.popleft()
+        admitted_groups, pending_groups, own = run[:num], self.pending_groups, members.block_ids
+        for group_rank, group, slot, start, end in zip(range(rank, rank + num), admitted_groups, slots.tolist(),
+                                                        offsets, offsets[1:]):
+            pending_groups.popleft()
             group.active = True
-            group.rank = rank + i
-            self._active[rank + i] = group
-            members.block_ids[slot] = block_ids[offsets[i]:offsets[i + 1]]
+            group.rank = group_rank
+            own[slot] = block_ids[start:end]
+        self._active.update(zip(range(rank, rank + num), admitted_groups))
         members.key[slots] = ((rank + np.arange(num)) << RANK_SHIFT) + members.index[slots]
         members.running[slots] = True
         members.num_blocks[slots] = num_blocks
@@ -354,9 +356,15 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         if step.budget <= 0 or not running.size:
             return
         members, size = self.members, self.block_size
-        decoders = running[members.decoding_mask(running)]
-        chosen = decoders[:step.budget]
-        num_computed = members.num_computed_tokens[chosen]
+        num_computed = members.num_computed_tokens[running]
+        num_outputs = members.num_outputs[running]
+        # decoding: an output, and exactly that one own token pending (Members.is_decoding)
+        decoding = (num_outputs > 0) & (members.num_own_prompt_tokens[running] + num_outputs - num_computed == 1)
+        if decoding.all():
+            decoders = running
+        else:
+            decoders, num_computed = running[decoding], num_computed[decoding]
+        chosen, num_computed = decoders[:step.budget], num_computed[:step.budget]
         need = num_computed // size + 1 - members.num_blocks[chosen]  # blocks for one more token
         np.maximum(need, 0, out=need)
         used = self.pool.num_used_blocks

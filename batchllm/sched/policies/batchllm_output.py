@@ -128,11 +128,10 @@ class StepChunks:
         members = self.members
         slots, num_tokens = run.slots, run.num_tokens
         prompt_arrays = members.prompt_arrays
-        pieces = []
-        for slot, count in zip(slots.tolist(), num_tokens.tolist()):
-            prompt = prompt_arrays[slot]
-            # a recompute: the outputs read so far follow the prompt
-            pieces.append(prompt[:count] if count <= prompt.shape[0] else members.token_ids(slot, 0, count))
+        if (num_tokens <= members.prompt_offset[slots] + members.num_own_prompt_tokens[slots]).all():
+            pieces = [prompt_arrays[slot][:count] for slot, count in zip(slots.tolist(), num_tokens.tolist())]
+        else:  # a recompute: the outputs read so far follow the prompt
+            pieces = [members.token_ids(slot, 0, count) for slot, count in zip(slots.tolist(), num_tokens.tolist())]
         num = slots.shape[0]
         zeros, false = np.zeros(num, dtype=np.int64), np.zeros(num, dtype=bool)
         chunks = ScheduledChunks(members.request_id[slots], zeros, num_tokens, zeros, zeros,
@@ -143,9 +142,12 @@ class StepChunks:
         sampled = slots[run.sample]
         num_outputs = members.num_outputs[sampled]
         grows = num_outputs >= members.reserved_decode_tokens[sampled]  # its reservation grows with its outputs
-        promised_before = self._promised_array(sampled[grows])
-        members.num_outputs[sampled] = num_outputs + 1
-        self._promised_member_blocks += int((self._promised_array(sampled[grows]) - promised_before).sum())
+        if grows.any():
+            promised_before = self._promised_array(sampled[grows])
+            members.num_outputs[sampled] = num_outputs + 1
+            self._promised_member_blocks += int((self._promised_array(sampled[grows]) - promised_before).sum())
+        else:
+            members.num_outputs[sampled] = num_outputs + 1
         members.last_sampled[slots] = run.sample
         members.num_table_blocks_sent[slots] = members.num_blocks[slots]
         members.num_row_prefix_blocks[slots] = 0

@@ -123,12 +123,6 @@ class Members:
         num_outputs = int(self.num_outputs[slot])
         return num_outputs > 0 and self.info[slot][3] + num_outputs - int(self.num_computed_tokens[slot]) == 1
 
-    def decoding_mask(self, slots: np.ndarray) -> np.ndarray:
-        """is_decoding of each of slots: an output, and exactly one own token pending."""
-        num_outputs = self.num_outputs[slots]
-        pending = self.num_own_prompt_tokens[slots] + num_outputs - self.num_computed_tokens[slots]
-        return (num_outputs > 0) & (pending == 1)
-
     def token_ids(self, slot: int, start: int, end: int) -> np.ndarray:
         """Ids of the request's positions [start, end) (prompt, then generated): only ids already read."""
         prompt = self.prompt_arrays[slot]

@@ -12,22 +12,24 @@ from batchllm.sched.interface import SchedRequest
 from batchllm.sched.simulator import fake_token
 
 
-def _requests(seed: int) -> list[SchedRequest]:
+def _requests(seed: int, max_id: int = 5000) -> list[SchedRequest]:
     """Lone requests (some not sharing) mixed with groups sharing a prefix, random lengths."""
     rng = random.Random(seed)
-    prefixes = [[rng.randrange(1, 5000) for _ in range(rng.randrange(20, 60))] for _ in range(3)]
+    prefixes = [[rng.randrange(1, max_id) for _ in range(rng.randrange(20, 60))] for _ in range(3)]
     requests = []
     for request_id in range(120):
         kind = rng.randrange(4)
-        own = [rng.randrange(1, 5000) for _ in range(rng.randrange(1, 90))]
+        own = [rng.randrange(1, max_id) for _ in range(rng.randrange(1, 90))]
         prompt = own if kind < 2 else prefixes[kind - 2] + own
         requests.append(SchedRequest(request_id, prompt, rng.randrange(1, 40), share_prefix=kind != 0))
     return requests
 
 
 def test_chunk_ids_are_the_requests_positions_under_preemption():
-    for seed, num_kv_blocks, reserve in ((0, 4000, 1.0), (1, 60, 0.0), (2, 90, 0.0)):
-        requests = _requests(seed)
+    # ids past int32 (kept as int64 by the policy) in the last case
+    for seed, num_kv_blocks, reserve, max_id in ((0, 4000, 1.0, 5000), (1, 60, 0.0, 5000), (2, 90, 0.0, 5000),
+                                                 (3, 60, 0.0, 1 << 40)):
+        requests = _requests(seed, max_id)
         by_id = {request.request_id: request for request in requests}
         config = SchedulerConfig(policy="batchllm", num_kv_blocks=num_kv_blocks, block_size=16,
                                  max_num_batched_tokens=512, decode_reserve_ratio=reserve)

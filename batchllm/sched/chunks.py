@@ -252,4 +252,4 @@ def _join_token_ids(pieces: list) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     if len(pieces) == 1:
         return np.asarray(pieces[0], dtype=np.int64)
-    return np.concatenate([np.asarray(piece, dtype=np.int64) for piece in pieces])
+    return np.concatenate([np.asarray(piece) for piece in pieces]).astype(np.int64, copy=False)

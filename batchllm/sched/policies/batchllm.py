@@ -33,6 +33,14 @@ def _first_member(group: Group) -> int:
     return group.members[0]
 
 
+def _compact_ids(token_ids: np.ndarray) -> np.ndarray:
+    """The ids as int32 where they fit (every vocabulary does): kept until the request finishes,
+    at 4 bytes a token beside the request's own list."""
+    if token_ids.size and 0 <= int(token_ids.min()) and int(token_ids.max()) < 1 << 31:
+        return token_ids.astype(np.int32)
+    return token_ids
+
+
 class BatchLLMScheduler(StepChunks, PolicyBase):
     """config.max_num_seqs is ignored on purpose: BatchLLM 4.3.3 caps a step by tokens and KV
     memory, never by the number of requests."""
@@ -97,10 +105,10 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         plan, sharing_arrays = plan_prefix_token_arrays([requests[i].prompt_token_ids for i in sharing])
         prompt_arrays: list = [None] * len(requests)
         for i, array in zip(sharing, sharing_arrays):
-            prompt_arrays[i] = array
+            prompt_arrays[i] = _compact_ids(array)
         for i, request in enumerate(requests):
             if prompt_arrays[i] is None:
-                prompt_arrays[i] = np.asarray(request.prompt_token_ids, dtype=np.int64)
+                prompt_arrays[i] = _compact_ids(np.asarray(request.prompt_token_ids, dtype=np.int64))
         starts = plan.group_start.tolist()
         request_indices = [sharing[i] for i in plan.member_request_index.tolist()]
         # (members, prefix length) per group; a request that shares no prefix is a group of its own

@@ -109,8 +109,17 @@ class StepChunks:
                                  token_ids, np.zeros(num_rows + 1, dtype=np.int64) if fed.all() else count_offsets(~fed),
                                  _join_block_ids(step.decode_new_block_ids), count_offsets(new_counts))
         members.num_computed_tokens[slots] = num_computed + 1
+        self._add_outputs(slots)
+        members.last_sampled[slots] = True
+        members.num_table_blocks_sent[slots] = sent + new_counts
+        return chunks, slots
+
+    def _add_outputs(self, slots: np.ndarray) -> None:
+        """One more output for each of slots (their chunks sample), and the blocks promised to
+        those whose reservation grows with their outputs."""
+        members = self.members
         num_outputs = members.num_outputs[slots]
-        grows = num_outputs >= members.reserved_decode_tokens[slots]  # its reservation grows with its outputs
+        grows = num_outputs >= members.reserved_decode_tokens[slots]
         if grows.any():
             growing = slots[grows]
             promised_before = self._promised_array(growing)
@@ -118,9 +127,6 @@ class StepChunks:
             self._promised_member_blocks += int((self._promised_array(growing) - promised_before).sum())
         else:
             members.num_outputs[slots] = num_outputs + 1
-        members.last_sampled[slots] = True
-        members.num_table_blocks_sent[slots] = sent + new_counts
-        return chunks, slots
 
     def _lone_chunks(self, run: "LoneRun") -> ScheduledChunks:
         """The prompt chunks of requests admitted by _admit_lone_requests (as _member_chunk makes
@@ -139,15 +145,7 @@ class StepChunks:
                                  np.concatenate(pieces), count_offsets(num_tokens),
                                  run.block_ids, count_offsets(members.num_blocks[slots]))
         members.num_computed_tokens[slots] = num_tokens
-        sampled = slots[run.sample]
-        num_outputs = members.num_outputs[sampled]
-        grows = num_outputs >= members.reserved_decode_tokens[sampled]  # its reservation grows with its outputs
-        if grows.any():
-            promised_before = self._promised_array(sampled[grows])
-            members.num_outputs[sampled] = num_outputs + 1
-            self._promised_member_blocks += int((self._promised_array(sampled[grows]) - promised_before).sum())
-        else:
-            members.num_outputs[sampled] = num_outputs + 1
+        self._add_outputs(slots[run.sample])
         members.last_sampled[slots] = run.sample
         members.num_table_blocks_sent[slots] = members.num_blocks[slots]
         members.num_row_prefix_blocks[slots] = 0

@@ -53,10 +53,6 @@ class BlockPool(PoolSize):
     def num_free_blocks(self) -> int:
         return len(self._free)
 
-    @property
-    def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
-
     def allocate(self, num_blocks: int) -> list[int]:
         """num_blocks free blocks, each with one reference, in the order single pops would give."""
         free = self._free

@@ -24,10 +24,6 @@ class OwnedBlockPool(PoolSize):
     def num_free_blocks(self) -> int:
         return self._num_free
 
-    @property
-    def num_used_blocks(self) -> int:
-        return self.num_blocks - self._num_free
-
     def allocate(self, num_blocks: int) -> list[int]:
         """num_blocks free blocks, in the order single pops would give."""
         return self.allocate_array(num_blocks).tolist()

@@ -1,5 +1,5 @@
-"""The block pool: bulk allocation in the order single pops give, reference counts, frees in
-bulk and one at a time, and the errors."""
+"""The block pool: bulk allocation in the order single pops give, reference counts, frees of
+blocks held once and of shared ones, and the errors."""
 
 import pytest
 
@@ -20,13 +20,13 @@ def test_free_returns_blocks_last_first_and_keeps_shared_ones():
     own = pool.allocate(3)  # [0, 1, 2]
     shared = pool.allocate(2)  # [3, 4]
     pool.incref([3])
-    pool.free_owned(own)  # every block held once: all freed, the last one on top
+    pool.free(own)  # every block held once: all freed, the last one on top
     assert pool.allocate(3) == [0, 1, 2]
-    pool.free_owned(shared)  # block 3 keeps a reference: freed one at a time
+    pool.free(shared)  # block 3 keeps a reference: only block 4 returns
     assert (pool.ref_count(3), pool.ref_count(4), pool.num_free_blocks) == (1, 0, 2)
     assert pool.allocate(2) == [4, 5]
     pool.free([])
     with pytest.raises(ValueError, match="double free of KV block 4"):
-        pool.free_owned([4, 4])
+        pool.free([4, 4])
     with pytest.raises(ValueError, match="double free of KV block 1"):
         pool.free([0, 1]) or pool.free([1])

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from operator import itemgetter
-
 
 class OutOfBlocksError(RuntimeError):
     pass
@@ -87,18 +85,6 @@ class BlockPool(PoolSize):
             self._ref_counts[block_id] = count - 1
             if count == 1:
                 self._free.append(block_id)
-
-    def free_owned(self, block_ids: list[int]) -> None:
-        """free(block_ids) for blocks each held once (a request's own blocks): checked, then freed
-        in bulk; otherwise as free()."""
-        num = len(block_ids)
-        ref_counts = self._ref_counts
-        if num > 1 and itemgetter(*block_ids)(ref_counts).count(1) == num and len(set(block_ids)) == num:
-            for block_id in block_ids:
-                ref_counts[block_id] = 0
-            self._free.extend(reversed(block_ids))
-        else:
-            self.free(block_ids)
 
     def ref_count(self, block_id: int) -> int:
         return self._ref_counts[block_id]

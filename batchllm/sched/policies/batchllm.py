@@ -104,8 +104,10 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         sharing = [i for i, r in enumerate(requests) if r.share_prefix]
         plan, sharing_arrays = plan_prefix_token_arrays([requests[i].prompt_token_ids for i in sharing])
         prompt_arrays: list = [None] * len(requests)
+        if plan.max_token_id < 1 << 31:  # the planner checked every id is >= 0
+            sharing_arrays = [array.astype(np.int32) for array in sharing_arrays]
         for i, array in zip(sharing, sharing_arrays):
-            prompt_arrays[i] = _compact_ids(array)
+            prompt_arrays[i] = array
         for i, request in enumerate(requests):
             if prompt_arrays[i] is None:
                 prompt_arrays[i] = _compact_ids(np.asarray(request.prompt_token_ids, dtype=np.int64))

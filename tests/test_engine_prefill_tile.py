@@ -1,4 +1,4 @@
-"""Steps with prefill chunks run the default tile table; decode-only steps (the CUDA-graph steps)
+"""Steps with prefill chunks run prefill_tile_config; decode-only steps (the CUDA-graph steps)
 decode_tile_config (class-split launches); the split-KV target is the device's SM count."""
 
 from dataclasses import replace
@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from batchllm.attention_plan.tile_config import TileConfig, decode_tile_config, default_tile_config
+from batchllm.attention_plan.tile_config import TileConfig, decode_tile_config, default_tile_config, prefill_tile_config
 from batchllm.engine.attention.triton_backend import TritonBackend
 from batchllm.engine.step_inputs import build_step_inputs
 from batchllm.sched.interface import ScheduledChunk, SchedulerOutput
@@ -25,7 +25,7 @@ def _step(prefill: bool) -> SchedulerOutput:
 def test_prefill_and_decode_steps_get_their_tiles(uses_groups):
     backend = TritonBackend(16, 8, 2, 64, torch.device("cpu"), uses_groups)
     prefill = backend.build_plan(build_step_inputs(_step(True), 16)).tile
-    assert prefill == default_tile_config(64, 4) and not prefill.split_classes
+    assert prefill == prefill_tile_config(64, 4)
     decode = backend.build_plan(build_step_inputs(_step(False), 16)).tile
     assert decode.split_classes and not default_tile_config(64, 4).split_classes
     assert decode == decode_tile_config(64, 4)
@@ -52,13 +52,29 @@ def test_prefill_table_on_the_gpu_makes_dense_calls_from_512_rows():
 
 def test_windowed_models_plan_without_dense_calls(monkeypatch):
     """Dense calls have no sliding-window path: a backend for a model with any windowed layer
-    plans its prefill steps with dense_min_rows 0 (on the GPU table, which has them)."""
+    plans its prefill steps with dense_min_rows 0 (on the GPU table, which has them), its tiles
+    otherwise those of the prefill table."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # plan with the GPU table (no kernel runs here)
     backend = TritonBackend(16, 8, 2, 128, torch.device("cpu"), uses_groups=True)
     assert backend.build_plan(build_step_inputs(_step(True), 16)).tile.dense_min_rows == 512
     backend = TritonBackend(16, 8, 2, 128, torch.device("cpu"), uses_groups=True, layer_windows=(None, 4096))
     prefill = backend.build_plan(build_step_inputs(_step(True), 16)).tile
-    assert prefill.dense_min_rows == 0 and not prefill.split_classes
+    assert prefill == replace(prefill_tile_config(128, 4, interpret=False), dense_min_rows=0)
+
+
+def test_prefill_table_splits_the_tile_classes_of_large_heads():
+    """Steps with prefill chunks on heads of 128: BIG and SMALL launches apart, the SMALL one in
+    BLOCK_N 64 steps; an FP8 cache adds float16 MMAs, V converted by PTX, a 128-register cap.
+    Smaller heads keep the default table; the interpreter gets the split on its tiny tiles."""
+    bf16 = prefill_tile_config(128, 4, interpret=False)
+    fp8 = prefill_tile_config(128, 4, interpret=False, kv_fp8=True)
+    default = default_tile_config(128, 4, interpret=False)
+    assert bf16 == replace(default, split_classes=True, small_n=64, small_num_warps=4, small_num_stages=2)
+    assert fp8 == replace(bf16, small_max_registers=128, fp8_conversion="float16_ptx_v")
+    assert prefill_tile_config(64, 3, interpret=False, kv_fp8=True) == default_tile_config(64, 3, interpret=False)
+    tiny = prefill_tile_config(32, 3, interpret=True, kv_fp8=True)
+    assert tiny == replace(default_tile_config(32, 3, interpret=True), split_classes=True,
+                           fp8_conversion="float16_ptx_v")
 
 
 def test_cpu_backend_sizes_split_kv_for_its_stand_in_sm_count():

@@ -165,21 +165,24 @@ def _reference(b, k_cache, v_cache, scale, k_scale=1.0, v_scale=1.0):
                                      b.shared_kv_lens, b.block_tables, scale, k_scale=k_scale, v_scale=v_scale)
 
 
-@pytest.mark.parametrize("tile", ["default", "decode"])
+@pytest.mark.parametrize("tile", ["default", "decode", "prefill"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_attention_kernel_on_e4m3_cache_matches_reference(device, dtype, tile):
     """Fused prefix-shared attention with fp32 / fp16 queries on an e4m3 cache (one launch, or
-    the class-split launches of decode steps) equals the reference on the same cache."""
-    from batchllm.attention_plan.tile_config import decode_tile_config
+    the class-split launches of decode steps and of the FP8 prefill table) equals the reference on
+    the same cache."""
+    from batchllm.attention_plan.tile_config import decode_tile_config, prefill_tile_config
 
     heads = (9, 3, 64)
     b = make_batch(MIXED, num_heads=9, num_kv_heads=3, head_dim=64, block_size=16, dtype=dtype, device=device)
     k8, v8 = _fp8_caches(b)
     store_kv_reference(b.key, b.value, k8, v8, b.slot_mapping, K_SCALE, V_SCALE)
-    plan = _plan(b, heads, device, groups=True, tile=decode_tile_config(64, 3) if tile == "decode" else None)
+    tiles = {"default": None, "decode": decode_tile_config(64, 3), "prefill": prefill_tile_config(64, 3, kv_fp8=True)}
+    plan = _plan(b, heads, device, groups=True, tile=tiles[tile])
     out = prefix_shared_attention(b.query, k8, v8, plan, 0.125, k_scale=K_SCALE, v_scale=V_SCALE)
     ref = _reference(b, k8, v8, 0.125, K_SCALE, V_SCALE)
-    tol = 2e-5 if dtype == torch.float32 else 3e-3
+    f16_mmas = tile == "prefill"  # the FP8 tables' MMAs run in float16 whatever the query dtype
+    tol = 2e-5 if dtype == torch.float32 and not f16_mmas else 3e-3
     torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
 
 
@@ -362,8 +365,8 @@ def test_tile_config_refuses_an_unknown_fp8_conversion():
 @pytest.mark.parametrize("backend_name", ["fused", "triton"])
 def test_triton_backends_plan_decode_steps_with_the_cache_rows_tiles(backend_name):
     """The backend knows its cache's dtype: decode steps get the FP8 row on an FP8 cache, the
-    bf16 row otherwise; steps with prefill chunks the default table either way."""
-    from batchllm.attention_plan.tile_config import decode_tile_config, default_tile_config
+    bf16 row otherwise; steps with prefill chunks the prefill table of the cache's dtype."""
+    from batchllm.attention_plan.tile_config import decode_tile_config, prefill_tile_config
 
     b = make_batch(MIXED, num_heads=6, num_kv_heads=2, head_dim=32, block_size=16)
     for dtype, kv_fp8 in ((FP8, True), (torch.float32, False), (None, False)):
@@ -372,7 +375,28 @@ def test_triton_backends_plan_decode_steps_with_the_cache_rows_tiles(backend_nam
         decode = backend.build_plan(SimpleNamespace(**b.metadata_numpy(), decode_only=True))
         prefill = backend.build_plan(SimpleNamespace(**b.metadata_numpy(), decode_only=False))
         assert decode.tile == backend.decode_tile
-        assert prefill.tile == default_tile_config(32, 3) and not prefill.tile.split_classes
+        assert prefill.tile == prefill_tile_config(32, 3, kv_fp8=kv_fp8)
+
+
+@pytest.mark.gpu
+def test_fp8_prefill_table_on_a_mixed_step_gpu():
+    """bf16 queries on the Llama-3.1-8B heads, a step with decode rows, a shared prefix's members,
+    a prefix chunk and fresh prompts: the FP8 prefill table's two launches on two streams equal the
+    reference on the same FP8 cache."""
+    from batchllm.attention_plan.tile_config import prefill_tile_config
+
+    seqs = ([SeqSpec(1, 150 + 13 * i) for i in range(300)] + [SeqSpec(128, 128) for _ in range(4)]
+            + [SeqSpec(1, 2048 + 7 * i, 2048, 0) for i in range(16)] + [SeqSpec(600, 600, 0, 1, True)]
+            + [SeqSpec(1, 2100 + 3 * i) for i in range(40)])
+    b = make_batch(seqs, num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16,
+                   device="cuda")
+    k8, v8 = _fp8_caches(b)
+    tile = prefill_tile_config(128, 4, interpret=False, kv_fp8=True)
+    plan = _plan(b, (32, 8, 128), "cuda", groups=True, tile=tile)
+    assert plan.work_big.shape[0] > 0 and plan.work_small.shape[0] > 0
+    out = prefix_shared_attention(b.query, k8, v8, plan, 128 ** -0.5, k_scale=K_SCALE, v_scale=V_SCALE,
+                                  side_stream=torch.cuda.Stream())
+    torch.testing.assert_close(out.float(), _reference(b, k8, v8, 128 ** -0.5, K_SCALE, V_SCALE), atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.gpu

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import torch
 
-from batchllm.attention_plan.tile_config import TileConfig, decode_tile_config, default_tile_config
+from batchllm.attention_plan.tile_config import TileConfig, decode_tile_config, prefill_tile_config
 from batchllm.attention_plan.work_list import PrefixSharedPlan, build_prefix_shared_plan
 from batchllm.engine.attention.protocol import AttentionMetadata
 from batchllm.engine.step_inputs import StepInputs
@@ -36,12 +36,13 @@ class TritonBackend:
         self.num_sms = device_num_sms(device)  # split-KV pieces fill the device; CUDA graphs size their grids
         group_size = num_heads // num_kv_heads
         # Decode-only steps (one row per seq: the CUDA-graph steps) run class-split launches with the
-        # tiles of the cache's dtype; steps with prefill chunks the default table, without dense
-        # calls for a model with a sliding window (dense calls have no sliding-window path).
+        # tiles of the cache's dtype; steps with prefill chunks the prefill table of the cache's
+        # dtype, without dense calls for a model with a sliding window (dense calls have no
+        # sliding-window path).
         self.decode_tile = decode_tile_config(head_dim, group_size, kv_fp8=kv_fp8)
-        self.prefill_tile: TileConfig | None = None  # None: build_prefix_shared_plan's default table
+        self.prefill_tile: TileConfig = prefill_tile_config(head_dim, group_size, kv_fp8=kv_fp8)
         if any(window is not None for window in self.layer_windows):
-            self.prefill_tile = replace(default_tile_config(head_dim, group_size), dense_min_rows=0)
+            self.prefill_tile = replace(self.prefill_tile, dense_min_rows=0)
         # decode steps run their BIG and SMALL launches concurrently, the BIG one on this stream
         self.side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 

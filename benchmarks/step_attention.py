@@ -1,0 +1,194 @@
+"""Attention of one engine step, one layer of Llama-3.1-8B heads, on a bf16 and a float8_e4m3fn cache.
+
+--steps decode: the CUDA-graph steps' decode rows at the shapes of uniform 1000/1000, as the graphs
+launch them (persistent, BIG and SMALL items apart): the bf16 row on a bf16 cache, the FP8 row on
+an FP8 cache. The FP8 row's output is checked against the bf16 row run on the same cache converted
+to bf16 (every e4m3 value is a bf16 one) first. Reports ms a layer and the cache's bytes read per
+second.
+
+--steps prefill: steps with prefill chunks (eager launches) at the shapes of uniform 128/128 and
+2048/128 and of a shared-prefix step, with the default table's one fused launch ("fused") and with
+the prefill table (prefill_tile_config, "prefill_table"), on either cache. Every output is checked
+against the fused launch on the bf16 cache converted from the FP8 one. Reports ms a layer.
+
+Usage: PYTHONPATH=. python3 benchmarks/step_attention.py --out step_attention.json [--steps decode prefill]
+  [--dry-run: tiny shapes on CPU, TRITON_INTERPRET=1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import time
+
+import numpy as np
+import torch
+
+from batchllm.attention_plan.tile_config import TileConfig, decode_tile_config, default_tile_config, prefill_tile_config
+from batchllm.attention_plan.work_list import build_prefix_shared_plan
+from batchllm.ops.plan_device import device_num_sms, plan_to_device
+from batchllm.ops.prefix_attention import prefix_shared_attention
+from batchllm.perf.runner import git_commit
+from tests.synthetic_batch import SeqSpec, make_batch
+
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16  # Llama-3.1-8B
+GROUP = NUM_HEADS // NUM_KV_HEADS
+SHAPES = [(600, 1200), (1700, 1000)]  # (decode rows, mean context): the 1000/1000 run's decode steps
+DRY_SHAPES = [(6, 40)]
+
+
+def decode_step(num_rows: int, mean_context: int, dtype: torch.dtype, device: torch.device, seed: int = 0):
+    """A synthetic decode step: contexts drawn within +-20% of mean_context, blocks shuffled."""
+    rng = np.random.default_rng(seed)
+    seqs = [SeqSpec(1, int(mean_context * rng.uniform(0.8, 1.2))) for _ in range(num_rows)]
+    return _batch(seqs, dtype, device, seed)
+
+
+def prefill_steps(dry_run: bool, seed: int = 0) -> dict[str, list[SeqSpec]]:
+    """Steps with prefill chunks: decode rows beside fresh prompts of uniform 128/128 (7,100 rows
+    within 128-255 positions, 34 prompts of 128) and 2048/128 (800 rows within 2048-2175 positions,
+    7 prompts of 2048), and 40 groups of 16 decoding members over a 2000-token shared prefix (up to
+    200 positions of their own) beside a 2048-row prefix chunk of the next group."""
+    rng = np.random.default_rng(seed)
+    (rows_a, prompts_a, len_a), (rows_b, prompts_b, len_b, out_b) = (
+        ((12, 2, 16), (6, 1, 48, 8)) if dry_run else ((7100, 34, 128), (800, 7, 2048, 128)))
+    groups, members, prefix, own, chunk = (2, 3, 40, 8, 32) if dry_run else (40, 16, 2000, 200, 2048)
+    steps = {"128/128": ([SeqSpec(1, int(rng.integers(len_a + 1, 2 * len_a))) for _ in range(rows_a)]
+                         + [SeqSpec(len_a, len_a) for _ in range(prompts_a)])}
+    steps["2048/128"] = ([SeqSpec(1, int(rng.integers(len_b + 1, len_b + out_b))) for _ in range(rows_b)]
+                         + [SeqSpec(len_b, len_b) for _ in range(prompts_b)])
+    steps["shared prefixes"] = ([SeqSpec(1, prefix + int(rng.integers(1, own)), shared_kv_len=prefix, group_id=g)
+                                 for g in range(groups) for _ in range(members)]
+                                + [SeqSpec(chunk, chunk, group_id=groups, is_prefix=True)])
+    return steps
+
+
+def _batch(seqs: list[SeqSpec], dtype: torch.dtype, device: torch.device, seed: int = 0):
+    return make_batch(seqs, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM, block_size=BLOCK_SIZE,
+                      dtype=dtype, device=device, seed=seed)
+
+
+def graph_plan(batch, tile: TileConfig, device: torch.device):
+    """The step's work list as a CUDA graph launches it: persistent programs over the BIG and the
+    SMALL items."""
+    num_sms = device_num_sms(device)
+    plan = build_prefix_shared_plan(**batch.metadata_numpy(), block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS,
+                                    num_heads=NUM_HEADS, head_dim=HEAD_DIM, tile=tile, num_sms=num_sms,
+                                    programs_per_sm=tile.graph_programs_per_sm)
+    big, small = plan.class_lists()
+    counts = torch.tensor([big.shape[0], small.shape[0]], dtype=torch.int32, device=device)
+    return dataclasses.replace(plan_to_device(plan, device), num_items=counts,
+                               persistent_programs=num_sms * tile.graph_programs_per_sm)
+
+
+def eager_plan(batch, tile: TileConfig, device: torch.device):
+    """The step's work list as an eager step launches it (the backend's)."""
+    return plan_to_device(build_prefix_shared_plan(**batch.metadata_numpy(), block_size=BLOCK_SIZE,
+                                                   num_kv_heads=NUM_KV_HEADS, num_heads=NUM_HEADS, head_dim=HEAD_DIM,
+                                                   tile=tile, num_sms=device_num_sms(device)), device)
+
+
+def time_ms(fn, dry_run: bool) -> float:
+    if dry_run:
+        started = time.perf_counter()
+        fn()
+        return (time.perf_counter() - started) * 1e3
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=10, rep=200))
+
+
+def _caches(batch):
+    """The batch's caches as FP8, and those converted back to the query dtype (the same values)."""
+    k8, v8 = batch.k_cache.to(torch.float8_e4m3fn), batch.v_cache.to(torch.float8_e4m3fn)
+    return (k8, v8), (k8.to(batch.query.dtype), v8.to(batch.query.dtype))
+
+
+def _cache_dtype(cache: torch.Tensor) -> str:
+    return str(cache.dtype).replace("torch.", "")
+
+
+def measure(num_rows: int, mean_context: int, device: torch.device, dry_run: bool) -> list[dict]:
+    """The decode rows of one CUDA-graph step, bf16 row and FP8 row."""
+    dtype = torch.float32 if dry_run else torch.bfloat16
+    batch = decode_step(num_rows, mean_context, dtype, device)
+    side = torch.cuda.Stream(device) if device.type == "cuda" else None
+    scale = HEAD_DIM ** -0.5
+    (k8, v8), _ = _caches(batch)
+    bf16_row = decode_tile_config(HEAD_DIM, GROUP, interpret=dry_run)
+    fp8_row = decode_tile_config(HEAD_DIM, GROUP, interpret=dry_run, kv_fp8=True)
+    runs = {
+        "bf16_row": (bf16_row, batch.k_cache, batch.v_cache),
+        "fp8_row": (fp8_row, k8, v8),
+    }
+    expected = prefix_shared_attention(batch.query, k8.to(dtype), v8.to(dtype), graph_plan(batch, bf16_row, device),
+                                       scale, side_stream=side).float()
+    num_positions = int(batch.seq_lens.sum())
+    rows = []
+    for name, (tile, k_cache, v_cache) in runs.items():
+        plan = graph_plan(batch, tile, device)
+        run = lambda: prefix_shared_attention(batch.query, k_cache, v_cache, plan, scale, side_stream=side)  # noqa: E731
+        if name == "fp8_row":
+            torch.testing.assert_close(run().float(), expected, atol=3e-3, rtol=3e-3)
+        ms = time_ms(run, dry_run)
+        cache_bytes = num_positions * NUM_KV_HEADS * HEAD_DIM * 2 * k_cache.element_size()
+        rows.append({"steps": "decode", "decode_rows": num_rows, "mean_context": mean_context, "row": name,
+                     "cache_dtype": _cache_dtype(k_cache), "cache_bytes": cache_bytes,
+                     "ms_per_layer": round(ms, 3),
+                     "cache_tb_per_s": round(cache_bytes / ms / 1e9, 2)})
+    return rows
+
+
+def measure_prefill(name: str, seqs: list[SeqSpec], device: torch.device, dry_run: bool) -> list[dict]:
+    """One step with prefill chunks: the fused launch and the prefill table, on a bf16 and an FP8 cache."""
+    dtype = torch.float32 if dry_run else torch.bfloat16
+    batch = _batch(seqs, dtype, device)
+    side = torch.cuda.Stream(device) if device.type == "cuda" else None
+    scale = HEAD_DIM ** -0.5
+    fp8, converted = _caches(batch)
+    fused = default_tile_config(HEAD_DIM, GROUP, interpret=dry_run)
+    expected = prefix_shared_attention(batch.query, *converted, eager_plan(batch, fused, device), scale,
+                                       side_stream=side).float()
+    rows = []
+    for caches, kv_fp8 in ((converted, False), (fp8, True)):
+        for table, tile in (("fused", fused), ("prefill_table", prefill_tile_config(HEAD_DIM, GROUP, dry_run, kv_fp8))):
+            plan = eager_plan(batch, tile, device)
+            run = lambda: prefix_shared_attention(batch.query, *caches, plan, scale, side_stream=side)  # noqa: E731
+            # float16 MMAs round the probabilities differently from bfloat16 ones: a bf16 unit at most
+            torch.testing.assert_close(run().float(), expected, atol=2e-2, rtol=2e-2)
+            rows.append({"steps": "prefill", "shape": name, "query_rows": batch.query.shape[0],
+                         "kv_positions": int(batch.seq_lens.sum()), "row": table,
+                         "cache_dtype": _cache_dtype(caches[0]), "split_classes": tile.split_classes,
+                         "fp8_conversion": tile.fp8_conversion if kv_fp8 else None,
+                         "ms_per_layer": round(time_ms(run, dry_run), 3)})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="step_attention.json")
+    parser.add_argument("--steps", nargs="+", choices=("decode", "prefill"), default=["decode", "prefill"],
+                        help="which steps to time (default: both)")
+    parser.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU (TRITON_INTERPRET=1)")
+    args = parser.parse_args(argv)
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    rows = []
+    if "decode" in args.steps:
+        for num_rows, mean_context in (DRY_SHAPES if args.dry_run else SHAPES):
+            rows.extend(measure(num_rows, mean_context, device, args.dry_run))
+            print(*(json.dumps(row) for row in rows[-2:]), sep="\n", flush=True)
+    if "prefill" in args.steps:
+        for name, seqs in prefill_steps(args.dry_run).items():
+            rows.extend(measure_prefill(name, seqs, device, args.dry_run))
+            print(*(json.dumps(row) for row in rows[-4:]), sep="\n", flush=True)
+    result = {"git_commit": git_commit(), "date": datetime.date.today().isoformat(),
+              "device": "cpu" if args.dry_run else torch.cuda.get_device_name(device), "rows": rows}
+    with open(args.out, "w") as handle:
+        json.dump(result, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

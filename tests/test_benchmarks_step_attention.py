@@ -1,0 +1,50 @@
+"""benchmarks/step_attention.py on CPU (the Triton interpreter): its dry run checks every row's
+output against the reference row on the converted cache and writes one row per kind."""
+
+import json
+
+from tests.script_loader import load_benchmark_script
+
+step_attention = load_benchmark_script("step_attention.py")
+
+
+def test_dry_run_writes_the_decode_rows(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    out = tmp_path / "decode.json"
+    assert step_attention.main(["--dry-run", "--steps", "decode", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["row"], r["cache_dtype"]) for r in rows] == [("bf16_row", "float32"), ("fp8_row", "float8_e4m3fn")]
+    assert all(r["ms_per_layer"] > 0 for r in rows)
+    # K and V of every position's 8 KV heads x 128 dims: 4 bytes a value in float32, 1 in FP8
+    torch = step_attention.torch
+    positions = int(step_attention.decode_step(6, 40, torch.float32, torch.device("cpu")).seq_lens.sum())
+    assert rows[0]["cache_bytes"] == positions * 8 * 128 * 2 * 4
+    assert rows[1]["cache_bytes"] == positions * 8 * 128 * 2
+
+
+def test_dry_run_writes_the_prefill_rows(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    out = tmp_path / "prefill.json"
+    assert step_attention.main(["--dry-run", "--steps", "prefill", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    kinds = [("fused", "float32", False), ("prefill_table", "float32", True), ("fused", "float8_e4m3fn", False),
+             ("prefill_table", "float8_e4m3fn", True)]
+    assert [(r["shape"], r["row"], r["cache_dtype"], r["split_classes"]) for r in rows] == [
+        (shape, *kind) for shape in ("128/128", "2048/128", "shared prefixes") for kind in kinds]
+    assert [r["fp8_conversion"] for r in rows[:4]] == [None, None, "query", "float16_ptx_v"]
+    assert all(r["ms_per_layer"] > 0 for r in rows)
+
+
+def test_decode_step_draws_contexts_around_the_mean():
+    batch = step_attention.decode_step(50, 100, step_attention.torch.float32, step_attention.torch.device("cpu"))
+    lengths = batch.seq_lens.tolist()
+    assert len(lengths) == 50 and min(lengths) >= 80 and max(lengths) <= 120
+
+
+def test_prefill_steps_hold_their_decode_rows_and_prompts():
+    steps = step_attention.prefill_steps(dry_run=False)
+    uniform = steps["128/128"]
+    assert sum(s.q_len == 1 for s in uniform) == 7100 and all(128 < s.seq_len < 256 for s in uniform if s.q_len == 1)
+    assert [s.q_len for s in uniform if s.q_len > 1] == [128] * 34
+    shared = steps["shared prefixes"]
+    assert sum(s.group_id >= 0 and not s.is_prefix for s in shared) == 640 and shared[-1].q_len == 2048

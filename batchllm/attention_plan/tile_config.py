@@ -117,7 +117,6 @@ def decode_tile_config(head_dim: int, group_size: int, interpret: bool | None = 
                    small_num_stages=3, fp8_conversion="float16_ptx_v")
 
 
-
 def prefill_tile_config(head_dim: int, group_size: int, interpret: bool | None = None,
                         kv_fp8: bool = False) -> TileConfig:
     """Tiles of steps with prefill chunks (eager launches): the default table with the BIG items

@@ -130,11 +130,12 @@ def prefill_tile_config(head_dim: int, group_size: int, interpret: bool | None =
     against 1.95, 2.12-2.15 against 2.13 and 0.330 against 0.364. Only heads of 128 were measured;
     smaller ones keep the default table."""
     base = default_tile_config(head_dim, group_size, interpret)
-    if base.small_n < 64:  # the interpreter's tiny config (CPU tests): only the split, and the FP8 row's MMAs
-        return replace(base, split_classes=True, fp8_conversion="float16_ptx_v" if kv_fp8 else "query")
-    if head_dim < 128:
+    tiny = base.small_n < 64  # the interpreter's config (CPU tests): only the split, and the FP8 MMAs
+    if head_dim < 128 and not tiny:
         return base
-    split = replace(base, split_classes=True, small_n=64, small_num_warps=4, small_num_stages=2)
+    # the decode steps' bf16 row (its launches and SMALL tiles), with the default table's dense calls
+    split = replace(decode_tile_config(head_dim, group_size, interpret), dense_min_rows=base.dense_min_rows,
+                    dense_causal_min_rows=base.dense_causal_min_rows)
     if not kv_fp8:
         return split
-    return replace(split, small_max_registers=128, fp8_conversion="float16_ptx_v")
+    return replace(split, small_max_registers=None if tiny else 128, fp8_conversion="float16_ptx_v")

@@ -116,15 +116,15 @@ def measure(num_rows: int, mean_context: int, device: torch.device, dry_run: boo
     batch = decode_step(num_rows, mean_context, dtype, device)
     side = torch.cuda.Stream(device) if device.type == "cuda" else None
     scale = HEAD_DIM ** -0.5
-    (k8, v8), _ = _caches(batch)
+    (k8, v8), converted = _caches(batch)
     bf16_row = decode_tile_config(HEAD_DIM, GROUP, interpret=dry_run)
     fp8_row = decode_tile_config(HEAD_DIM, GROUP, interpret=dry_run, kv_fp8=True)
     runs = {
         "bf16_row": (bf16_row, batch.k_cache, batch.v_cache),
         "fp8_row": (fp8_row, k8, v8),
     }
-    expected = prefix_shared_attention(batch.query, k8.to(dtype), v8.to(dtype), graph_plan(batch, bf16_row, device),
-                                       scale, side_stream=side).float()
+    expected = prefix_shared_attention(batch.query, *converted, graph_plan(batch, bf16_row, device), scale,
+                                       side_stream=side).float()
     num_positions = int(batch.seq_lens.sum())
     rows = []
     for name, (tile, k_cache, v_cache) in runs.items():

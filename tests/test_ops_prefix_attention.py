@@ -370,6 +370,27 @@ def test_batched_causal_calls_match_reference(device, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_dense_calls_padded_to_their_sizes_match_reference(device, dtype):
+    """The library kernel sees rows padded up to the dense calls' sizes: three fresh 9-row prompts
+    (a batch of squares padded to 10 rows with zero rows and KV), an 11-row prompt (padded to 12 by
+    the query's next rows), and, last in the step, a 9-row chunk at positions 40-48 (its 40-position
+    context and its square padded with zero rows). Equal to the reference."""
+    from dataclasses import replace
+
+    from batchllm.attention_plan.dense_calls import dense_rows_padded
+
+    seqs = [SeqSpec(9, 9)] * 3 + [SeqSpec(11, 11), SeqSpec(1, 30), SeqSpec(9, 49)]
+    tile = replace(_dense_tile(min_rows=4, min_tokens=8), dense_causal_min_rows=9)
+    b, plan, ref = _merge_case(seqs, HEADS["gqa3_d64"], dtype, device, tile, 16)
+    calls = [(c.q_start, c.q_count, c.batch, c.kv_len, c.causal) for c in plan_to_device(plan, device).dense]
+    assert calls == [(39, 9, 1, 40, False), (0, 27, 3, 9, True), (27, 11, 1, 11, True), (39, 9, 1, 9, True)]
+    assert [dense_rows_padded(rows // batch) for _, rows, batch, _, _ in calls] == [10, 10, 12, 10]
+    assert b.query.shape[0] == 48  # the last chunk's padded rows run past the query: zero rows
+    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan_to_device(plan, device), 64 ** -0.5)
+    torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_a_step_of_fresh_prompts_is_one_call_whose_output_is_the_steps(device, dtype):
     """Four fresh 6-token prompts and nothing else: one batched causal call computes every row,
     so its output is the step's (no tiles, no merge); with a decode row beside them it is not."""
@@ -491,13 +512,15 @@ def test_dense_calls_on_cudnn_gpu(kv_fp8):
     assert (tile.dense_min_rows, tile.dense_min_tokens, tile.causal_square_rows()) == (512, 1024, 4096)
     # (KV positions, causal) of each call, in row order
     expected = {
-        # the engine's table: the group's rows x its prefix up to the prefix chunk's first row, the
-        # long prompt's chunk x its first 2361 positions
-        "table": (tile, [[1537, 0], [2361, 0]]),
+        # the engine's table: the group's rows x its prefix up to the prefix chunk's first row (1537
+        # positions), the long prompt's chunk x its first 2361, each cut down to the dense calls'
+        # sizes (dense_size_step: 1536 and 2048)
+        "table": (tile, [[1536, 0], [2048, 0]]),
         # causal squares from 512 rows: the prefix chunk leaves its group (its first 1536 positions,
         # then its own 512, causal), the members' 516 rows see the whole prefix, the long prompt's
-        # chunk sees its first 2360 positions, then its own 640, causal (unmasked calls first)
-        "squares": (replace(tile, dense_causal_min_rows=512), [[1536, 0], [2048, 0], [2360, 0], [512, 1], [640, 1]]),
+        # chunk sees its first 2360 positions (cut to 2048), then its own 640, causal (unmasked
+        # calls first; 640 rows pad to 640)
+        "squares": (replace(tile, dense_causal_min_rows=512), [[1536, 0], [2048, 0], [2048, 0], [512, 1], [640, 1]]),
         "tiles only": (replace(tile, dense_min_rows=0), []),
     }
     outs = []

@@ -241,8 +241,9 @@ def _group_and_chunks_batch():
 def test_dense_calls_take_the_kv_every_row_of_a_segment_sees():
     """A group's rows (a prefix chunk at positions 35-39 and two members' chunks of 6 and 4
     rows) all see the prefix up to 36, and an ungrouped 7-row chunk at positions 53-59 sees its
-    first 53 positions whole. From 6 rows: the group's block up to 36 is one dense call (the rest
-    of the prefix stays in tiles), and the 7-row chunk gets a call for its context and a causal
+    first 53 positions whole. From 6 rows: the group's block, cut down to the dense calls' sizes
+    (32 positions), is one dense call (the rest of the prefix stays in tiles), and the 7-row chunk
+    gets a call for its first 48 positions (the rest of its context stays in tiles) and a causal
     call for its own positions. A one-row decode is below the row threshold."""
     from dataclasses import replace
 
@@ -256,12 +257,13 @@ def test_dense_calls_take_the_kv_every_row_of_a_segment_sees():
     # the unmasked calls, then the causal ones; a member's own KV starts at block 3 of its table
     # (after the shared 40 positions)
     assert plan.dense[:, [0, 1, 2, 3, 4, 5, 7, 8]].tolist() == [
-        [0, 15, 0, 0, 0, 36, 0, 1], [15, 7, 3, 0, 0, 53, 0, 1], [5, 6, 1, 3, 0, 6, 1, 1], [15, 7, 3, 3, 5, 7, 1, 1]]
+        [0, 15, 0, 0, 0, 32, 0, 1], [15, 7, 3, 0, 0, 48, 0, 1], [5, 6, 1, 3, 0, 6, 1, 1], [15, 7, 3, 3, 5, 7, 1, 1]]
     assert (plan.dense[:, 6] >= 0).all()  # every row of a call has other parts too: partial slots
     prefix = plan.work[(plan.work[:, F_KIND] == KIND_PREFIX) & (plan.work[:, F_SEQ] == 0)]  # group 0's
-    assert prefix[:, F_KV_START].min() == 36 and prefix[:, F_KV_END].max() == 40
+    assert prefix[:, F_KV_START].min() == 32 and prefix[:, F_KV_END].max() == 40
     assert (prefix[:, F_MASK_MODE] == MASK_ROW_LIMIT).any()  # the prefix chunk's rows see 36-40
-    assert not (plan.work[:, F_SEQ] == 3).any()  # the 7-row chunk is all dense calls
+    chunk = plan.work[plan.work[:, F_SEQ] == 3]  # the 7-row chunk's context past the call: 48-53
+    assert chunk[:, F_KV_START].min() == 48 and chunk[:, F_KV_END].max() == 53
     # every row's parts are merged: a slot per dense row, and the calls' slots are distinct
     slots = np.concatenate([np.arange(base, base + rows) for rows, base in plan.dense[:, [1, 6]]])
     assert np.unique(slots).size == 35 and np.isin(slots, plan.merge_slots).all()
@@ -270,22 +272,23 @@ def test_dense_calls_take_the_kv_every_row_of_a_segment_sees():
     assert off.dense.shape == (0, 9)
     fewer = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8,
                                      tile=replace(tile, dense_min_tokens=40), kv_split_tokens=1024)
-    # the 36-position block is too short; the 53-position context still gets its call
-    assert fewer.dense[:, [0, 1, 5, 7]].tolist() == [[15, 7, 53, 0], [5, 6, 6, 1], [15, 7, 7, 1]]
+    # the 32-position block is too short; the 53-position context still gets a 48-position call
+    assert fewer.dense[:, [0, 1, 5, 7]].tolist() == [[15, 7, 48, 0], [5, 6, 6, 1], [15, 7, 7, 1]]
     squares_from = lambda rows: build_prefix_shared_plan(
         **b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8,
         tile=replace(tile, dense_causal_min_rows=rows), kv_split_tokens=1024).dense[:, [0, 1, 5, 7]].tolist()
     # causal squares from 7 rows: the member's 6 rows stay in tiles
-    assert squares_from(7) == [[0, 15, 36, 0], [15, 7, 53, 0], [15, 7, 7, 1]]
-    # from 8 rows: none; the 7-row chunk's call takes every position its first row sees
-    assert squares_from(8) == [[0, 15, 36, 0], [15, 7, 54, 0]]
+    assert squares_from(7) == [[0, 15, 32, 0], [15, 7, 48, 0], [15, 7, 7, 1]]
+    # from 8 rows: none; the 7-row chunk's call takes the positions its first row sees (54), cut to 48
+    assert squares_from(8) == [[0, 15, 32, 0], [15, 7, 48, 0]]
 
 
 def test_long_prefix_chunks_leave_their_group_segment():
     """From 4 rows the group's 5-row prefix chunk is carved out of its group's segment: a call
-    for its first 35 positions and a causal call for its own 35-39 (through its own block
-    table), while the members' rows see the whole 40-position prefix in one call. No work item
-    is left for group 0 or the ungrouped chunk; the prefix chunk's rows have no row-limit tile."""
+    for its first 35 positions cut down to the dense calls' sizes (32; positions 32-34 stay in a
+    tile) and a causal call for its own 35-39 (through its own block table), while the members'
+    rows see the whole 40-position prefix in one call. The ungrouped chunk's context call takes 48
+    of its 53 positions; the prefix chunk's rows have no row-limit tile."""
     from dataclasses import replace
 
     from batchllm.attention_plan.work_list import build_prefix_shared_plan
@@ -295,9 +298,11 @@ def test_long_prefix_chunks_leave_their_group_segment():
     plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8, tile=tile,
                                     kv_split_tokens=1024)
     assert plan.dense[:, [0, 1, 2, 3, 4, 5, 7]].tolist() == [
-        [0, 5, 0, 0, 0, 35, 0], [5, 10, 0, 0, 0, 40, 0], [15, 7, 3, 0, 0, 53, 0],
+        [0, 5, 0, 0, 0, 32, 0], [5, 10, 0, 0, 0, 40, 0], [15, 7, 3, 0, 0, 48, 0],
         [0, 5, 0, 2, 3, 5, 1], [5, 6, 1, 3, 0, 6, 1], [11, 4, 2, 3, 0, 4, 1], [15, 7, 3, 3, 5, 7, 1]]
-    assert plan.work[:, F_SEQ].tolist() == [4, 4]  # only the decode row's prefix piece and own KV
+    # the decode row's prefix piece and own KV, and what the two calls cut down leave
+    assert sorted(plan.work[:, [F_SEQ, F_KV_START, F_KV_END]].tolist()) == [
+        [0, 32, 35], [3, 48, 53], [4, 0, 21], [4, 21, 30]]
 
 
 def test_equal_causal_squares_on_consecutive_rows_run_as_one_batched_call():
@@ -328,3 +333,46 @@ def test_equal_causal_squares_on_consecutive_rows_run_as_one_batched_call():
     fewer = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8,
                                      tile=replace(tile, dense_causal_min_rows=19), kv_split_tokens=1024)
     assert fewer.dense.shape == (0, 9)
+
+
+def test_dense_call_sizes_step_by_an_eighth_of_their_octave():
+    """The dense calls' sizes: steps of 2^(bit_length - 3), so 512-1024 by 128 and 1024-2048 by
+    256; rows pad up to them."""
+    from batchllm.attention_plan.dense_calls import dense_rows_padded, dense_size_step
+
+    sizes = np.array([1, 7, 8, 15, 512, 513, 828, 1221, 2000, 2361, 4097])
+    assert dense_size_step(sizes).tolist() == [1, 1, 2, 2, 128, 128, 128, 256, 256, 512, 1024]
+    assert [dense_rows_padded(int(n)) for n in sizes] == [1, 7, 8, 16, 512, 640, 896, 1280, 2048, 2560, 5120]
+
+
+def test_dense_calls_of_varied_chunks_meet_few_shapes():
+    """200 chunks of 512-2047 rows after contexts of 1024-4095 positions, each a different shape:
+    their unmasked calls' KV is cut down to the sizes (by less than a quarter; the rest stays in
+    tiles) and their rows pad up to them, so the library kernel sees 4 sizes an octave each way,
+    at most 9 x 8 shapes here."""
+    from dataclasses import replace
+
+    from batchllm.attention_plan.dense_calls import dense_rows_padded, dense_size_step
+    from batchllm.attention_plan.work_list import F_KV_START, build_prefix_shared_plan
+    from synthetic_batch import SeqSpec, make_batch
+
+    rng = np.random.default_rng(7)
+    rows, contexts = rng.integers(512, 2048, 200), rng.integers(1024, 4096, 200)
+    shapes, exact = set(), set()
+    tile = replace(default_tile_config(128, 4, interpret=False), dense_causal_min_rows=1 << 30)  # no squares
+    for num_rows, context in zip(rows.tolist(), contexts.tolist()):
+        b = make_batch([SeqSpec(num_rows, context + num_rows), SeqSpec(1, 300)], num_heads=8, num_kv_heads=2,
+                       head_dim=16, block_size=16)
+        plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8,
+                                        head_dim=128, tile=tile, kv_split_tokens=1 << 20)
+        (call,) = plan.dense.tolist()
+        kv_len = call[5]
+        assert kv_len % int(dense_size_step(np.array([kv_len]))[0]) == 0 and context - kv_len < context / 4
+        chunk = plan.work[plan.work[:, F_SEQ] == 0]
+        assert chunk[:, F_KV_START].min() == kv_len  # the context past the call stays in tiles
+        shapes.add((dense_rows_padded(num_rows), kv_len))
+        exact.add((num_rows, context))
+    row_sizes = {512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048}
+    kv_sizes = {1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584}
+    assert {r for r, _ in shapes} <= row_sizes and {kv for _, kv in shapes} <= kv_sizes
+    assert len(exact) == 200 and len(shapes) <= len(row_sizes) * len(kv_sizes)

@@ -9,8 +9,10 @@ float8_e4m3fn with its scales (dequantized in the kernel's registers, attention_
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from batchllm.attention_plan.checks import check, next_power_of_2
+from batchllm.attention_plan.dense_calls import dense_rows_padded
 from batchllm.attention_plan.work_list import WORK_FIELDS
 from batchllm.ops.attention_kernels import merge_partials_kernel, work_list_attention_kernel
 from batchllm.ops.dense_attention import dense_attention_lse
@@ -115,15 +117,30 @@ def _work_lists(plan) -> list[tuple]:
 def _dense_output(call, query, k_cache, v_cache, scale, k_scale: float = 1.0, v_scale: float = 1.0):
     """One dense call (attention_plan.dense_calls.cut_dense_calls): gather its blocks and attend on the library
     kernel (with its causal mask for a chunk's own positions; a batch of equal squares in one
-    call). Returns (out [batch, rows, heads, head_dim], lse [batch, rows, heads] natural log)."""
+    call). Returns (out [batch, rows, heads, head_dim], lse [batch, rows, heads] natural log).
+
+    The library kernel sees its rows padded up to the dense calls' sizes (dense_rows_padded), so
+    that it meets few shapes: the extra rows are the query's next rows where it has them (else
+    zeros), a causal square's with zero KV positions after its own, which its mask hides from the
+    real rows; their outputs are dropped."""
+    num_rows = call.q_count // call.batch
+    padded = dense_rows_padded(num_rows)
     positions = slice(call.offset, call.offset + call.kv_len)
     key, value = (cache.index_select(0, call.blocks).view(call.batch, -1, *cache.shape[2:])[:, positions]
                   for cache in (k_cache, v_cache))
     if is_fp8(k_cache.dtype):  # exact in the query dtype; the scales fold into scale and the output
         key, value = key.to(query.dtype), value.to(query.dtype)
-    rows = query[call.q_start:call.q_start + call.q_count]
-    o, lse = dense_attention_lse(rows.view(call.batch, -1, *query.shape[1:]), key, value,
-                                 float(scale) * float(k_scale), call.causal)
+    if call.causal and padded > num_rows:
+        key, value = (F.pad(t, (0, 0, 0, 0, 0, padded - num_rows)) for t in (key, value))
+    if call.batch == 1 and call.q_start + padded <= query.shape[0]:
+        rows = query[call.q_start:call.q_start + padded].unsqueeze(0)
+    else:
+        rows = query[call.q_start:call.q_start + call.q_count].view(call.batch, num_rows, *query.shape[1:])
+        if padded > num_rows:
+            rows = F.pad(rows, (0, 0, 0, 0, 0, padded - num_rows))
+    o, lse = dense_attention_lse(rows, key, value, float(scale) * float(k_scale), call.causal)
+    if padded > num_rows:
+        o, lse = o[:, :num_rows], lse[:, :num_rows]
     if v_scale != 1.0:
         o = o * v_scale
     return o, lse

@@ -374,10 +374,12 @@ def test_dense_calls_padded_to_their_sizes_match_reference(device, dtype):
     """The library kernel sees rows padded up to the dense calls' sizes: three fresh 9-row prompts
     (a batch of squares padded to 10 rows with zero rows and KV), an 11-row prompt (padded to 12 by
     the query's next rows), and, last in the step, a 9-row chunk at positions 40-48 (its 40-position
-    context and its square padded with zero rows). Equal to the reference."""
+    context and its square padded with zero rows). Equal to the reference; so is the step of the
+    three prompts alone, one padded call whose output is the step's."""
     from dataclasses import replace
 
     from batchllm.attention_plan.dense_calls import dense_rows_padded
+    from batchllm.ops.prefix_attention import whole_step_call
 
     seqs = [SeqSpec(9, 9)] * 3 + [SeqSpec(11, 11), SeqSpec(1, 30), SeqSpec(9, 49)]
     tile = replace(_dense_tile(min_rows=4, min_tokens=8), dense_causal_min_rows=9)
@@ -387,6 +389,13 @@ def test_dense_calls_padded_to_their_sizes_match_reference(device, dtype):
     assert [dense_rows_padded(rows // batch) for _, rows, batch, _, _ in calls] == [10, 10, 12, 10]
     assert b.query.shape[0] == 48  # the last chunk's padded rows run past the query: zero rows
     out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan_to_device(plan, device), 64 ** -0.5)
+    torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+    # the three prompts alone: one padded call whose output is the step's
+    b, plan, ref = _merge_case(seqs[:3], HEADS["gqa3_d64"], dtype, device, tile, 16)
+    device_plan = plan_to_device(plan, device)
+    assert whole_step_call(device_plan) is not None and plan.work.shape[0] == 0
+    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, device_plan, 64 ** -0.5)
+    assert out.shape == b.query.shape
     torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
 
 

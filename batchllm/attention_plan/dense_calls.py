@@ -134,7 +134,8 @@ def cut_dense_calls(seg: Segments, prefix_limit: np.ndarray, tile: TileConfig, b
                                                - seg.num_rows[limited])
     dense_end = np.minimum(seg.kv_end, visible)
     length = np.maximum(dense_end - seg.kv_start, 0)
-    dense_end = seg.kv_start + length // dense_size_step(length) * dense_size_step(length)
+    step = dense_size_step(length)
+    dense_end = seg.kv_start + length // step * step
     chosen = np.nonzero((seg.num_rows >= tile.dense_min_rows)
                         & (dense_end - seg.kv_start >= tile.dense_min_tokens))[0]
     if chosen.size == 0 and square.size == 0:

@@ -84,6 +84,8 @@ def test_uniform_spec_and_its_default_request_counts():
     assert split_workload_spec("uniform:128:128", 512) == ("uniform:128:128", 30_000)
     assert split_workload_spec("uniform:2048:128", 512) == ("uniform:2048:128", 3_000)
     assert split_workload_spec("uniform:1000:1000", 512) == ("uniform:1000:1000", 3_000)
+    assert split_workload_spec("uniform:5000:500", 512) == ("uniform:5000:500", 1_500)
+    assert split_workload_spec("uniform:20000:2000", 512) == ("uniform:20000:2000", 1_000)
     assert split_workload_spec("uniform:128:128#64", 512) == ("uniform:128:128", 64)
     assert split_workload_spec("uniform:100:10", 512) == ("uniform:100:10", 512)
     workload = make_workload("uniform:12:7", 5, 100, 32000, 0)  # OSL from the spec, not output_tokens

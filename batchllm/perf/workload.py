@@ -13,9 +13,12 @@ from batchllm.io.batch_input import BatchError, read_batch_file
 from batchllm.perf.workloads import Workload, industrial_workload, micro_workload, uniform_workload
 
 DEFAULT_WORKLOAD = "micro:2000:200:16"
-# Request counts of TensorRT-LLM's throughput table for its uniform ISL/OSL rows: enough requests
-# to reach a steady state (short requests enter and leave fast, so more of them).
-UNIFORM_DEFAULT_REQUESTS = {(128, 128): 30_000, (2048, 128): 3_000, (1000, 1000): 3_000}
+# Request counts of TensorRT-LLM's throughput table for its uniform ISL/OSL rows (its performance
+# overview, `docs/source/performance/perf-overview.md`): enough requests to reach a steady state
+# (short requests enter and leave fast, so more of them).
+UNIFORM_DEFAULT_REQUESTS = {(128, 128): 30_000, (128, 2048): 3_000, (128, 4096): 1_500, (500, 2000): 3_000,
+                            (1000, 1000): 3_000, (1000, 2000): 1_500, (2048, 128): 3_000, (2048, 2048): 1_500,
+                            (5000, 500): 1_500, (20000, 2000): 1_000}
 
 
 def make_workload(spec: str, num_requests: int, output_tokens: int, vocab_size: int, seed: int) -> Workload:

@@ -14,7 +14,7 @@ from batchllm.sched.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, SchedulerConfi
 # Share of the GPU's memory the engine may fill (weights, activations, KV cache).
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.90
 
-ATTENTION_BACKENDS = ("auto", "reference", "torch", "triton", "fused")
+ATTENTION_BACKENDS = ("auto", "reference", "torch", "triton", "fused", "xqa")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 QUANTIZATIONS = ("fp8",)
 KV_CACHE_DTYPES = ("auto", "fp8")

@@ -2,7 +2,8 @@
 
 --steps decode: the CUDA-graph steps' decode rows at the shapes of uniform 1000/1000, as the graphs
 launch them (persistent, BIG and SMALL items apart): the bf16 row on a bf16 cache, the FP8 row on
-an FP8 cache. The FP8 row's output is checked against the bf16 row run on the same cache converted
+an FP8 cache, and on a Hopper GPU with FlashInfer installed the `xqa` backend's kernel (XQA) on the
+FP8 cache. The FP8 rows' outputs are checked against the bf16 row run on the same cache converted
 to bf16 (every e4m3 value is a bf16 one) first. Reports ms a layer and the cache's bytes read per
 second.
 
@@ -30,6 +31,7 @@ from batchllm.attention_plan.tile_config import TileConfig, decode_tile_config, 
 from batchllm.attention_plan.work_list import build_prefix_shared_plan
 from batchllm.ops.plan_device import device_num_sms, plan_to_device
 from batchllm.ops.prefix_attention import prefix_shared_attention
+from batchllm.ops.xqa_decode import xqa_installed
 from batchllm.perf.runner import git_commit
 from tests.synthetic_batch import SeqSpec, make_batch
 
@@ -138,6 +140,18 @@ def measure(num_rows: int, mean_context: int, device: torch.device, dry_run: boo
                      "cache_dtype": _cache_dtype(k_cache), "cache_bytes": cache_bytes,
                      "ms_per_layer": round(ms, 3),
                      "cache_tb_per_s": round(cache_bytes / ms / 1e9, 2)})
+    if not dry_run and xqa_installed() and torch.cuda.get_device_capability(device) >= (9, 0):
+        from batchllm.ops.xqa_decode import XqaDecode
+
+        xqa = XqaDecode(device)
+        run = lambda: xqa(batch.query, k8, v8, batch.block_tables, batch.seq_lens, scale)  # noqa: E731
+        # FP8 products (the query and the probabilities rounded to e4m3): a looser check
+        torch.testing.assert_close(run().float(), expected, atol=5e-2, rtol=5e-2)
+        ms = time_ms(run, dry_run)
+        cache_bytes = num_positions * NUM_KV_HEADS * HEAD_DIM * 2
+        rows.append({"steps": "decode", "decode_rows": num_rows, "mean_context": mean_context, "row": "xqa",
+                     "cache_dtype": _cache_dtype(k8), "cache_bytes": cache_bytes, "ms_per_layer": round(ms, 3),
+                     "cache_tb_per_s": round(cache_bytes / ms / 1e9, 2)})
     return rows
 
 
@@ -178,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     if "decode" in args.steps:
         for num_rows, mean_context in (DRY_SHAPES if args.dry_run else SHAPES):
             rows.extend(measure(num_rows, mean_context, device, args.dry_run))
-            print(*(json.dumps(row) for row in rows[-2:]), sep="\n", flush=True)
+            print(*(json.dumps(row) for row in rows if row.get("decode_rows") == num_rows), sep="\n", flush=True)
     if "prefill" in args.steps:
         for name, seqs in prefill_steps(args.dry_run).items():
             rows.extend(measure_prefill(name, seqs, device, args.dry_run))

@@ -46,7 +46,7 @@ def test_the_flat_options_build_one_frozen_tree():
 @pytest.mark.parametrize("options,message", [
     (dict(device="banana"), "device must be auto, cpu, cuda or cuda:N, got 'banana'"),
     (dict(device="cuda:x"), "device must be auto, cpu, cuda or cuda:N, got 'cuda:x'"),
-    (dict(attention_backend="flash"), "attention_backend must be one of auto, reference, torch, triton, fused, "
+    (dict(attention_backend="flash"), "attention_backend must be one of auto, reference, torch, triton, fused, xqa, "
                                       "got 'flash'"),
     (dict(kv_cache_tokens=8), "--kv-cache-tokens 8 is less than one KV block (--block-size 16): give at least 16"),
     (dict(tensor_parallel_size=2, ray_num_replicas=2), "--tensor-parallel-size > 1 does not work with --ray (each "

@@ -290,3 +290,63 @@ def test_decode_graphs_replay_a_padded_plan(engine):
     eager_later = runner.forward(later, allow_graph=False).clone()
     torch.testing.assert_close(runner.forward(later), eager_later, atol=1e-5, rtol=1e-5)
     assert runner.graphs.num_replays == 2 and capture.num_captured == 1
+
+
+class _ReferenceXqa:
+    """Stands in for XQA (ops/xqa_decode.py) on the CPU: row i attends positions [0, seq_lens[i]) through
+    block-table row i, by the reference; counts its calls."""
+
+    def __init__(self) -> None:
+        self.num_calls = 0
+
+    def __call__(self, query, k_cache, v_cache, block_tables, seq_lens, scale, k_scale, v_scale, out):
+        from batchllm.ops.reference import paged_attention_reference
+
+        self.num_calls += 1
+        num_rows = query.shape[0]
+        starts = torch.arange(num_rows + 1, dtype=torch.int32)
+        result = paged_attention_reference(query, k_cache, v_cache, starts, seq_lens, torch.zeros_like(seq_lens),
+                                           block_tables, scale, k_scale=k_scale, v_scale=v_scale)
+        return result if out is None else out.copy_(result)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="the fused backend on CPU tensors needs Triton's interpreter (set where no GPU is)")
+def test_decode_graphs_of_lone_rows_attend_by_xqa(engine):
+    """With an XQA kernel (here the reference in its place), a decode step whose rows share no KV
+    runs a graph keyed for it, whose plan hands every layer the rows' block tables and KV positions
+    (padding rows: 1), and gives the eager step's hidden states; a step with a group prefix runs a
+    work-list graph of the same rows and width."""
+    from batchllm.engine.cuda_graphs import DecodeGraphRunner
+
+    arch = engine.arch
+    cache = KVCache.allocate(arch.num_layers, 64, 16, arch.num_kv_heads, arch.head_dim, torch.float32, CPU)
+    torch.manual_seed(0)
+    cache.k.normal_()
+    cache.v.normal_()
+    runner = ModelRunner(engine.runner.model, arch, cache, 16, CPU, "fused", cuda_graphs=False, max_num_tokens=64,
+                         piecewise_on_cpu=True)
+    runner.backend.xqa = xqa = _ReferenceXqa()
+    capture = ClosureCapture()
+    runner.graphs = DecodeGraphRunner(runner.model, cache, runner.backend, runner.scale, runner.buffers,
+                                      runner.staging, capture)
+    lone = [ScheduledChunk(seq_id=i, token_ids=(7 + i,), start_position=10 + 4 * i, num_tokens=1,
+                           new_block_ids=(2 * i, 2 * i + 1), shared_kv_len=0, sample=True, is_decode=True)
+            for i in range(5)]
+    grouped = [ScheduledChunk(seq_id=10 + i, token_ids=(3 + i,), start_position=21 + i, num_tokens=1,
+                              new_block_ids=(20, 21 + i), shared_kv_len=16, sample=True, group_id=0, is_decode=True)
+               for i in range(3)]
+    for chunks, by_xqa in ((lone, True), (grouped, False)):
+        step = build_step_inputs(SchedulerOutput(0, tuple(chunks)), 16)
+        key = runner.graphs.key_for(step)
+        assert key.xqa is by_xqa
+        eager = runner.forward(step, allow_graph=False).clone()
+        calls = xqa.num_calls
+        graphed = runner.forward(step).clone()
+        assert runner.last_mode == "graph_replay"
+        # the closure "capture" runs the step again at each replay: XQA in every layer, or never
+        assert xqa.num_calls - calls == (2 * arch.num_layers if by_xqa else 0)
+        torch.testing.assert_close(graphed, eager, atol=1e-5, rtol=1e-5)
+    seq_lens = {key.xqa: graph.layout.views(graph.plan32)["seq_lens"].tolist()
+                for key, graph in runner.graphs.graphs.items()}
+    assert seq_lens[True] == [11, 15, 19, 23, 27, 1, 1, 1]

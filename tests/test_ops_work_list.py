@@ -217,8 +217,10 @@ def test_graph_layout_cuts_the_buffer_like_a_step_plan():
 
     layout = graph_layout(num_rows=16, num_blocks=32, items_capacity=1088, slots_capacity=1152, work_fields=12)
     views = layout.views(np.zeros(layout.num_int32, np.int32))
-    assert list(views)[:len(PLAN_ARRAYS)] == list(PLAN_ARRAYS) and list(views)[-2:] == ["num_items", "work_small"]
+    assert list(views)[:len(PLAN_ARRAYS)] == list(PLAN_ARRAYS)
+    assert list(views)[len(PLAN_ARRAYS):] == ["num_items", "work_small", "seq_lens"]
     assert views["work"].shape == (1088, 12) and views["block_tables"].shape == (16, 32)
+    assert views["seq_lens"].shape == (16,)
     assert views["merge_offsets"].shape == (17,) and views["num_items"].shape == (2,)
     assert all(start % 4 == 0 for start in layout.starts)
     arrays = {"work": np.arange(36, dtype=np.int32).reshape(3, 12), "prefix_limit": np.arange(5, dtype=np.int32)}

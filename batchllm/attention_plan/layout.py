@@ -62,7 +62,8 @@ def graph_layout(num_rows: int, num_blocks: int, items_capacity: int, slots_capa
                  work_fields: int) -> PlanBufferLayout:
     """The static plan buffer of a decode CUDA graph: PLAN_ARRAYS at fixed capacities, the item
     counts of its persistent launches ([2]: BIG then SMALL, or all items then none), and a second
-    work list for the SMALL items of class-split launches (`work` then holds the BIG ones)."""
+    work list for the SMALL items of class-split launches (`work` then holds the BIG ones), and each
+    row's KV positions (read by XQA decode graphs only: ops/xqa_decode.py)."""
     return PlanBufferLayout((
         ("work", (items_capacity, work_fields)),
         ("block_tables", (num_rows, num_blocks)),
@@ -72,4 +73,5 @@ def graph_layout(num_rows: int, num_blocks: int, items_capacity: int, slots_capa
         ("merge_slots", (slots_capacity,)),
         ("num_items", (2,)),
         ("work_small", (items_capacity, work_fields)),
+        ("seq_lens", (num_rows,)),
     ))

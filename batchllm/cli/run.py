@@ -98,8 +98,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"token budget of one step (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="request cap per step (default: none)")
     parser.add_argument("--block-size", type=int, default=16, help="KV block size in tokens")
-    parser.add_argument("--attention-backend", default="auto", choices=["auto", "reference", "torch", "triton", "fused"],
-                        help="attention implementation (auto: fused Triton kernel on GPU, batched PyTorch on CPU)")
+    parser.add_argument("--attention-backend", default="auto",
+                        choices=["auto", "reference", "torch", "triton", "fused", "xqa"],
+                        help="attention implementation (auto: fused Triton kernel on GPU, batched PyTorch on CPU; "
+                             "xqa: fused, with FlashInfer's XQA kernel for decode steps whose requests share no "
+                             "prefix: Hopper GPUs, --kv-cache-dtype fp8, pip install flashinfer-python)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION,
                         help="share of the GPU's memory the engine may fill: weights, activations and the KV "
                              f"cache, which takes what is left (default {DEFAULT_GPU_MEMORY_UTILIZATION})")

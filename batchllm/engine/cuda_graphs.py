@@ -1,5 +1,6 @@
 """Whole-step CUDA graphs for decode steps (every chunk one row), attention included: one graph per
-rows bucket and block-table width, captured on first use (docs/design.md, "CUDA graphs")."""
+rows bucket, block-table width and attention (the work-list kernels, or XQA for steps whose rows share
+no KV: ops/xqa_decode.py), captured on first use (docs/design.md, "CUDA graphs")."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from batchllm.ops.transfer import PinnedStaging
 class GraphKey:
     num_rows: int  # bucket: rows of the graph (> the step's tokens)
     num_blocks: int  # block-table width (power of two)
+    xqa: bool = False  # its attention is XQA's (the backend's decode_by_xqa): replays only such steps
 
 
 class _Graph:
@@ -43,10 +45,11 @@ class _Graph:
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def fill(self, staging: PinnedStaging, plan: PrefixSharedPlan, lists: tuple[np.ndarray, np.ndarray],
-             num_tokens: int) -> None:
-        """lists: plan.class_lists(), the work list(s) as the graph's launches take them."""
+             num_tokens: int, seq_lens: np.ndarray) -> None:
+        """lists: plan.class_lists(), the work list(s) as the graph's launches take them; seq_lens:
+        the step's (one row per seq)."""
         staged = staging.stage(self.layout.num_int32, np.int32)
-        fill_decode_plan(self.layout.views(staged.array), plan, lists, self.key.num_rows, num_tokens)
+        fill_decode_plan(self.layout.views(staged.array), plan, lists, self.key.num_rows, num_tokens, seq_lens)
         staging.copy(staged, self.plan32)
 
     def device_plan(self, template: PrefixSharedPlan, num_sms: int) -> PrefixSharedPlanOnDevice:
@@ -62,7 +65,8 @@ class _Graph:
             num_partial_slots=graph_slots_capacity(self.key.num_rows),
             num_tokens=self.key.num_rows, num_heads=template.num_heads, num_kv_heads=template.num_kv_heads,
             block_size=template.block_size, tile=template.tile, num_items=views["num_items"],
-            persistent_programs=num_sms * template.tile.graph_programs_per_sm)
+            persistent_programs=num_sms * template.tile.graph_programs_per_sm,
+            decode_seq_lens=views["seq_lens"] if self.key.xqa else None)
 
 
 class DecodeGraphRunner:
@@ -87,7 +91,7 @@ class DecodeGraphRunner:
         rows = decode_rows_bucket(inputs.num_tokens)
         if rows is None or rows > self.buffers.capacity:
             return None
-        return GraphKey(rows, block_table_width(int(inputs.block_tables.shape[1])))
+        return GraphKey(rows, block_table_width(int(inputs.block_tables.shape[1])), self.backend.decode_by_xqa(inputs))
 
     def run(self, inputs: StepInputs, plan: PrefixSharedPlan,
             feed: Callable[[torch.Tensor], None]) -> torch.Tensor | None:
@@ -105,7 +109,7 @@ class DecodeGraphRunner:
         if graph is None:
             graph = self.graphs[key] = _Graph(key, self.buffers.tokens.device)
         input_ids, positions, slot_mapping = self.buffers.fill_tokens(self.staging, inputs, key.num_rows)
-        graph.fill(self.staging, plan, lists, inputs.num_tokens)
+        graph.fill(self.staging, plan, lists, inputs.num_tokens, inputs.seq_lens)
         feed(input_ids)
         if graph.graph is None:
             self._capture(graph, plan, input_ids, positions, slot_mapping)

@@ -72,6 +72,9 @@ class PrefixSharedPlanOnDevice:
     work_small: torch.Tensor | None = None
     # the plan's dense calls, launched from the host (their blocks cut once per step)
     dense: tuple[DenseCall, ...] = ()
+    # [num_tokens] int32 KV positions of each row (>= 1; padded rows 1): set on the decode graphs
+    # whose attention is XQA's (ops/xqa_decode.py), None on every other plan
+    decode_seq_lens: torch.Tensor | None = None
 
 
 def plan_to_device(plan: PrefixSharedPlan, device: torch.device | str,

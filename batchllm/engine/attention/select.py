@@ -11,6 +11,7 @@ from batchllm.engine.attention.protocol import AttentionBackend
 from batchllm.engine.attention.reference import ReferenceBackend
 from batchllm.engine.attention.triton_backend import TritonBackend
 from batchllm.ops.kv_quant import is_fp8
+from batchllm.ops.xqa_decode import XqaDecode, check_xqa_supported
 
 
 def resolve_backend_name(name: str, device: torch.device) -> str:
@@ -31,6 +32,10 @@ def make_backend(name: str, device: torch.device, block_size: int, num_heads: in
         return ReferenceBackend(layer_windows)
     if name == "torch":
         return BatchedTorchBackend(block_size, layer_windows)
+    if name == "xqa":  # `fused`, with XQA's decode graphs (ops/xqa_decode.py)
+        check_xqa_supported(device, kv_cache_dtype, block_size, head_dim, layer_windows)
+        return TritonBackend(block_size, num_heads, num_kv_heads, head_dim, device, uses_groups=True,
+                             layer_windows=layer_windows, kv_fp8=True, xqa=XqaDecode(device))
     if name in ("triton", "fused"):
         kv_fp8 = kv_cache_dtype is not None and is_fp8(kv_cache_dtype)
         return TritonBackend(block_size, num_heads, num_kv_heads, head_dim, device, uses_groups=name == "fused",

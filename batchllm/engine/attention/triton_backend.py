@@ -2,7 +2,8 @@
 over a host-built work list (attention_plan/). `fused` (BatchLLM section 5) gives the work list the
 step's prefix-sharing groups: prefix tiles (a group's rows x its shared prefix KV, a MatMul) and
 distinct tiles in one launch. `triton` is plain paged attention (what the vllm / sglang baseline
-policies run): every seq reads its whole block table, no knowledge of groups."""
+policies run): every seq reads its whole block table, no knowledge of groups. `xqa` is `fused` whose
+decode graphs attend by XQA (ops/xqa_decode.py) when their rows share no KV."""
 
 from __future__ import annotations
 
@@ -16,15 +17,18 @@ from batchllm.engine.attention.protocol import AttentionMetadata
 from batchllm.engine.step_inputs import StepInputs
 from batchllm.ops.plan_device import PrefixSharedPlanOnDevice, device_num_sms, plan_to_device
 from batchllm.ops.transfer import Upload
+from batchllm.ops.xqa_decode import XqaDecode
 
 
 class TritonBackend:
     supports_cuda_graphs = True
 
     def __init__(self, block_size: int, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
-                 uses_groups: bool, layer_windows: tuple[int | None, ...] = (), kv_fp8: bool = False) -> None:
+                 uses_groups: bool, layer_windows: tuple[int | None, ...] = (), kv_fp8: bool = False,
+                 xqa: XqaDecode | None = None) -> None:
         """uses_groups: whether the work list knows the step's prefix-sharing groups (`fused`).
-        kv_fp8: the KV cache is float8_e4m3fn (decode steps get that cache's tiles)."""
+        kv_fp8: the KV cache is float8_e4m3fn (decode steps get that cache's tiles).
+        xqa: the decode graphs of steps whose rows share no KV attend by it (`xqa`; FP8 caches)."""
         # The kernels' modules import Triton: loaded with a backend that runs them, once.
         from batchllm.ops.kv_store import store_kv
         from batchllm.ops.prefix_attention import prefix_shared_attention
@@ -33,6 +37,7 @@ class TritonBackend:
         self.block_size, self.num_heads, self.num_kv_heads = block_size, num_heads, num_kv_heads
         self.head_dim, self.device, self.uses_groups = head_dim, device, uses_groups
         self.layer_windows = tuple(layer_windows)
+        self.xqa = xqa
         self.num_sms = device_num_sms(device)  # split-KV pieces fill the device; CUDA graphs size their grids
         group_size = num_heads // num_kv_heads
         # Decode-only steps (one row per seq: the CUDA-graph steps) run class-split launches with the
@@ -58,6 +63,12 @@ class TritonBackend:
             head_dim=self.head_dim, tile=tile, num_sms=self.num_sms, **programs,
         )
 
+    def decode_by_xqa(self, inputs: StepInputs) -> bool:
+        """XQA reads each row's KV through its own block table, position p in block p // block_size:
+        a step whose rows share no KV (no group prefix, no shared blocks) is laid out that way, and
+        nothing is read twice that the work list would read once."""
+        return self.xqa is not None and not inputs.shared_kv_lens.any()
+
     def plan_to_device(self, plan: PrefixSharedPlan, device: torch.device,
                        upload: Upload | None = None) -> PrefixSharedPlanOnDevice:
         return plan_to_device(plan, device, upload)
@@ -69,5 +80,10 @@ class TritonBackend:
     def attend(self, query, k_cache, v_cache, metadata: AttentionMetadata[PrefixSharedPlanOnDevice], scale: float,
                window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
                out: torch.Tensor | None = None) -> torch.Tensor:
+        plan = metadata.plan
+        if plan.decode_seq_lens is not None:  # an XQA decode graph (decode_by_xqa)
+            assert self.xqa is not None and window is None
+            return self.xqa(query, k_cache, v_cache, plan.block_tables, plan.decode_seq_lens, scale, k_scale, v_scale,
+                            out)
         return self._attention(query, k_cache, v_cache, metadata.plan, scale, window, metadata.positions,
                                k_scale, v_scale, self.side_stream, out)

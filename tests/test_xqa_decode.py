@@ -1,0 +1,179 @@
+"""The `xqa` attention backend: decode graphs of steps whose rows share no KV attend by FlashInfer's
+XQA kernel (ops/xqa_decode.py). On the CPU: what it refuses, which steps it takes, how the graph
+hands it the rows' KV positions and how the backend calls it. On a Hopper GPU with FlashInfer
+installed: the kernel against the reference, and the engine's XQA graphs against its eager steps."""
+
+import importlib.util
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from synthetic_batch import SeqSpec, make_batch
+
+HAS_FLASHINFER = importlib.util.find_spec("flashinfer") is not None
+K_SCALE, V_SCALE = 0.02, 0.015
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+
+
+@pytest.mark.parametrize("device,capability,kv_dtype,block_size,head_dim,windows,message", [
+    ("cpu", None, torch.float8_e4m3fn, 16, 128, (), "runs on a CUDA GPU, not on cpu"),
+    ("cuda", (8, 0), torch.float8_e4m3fn, 16, 128, (), "needs a Hopper GPU"),
+    ("cuda", (9, 0), torch.bfloat16, 16, 128, (), "add --kv-cache-dtype fp8"),
+    ("cuda", (9, 0), None, 16, 128, (), "add --kv-cache-dtype fp8"),
+    ("cuda", (9, 0), torch.float8_e4m3fn, 8, 128, (), "blocks of (16, 32, 64, 128) tokens, not 8"),
+    ("cuda", (9, 0), torch.float8_e4m3fn, 16, 96, (), "heads of (64, 128, 256) dimensions, not 96"),
+    ("cuda", (9, 0), torch.float8_e4m3fn, 16, 128, (None, 4096), "sliding window"),
+])
+def test_xqa_refuses_what_it_cannot_run(monkeypatch, device, capability, kv_dtype, block_size, head_dim, windows,
+                                        message):
+    from batchllm.ops.xqa_decode import check_xqa_supported
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_xqa_supported(torch.device(device), kv_dtype, block_size, head_dim, windows)
+
+
+def test_xqa_backend_refused_on_cpu_and_accepted_by_the_config():
+    from batchllm.config import EngineConfig
+    from batchllm.engine.attention.select import make_backend
+
+    assert EngineConfig(attention_backend="xqa").attention_backend == "xqa"
+    with pytest.raises(ValueError, match="runs on a CUDA GPU"):
+        make_backend("xqa", torch.device("cpu"), 16, 32, 8, 128, (), torch.float8_e4m3fn)
+
+
+@pytest.mark.skipif(HAS_FLASHINFER, reason="FlashInfer is installed here")
+def test_xqa_without_flashinfer_says_how_to_install_it():
+    from batchllm.ops.xqa_decode import XqaDecode
+
+    with pytest.raises(RuntimeError, match="pip install flashinfer-python"):
+        XqaDecode(torch.device("cpu"))
+
+
+class _FakeXqa:
+    """Records the backend's call and returns a marker output."""
+
+    def __init__(self) -> None:
+        self.calls = []
+
+    def __call__(self, query, k_cache, v_cache, block_tables, seq_lens, scale, k_scale, v_scale, out):
+        self.calls.append((block_tables, seq_lens, scale, k_scale, v_scale, out))
+        return torch.full_like(query, 7.0)
+
+
+def _backend(xqa):
+    from batchllm.engine.attention.triton_backend import TritonBackend
+
+    return TritonBackend(16, 4, 2, 16, torch.device("cpu"), uses_groups=True, kv_fp8=True, xqa=xqa)
+
+
+def test_only_steps_whose_rows_share_no_kv_attend_by_xqa():
+    fake = _FakeXqa()
+    lone = types.SimpleNamespace(shared_kv_lens=np.zeros(5, np.int32))
+    sharing = types.SimpleNamespace(shared_kv_lens=np.array([0, 0, 37, 37, 0], np.int32))
+    assert _backend(fake).decode_by_xqa(lone) and not _backend(fake).decode_by_xqa(sharing)
+    assert not _backend(None).decode_by_xqa(lone)  # `fused`: never
+
+
+def test_backend_attends_by_xqa_when_the_plan_carries_seq_lens():
+    from batchllm.engine.attention.protocol import AttentionMetadata
+
+    fake = _FakeXqa()
+    backend = _backend(fake)
+    query = torch.randn(3, 4, 16)
+    tables, seq_lens = torch.arange(6, dtype=torch.int32).view(3, 2), torch.tensor([5, 17, 1], dtype=torch.int32)
+    plan = types.SimpleNamespace(decode_seq_lens=seq_lens, block_tables=tables)
+    metadata = AttentionMetadata(torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64), plan)
+    out = torch.empty_like(query)
+    got = backend.attend(query, None, None, metadata, 0.25, None, K_SCALE, V_SCALE, out)
+    assert torch.equal(got, torch.full_like(query, 7.0))
+    (call,) = fake.calls
+    assert call[0] is tables and call[1] is seq_lens and call[2:5] == (0.25, K_SCALE, V_SCALE) and call[5] is out
+
+
+def test_graph_plan_carries_each_rows_kv_positions():
+    """A decode graph's static buffer holds the step's seq lens, 1 on its padding rows."""
+    from batchllm.attention_plan.layout import graph_layout
+    from batchllm.attention_plan.tile_config import decode_tile_config
+    from batchllm.attention_plan.work_list import WORK_FIELDS, build_prefix_shared_plan
+    from batchllm.engine.graph_shapes import fill_decode_plan, graph_items_capacity, graph_slots_capacity
+
+    b = make_batch([SeqSpec(1, n) for n in (40, 17, 33)], num_heads=4, num_kv_heads=2, head_dim=16, block_size=16)
+    meta = b.metadata_numpy()
+    plan = build_prefix_shared_plan(**meta, block_size=16, num_kv_heads=2, num_heads=4, head_dim=16,
+                                    tile=decode_tile_config(16, 2, interpret=True), num_sms=4)
+    rows = 8
+    layout = graph_layout(rows, 4, graph_items_capacity(rows), graph_slots_capacity(rows), WORK_FIELDS)
+    host = layout.views(np.full(layout.num_int32, -5, np.int32))
+    fill_decode_plan(host, plan, plan.class_lists(), rows, 3, meta["seq_lens"])
+    assert host["seq_lens"].tolist() == [40, 17, 33, 1, 1, 1, 1, 1]
+    assert host["block_tables"][:3, :3].tolist() == meta["block_tables"][:, :3].tolist()
+
+
+needs_xqa = pytest.mark.skipif(not (HAS_FLASHINFER and _hopper()), reason="needs FlashInfer and a Hopper GPU")
+
+
+@pytest.mark.gpu
+@needs_xqa
+def test_xqa_kernel_matches_the_reference_gpu():
+    """Llama-3.1-8B heads on an FP8 cache with scales that are not powers of two, in a CUDA graph:
+    XQA rounds the query and the probabilities to e4m3, so it is held to a bf16-FP8 tolerance."""
+    from batchllm.ops.kv_quant import quantize_e4m3
+    from batchllm.ops.reference import paged_attention_reference
+    from batchllm.ops.xqa_decode import XqaDecode
+
+    seqs = [SeqSpec(1, 1 + 97 * i) for i in range(24)]
+    b = make_batch(seqs, num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16,
+                   device="cuda")
+    k8, v8 = quantize_e4m3(b.k_cache, K_SCALE), quantize_e4m3(b.v_cache, V_SCALE)
+    scale = 128 ** -0.5
+    ref = paged_attention_reference(b.query.float(), k8, v8, b.query_start_loc, b.seq_lens, b.shared_kv_lens,
+                                    b.block_tables, scale, k_scale=K_SCALE, v_scale=V_SCALE)
+    xqa = XqaDecode(torch.device("cuda"))
+    out = torch.empty_like(b.query)
+    step = lambda: xqa(b.query, k8, v8, b.block_tables, b.seq_lens, scale, K_SCALE, V_SCALE, out)  # noqa: E731
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # compiles
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    error = (out.float() - ref).abs()
+    assert error.max() < 0.06 and error.mean() < 6e-3, (error.max(), error.mean())
+
+
+@pytest.mark.gpu
+@needs_xqa
+def test_engine_xqa_graphs_match_eager_steps_gpu():
+    """A decode step of requests that share nothing replays an XQA graph, one with a group's
+    prefix a work-list graph; both give the eager forward's hidden states (work-list kernels)."""
+    from batchllm import LLM
+    from batchllm.engine.step_inputs import build_step_inputs
+    from batchllm.sched.interface import ScheduledChunk, SchedulerOutput
+    from test_engine_cuda_graphs import MODEL, _decode_step, _random_cache
+
+    llm = LLM(model=MODEL, kv_cache_tokens=8192, attention_backend="xqa", kv_cache_dtype="fp8")
+    runner = llm.engine.runner
+    _random_cache(llm, k_scale=K_SCALE, v_scale=V_SCALE)
+    lone = SchedulerOutput(0, tuple(
+        ScheduledChunk(seq_id=i, token_ids=(5 + i,), start_position=40 + 29 * i, num_tokens=1,
+                       new_block_ids=tuple(range(20 * i, 20 * i + 4 + 2 * i)), sample=True, is_decode=True)
+        for i in range(9)))
+    for step, xqa in ((lone, True), (_decode_step(16), False)):
+        inputs = build_step_inputs(step, 16)
+        assert runner.graphs.key_for(inputs).xqa is xqa
+        eager = runner.forward(inputs, allow_graph=False).float().clone()
+        graphed = runner.forward(inputs).float().clone()
+        assert runner.last_mode == "graph_replay"
+        torch.testing.assert_close(graphed, eager, atol=6e-2, rtol=6e-2)
+    assert {key.xqa for key in runner.graphs.graphs} == {True, False}

@@ -56,14 +56,14 @@ def test_xqa_without_flashinfer_says_how_to_install_it():
 
 
 class _FakeXqa:
-    """Records the backend's call and returns a marker output."""
+    """Records the backend's call and writes a marker output to `out`."""
 
     def __init__(self) -> None:
         self.calls = []
 
     def __call__(self, query, k_cache, v_cache, block_tables, seq_lens, scale, k_scale, v_scale, out):
         self.calls.append((block_tables, seq_lens, scale, k_scale, v_scale, out))
-        return torch.full_like(query, 7.0)
+        return out.fill_(7.0)
 
 
 def _backend(xqa):
@@ -87,13 +87,14 @@ def test_backend_attends_by_xqa_when_the_plan_carries_seq_lens():
     backend = _backend(fake)
     query = torch.randn(3, 4, 16)
     tables, seq_lens = torch.arange(6, dtype=torch.int32).view(3, 2), torch.tensor([5, 17, 1], dtype=torch.int32)
-    plan = types.SimpleNamespace(decode_seq_lens=seq_lens, block_tables=tables)
+    plan = types.SimpleNamespace(lead_seq_lens=seq_lens, block_tables=tables)
     metadata = AttentionMetadata(torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64), plan)
     out = torch.empty_like(query)
     got = backend.attend(query, None, None, metadata, 0.25, None, K_SCALE, V_SCALE, out)
     assert torch.equal(got, torch.full_like(query, 7.0))
     (call,) = fake.calls
-    assert call[0] is tables and call[1] is seq_lens and call[2:5] == (0.25, K_SCALE, V_SCALE) and call[5] is out
+    assert torch.equal(call[0], tables) and call[1] is seq_lens and call[2:5] == (0.25, K_SCALE, V_SCALE)
+    assert call[5].data_ptr() == out.data_ptr() and call[5].shape == out.shape
 
 
 def test_graph_plan_carries_each_rows_kv_positions():
@@ -113,6 +114,70 @@ def test_graph_plan_carries_each_rows_kv_positions():
     fill_decode_plan(host, plan, plan.class_lists(), rows, 3, meta["seq_lens"])
     assert host["seq_lens"].tolist() == [40, 17, 33, 1, 1, 1, 1, 1]
     assert host["block_tables"][:3, :3].tolist() == meta["block_tables"][:, :3].tolist()
+
+
+def _mixed_step():
+    """Three decode rows of requests that share nothing, then a 20-token prompt chunk, a group's
+    prefix chunk and a member's first chunk after it, and one more lone decode row: XQA takes the
+    leading three."""
+    from batchllm.sched.interface import ScheduledChunk, SchedulerOutput
+
+    chunks = [ScheduledChunk(seq_id=i, token_ids=(5 + i,), start_position=20 + 9 * i, num_tokens=1,
+                             new_block_ids=(4 * i, 4 * i + 1, 4 * i + 2), sample=True, is_decode=True)
+              for i in range(3)]
+    chunks.append(ScheduledChunk(seq_id=3, token_ids=tuple(range(100, 120)), start_position=0, num_tokens=20,
+                                 new_block_ids=(20, 21), sample=True))
+    chunks.append(ScheduledChunk(seq_id=-1, token_ids=tuple(range(50, 67)), start_position=0, num_tokens=17,
+                                 new_block_ids=(30, 31), is_prefix=True, group_id=0))
+    chunks.append(ScheduledChunk(seq_id=4, token_ids=(1, 2, 3), start_position=17, num_tokens=3,
+                                 new_block_ids=(30, 31, 32), shared_kv_len=17, sample=True, group_id=0))
+    chunks.append(ScheduledChunk(seq_id=5, token_ids=(9,), start_position=33, num_tokens=1,
+                                 new_block_ids=(40, 41, 42), sample=True, is_decode=True))
+    return SchedulerOutput(0, tuple(chunks))
+
+
+def test_leading_lone_rows_of_a_mixed_step_attend_by_xqa():
+    """A step with prefill chunks: XQA (here the reference in its place) attends its leading rows
+    that share nothing, the work list (which has no items for them) the rest; together they give
+    the fused backend's output, and the plan hands XQA those rows' KV positions."""
+    from batchllm.attention_plan.work_list import F_Q_START
+    from batchllm.engine.attention.protocol import AttentionMetadata
+    from batchllm.engine.step_inputs import build_step_inputs
+    from batchllm.ops.plan_device import plan_to_device
+    from test_engine_piecewise import _ReferenceXqa
+
+    inputs = build_step_inputs(_mixed_step(), 16)
+    xqa = _ReferenceXqa()
+    with_xqa, plain = _backend(xqa), _backend(None)
+    assert with_xqa.xqa_rows(inputs) == 3 and plain.xqa_rows(inputs) == 0
+    plan = with_xqa.build_plan(inputs)
+    assert plan.lead_seq_lens.tolist() == [21, 30, 39]
+    assert plan.work[:, F_Q_START].min() >= 3
+    torch.manual_seed(0)
+    query = torch.randn(inputs.num_tokens, 4, 16)
+    k_cache, v_cache = torch.randn(64, 16, 2, 16), torch.randn(64, 16, 2, 16)
+    positions = torch.as_tensor(inputs.positions)
+
+    def attend(backend, host_plan):
+        metadata = AttentionMetadata(torch.as_tensor(inputs.slot_mapping), positions,
+                                     plan_to_device(host_plan, torch.device("cpu")))
+        return backend.attend(query, k_cache, v_cache, metadata, 0.25)
+
+    expected = attend(plain, plain.build_plan(inputs))
+    got = attend(with_xqa, plan)
+    assert xqa.num_calls == 1
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_planner_refuses_lead_rows_that_are_not_lone_rows():
+    from batchllm.attention_plan.work_list import build_prefix_shared_plan
+    from batchllm.engine.step_inputs import build_step_inputs
+
+    inputs = build_step_inputs(_mixed_step(), 16)
+    args = (inputs.query_start_loc, inputs.seq_lens, inputs.shared_kv_lens, inputs.block_tables)
+    with pytest.raises(ValueError, match="lead rows must be one row per seq"):
+        build_prefix_shared_plan(*args, block_size=16, num_kv_heads=2, num_heads=4, head_dim=16, num_sms=4,
+                                 num_lead_rows=4)
 
 
 needs_xqa = pytest.mark.skipif(not (HAS_FLASHINFER and _hopper()), reason="needs FlashInfer and a Hopper GPU")
@@ -154,26 +219,32 @@ def test_xqa_kernel_matches_the_reference_gpu():
 
 @pytest.mark.gpu
 @needs_xqa
-def test_engine_xqa_graphs_match_eager_steps_gpu():
-    """A decode step of requests that share nothing replays an XQA graph, one with a group's
-    prefix a work-list graph; both give the eager forward's hidden states (work-list kernels)."""
+def test_engine_xqa_steps_match_the_fused_backend_gpu():
+    """The same random model and FP8 cache under `xqa` and `fused`: a decode step of requests that
+    share nothing (an XQA graph, and eagerly), a decode step with a group prefix (a work-list graph)
+    and a step with prefill chunks whose leading decode rows XQA takes (piecewise) give the fused
+    backend's eager hidden states."""
     from batchllm import LLM
     from batchllm.engine.step_inputs import build_step_inputs
     from batchllm.sched.interface import ScheduledChunk, SchedulerOutput
     from test_engine_cuda_graphs import MODEL, _decode_step, _random_cache
 
-    llm = LLM(model=MODEL, kv_cache_tokens=8192, attention_backend="xqa", kv_cache_dtype="fp8")
-    runner = llm.engine.runner
-    _random_cache(llm, k_scale=K_SCALE, v_scale=V_SCALE)
+    engines = {name: LLM(model=MODEL, kv_cache_tokens=8192, attention_backend=name, kv_cache_dtype="fp8")
+               for name in ("xqa", "fused")}
+    for llm in engines.values():
+        _random_cache(llm, k_scale=K_SCALE, v_scale=V_SCALE)  # the same values in both
+    xqa, fused = engines["xqa"].engine.runner, engines["fused"].engine.runner
     lone = SchedulerOutput(0, tuple(
         ScheduledChunk(seq_id=i, token_ids=(5 + i,), start_position=40 + 29 * i, num_tokens=1,
                        new_block_ids=tuple(range(20 * i, 20 * i + 4 + 2 * i)), sample=True, is_decode=True)
         for i in range(9)))
-    for step, xqa in ((lone, True), (_decode_step(16), False)):
+    for step, by_xqa in ((lone, True), (_decode_step(16), False), (_mixed_step(), None)):
         inputs = build_step_inputs(step, 16)
-        assert runner.graphs.key_for(inputs).xqa is xqa
-        eager = runner.forward(inputs, allow_graph=False).float().clone()
-        graphed = runner.forward(inputs).float().clone()
-        assert runner.last_mode == "graph_replay"
-        torch.testing.assert_close(graphed, eager, atol=6e-2, rtol=6e-2)
-    assert {key.xqa for key in runner.graphs.graphs} == {True, False}
+        expected = fused.forward(inputs, allow_graph=False).float().clone()
+        if by_xqa is not None:
+            assert xqa.graphs.key_for(inputs).xqa is by_xqa
+            torch.testing.assert_close(xqa.forward(inputs, allow_graph=False).float(), expected, atol=6e-2, rtol=6e-2)
+        graphed = xqa.forward(inputs).float().clone()
+        assert xqa.last_mode == ("graph_replay" if by_xqa is not None else "piecewise")
+        torch.testing.assert_close(graphed, expected, atol=6e-2, rtol=6e-2)
+    assert {key.xqa for key in xqa.graphs.graphs} == {True, False}

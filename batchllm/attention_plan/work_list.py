@@ -82,6 +82,10 @@ class PrefixSharedPlan:
     # unmasked (0) (cut_dense_calls); batch: at the first call of a batch of causal calls run as one
     # (batch_squares) the number of calls it holds, 0 for the others, 1 for a call alone
     dense: np.ndarray = field(default_factory=lambda: np.zeros((0, DENSE_FIELDS), np.int64))
+    # [num_lead_rows] int32: the KV positions of the step's first rows, one row per seq, which the
+    # work list leaves to another kernel (the xqa backend's decode rows, reading [0, len) through
+    # their own block tables); empty: none
+    lead_seq_lens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
 
     @property
     def num_partial_slots(self) -> int:
@@ -227,6 +231,7 @@ def build_prefix_shared_plan(
     num_sms: int | None = None,  # the device's SM count (ops.plan_device.device_num_sms); needed unless kv_split_tokens
     programs_per_sm: int = 4,
     order: str | None = None,  # "cost" | "interleave" | "auto"; None = DEFAULT_WORK_ORDER
+    num_lead_rows: int = 0,  # the first seqs, one row each, attended elsewhere (PrefixSharedPlan.lead_seq_lens)
 ) -> PrefixSharedPlan:
     order = DEFAULT_WORK_ORDER if order is None else order
     check(order in WORK_ORDERS, f"order must be one of {WORK_ORDERS}, got {order!r}")
@@ -238,6 +243,11 @@ def build_prefix_shared_plan(
     prefix_limit = row_prefix_limits(step, groups)
     squares = square_seqs(step, tile, block_size)
     segments = carve_prefix_chunks(step_segments(step, groups, block_size), step, squares)
+    if num_lead_rows:
+        check(bool(np.all(step.num_rows[:num_lead_rows] == 1)) and not step.is_prefix[:num_lead_rows].any()
+              and not step.shared_kv_lens[:num_lead_rows].any(),
+              "lead rows must be one row per seq, sharing no KV")
+        segments = segments.take(np.nonzero(segments.q_start >= num_lead_rows)[0])
     segments, dense = cut_dense_calls(segments, prefix_limit, tile, block_size, squares)
     tiles = _row_tiles(segments, prefix_limit, tile, group_size)
     piece_tokens = _kv_piece_tokens(tiles, tile, kv_split_tokens, num_sms, programs_per_sm, num_kv_heads)
@@ -254,4 +264,4 @@ def build_prefix_shared_plan(
         prefix_limit=prefix_limit.astype(np.int32), merge_tokens=merges.merge_tokens.astype(np.int32),
         merge_offsets=merges.merge_offsets.astype(np.int32), merge_slots=merges.merge_slots.astype(np.int32),
         num_tokens=step.num_tokens, num_heads=num_heads, num_kv_heads=num_kv_heads, block_size=block_size,
-        tile=tile)
+        tile=tile, lead_seq_lens=step.seq_lens[:num_lead_rows].astype(np.int32))

@@ -100,8 +100,8 @@ def add_parser(subparsers) -> None:
                         help=f"token budget per step (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
     parser.add_argument("--attention-backend", default="auto",
                         choices=["auto", "reference", "torch", "triton", "fused", "xqa"],
-                        help="as batchllm run's (xqa: FlashInfer's XQA kernel for decode steps whose requests share "
-                             "no prefix; FP8 KV caches on Hopper GPUs)")
+                        help="as batchllm run's (xqa: FlashInfer's XQA kernel for the decode rows of requests that "
+                             "share no prefix; FP8 KV caches on Hopper GPUs)")
     parser.add_argument("--kv-cache-tokens", type=int, default=None,
                         help="KV cache capacity in tokens (default: what --gpu-memory-utilization leaves; "
                              "32768 on CPU)")

@@ -101,8 +101,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention-backend", default="auto",
                         choices=["auto", "reference", "torch", "triton", "fused", "xqa"],
                         help="attention implementation (auto: fused Triton kernel on GPU, batched PyTorch on CPU; "
-                             "xqa: fused, with FlashInfer's XQA kernel for decode steps whose requests share no "
-                             "prefix: Hopper GPUs, --kv-cache-dtype fp8, pip install flashinfer-python)")
+                             "xqa: fused, with FlashInfer's XQA kernel for the decode rows of requests that share no "
+                             "prefix: Hopper GPUs, --kv-cache-dtype fp8, pip install 'batchllm[xqa]')")
     parser.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION,
                         help="share of the GPU's memory the engine may fill: weights, activations and the KV "
                              f"cache, which takes what is left (default {DEFAULT_GPU_MEMORY_UTILIZATION})")

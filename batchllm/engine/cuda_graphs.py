@@ -66,7 +66,7 @@ class _Graph:
             num_tokens=self.key.num_rows, num_heads=template.num_heads, num_kv_heads=template.num_kv_heads,
             block_size=template.block_size, tile=template.tile, num_items=views["num_items"],
             persistent_programs=num_sms * template.tile.graph_programs_per_sm,
-            decode_seq_lens=views["seq_lens"] if self.key.xqa else None)
+            lead_seq_lens=views["seq_lens"] if self.key.xqa else None)
 
 
 class DecodeGraphRunner:

@@ -72,9 +72,10 @@ class PrefixSharedPlanOnDevice:
     work_small: torch.Tensor | None = None
     # the plan's dense calls, launched from the host (their blocks cut once per step)
     dense: tuple[DenseCall, ...] = ()
-    # [num_tokens] int32 KV positions of each row (>= 1; padded rows 1): set on the decode graphs
-    # whose attention is XQA's (ops/xqa_decode.py), None on every other plan
-    decode_seq_lens: torch.Tensor | None = None
+    # [num_lead_rows] int32: the KV positions (>= 1) of the first rows, which XQA attends
+    # (ops/xqa_decode.py) and the work list leaves out (PrefixSharedPlan.lead_seq_lens): some of a
+    # step's, or every row of an XQA decode graph (its padding rows 1); None: none
+    lead_seq_lens: torch.Tensor | None = None
 
 
 def plan_to_device(plan: PrefixSharedPlan, device: torch.device | str,
@@ -85,12 +86,15 @@ def plan_to_device(plan: PrefixSharedPlan, device: torch.device | str,
     arrays = {name: np.asarray(getattr(plan, name), dtype=np.int32) for name in PLAN_ARRAYS}
     if plan.tile.split_classes:
         arrays["work_big"], arrays["work_small"] = plan.class_lists()
+    if plan.lead_seq_lens.size:
+        arrays["lead_seq_lens"] = plan.lead_seq_lens
     layout = step_layout(arrays)
     packed = layout.pack(arrays)
     buffer = upload({"plan": packed})["plan"] if upload is not None else to_device(packed, torch.device(device))
     views = layout.views(buffer)
+    lead_seq_lens = views.pop("lead_seq_lens", None)
     return PrefixSharedPlanOnDevice(
-        **views, num_partial_slots=plan.num_partial_slots, num_tokens=plan.num_tokens,
+        **views, lead_seq_lens=lead_seq_lens, num_partial_slots=plan.num_partial_slots, num_tokens=plan.num_tokens,
         num_heads=plan.num_heads, num_kv_heads=plan.num_kv_heads, block_size=plan.block_size, tile=plan.tile,
         dense=dense_calls_on(plan.dense, views["block_tables"], plan.block_size))
 

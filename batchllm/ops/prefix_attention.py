@@ -8,6 +8,8 @@ float8_e4m3fn with its scales (dequantized in the kernel's registers, attention_
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -195,6 +197,7 @@ def prefix_shared_attention(
     v_scale: float = 1.0,
     side_stream: torch.cuda.Stream | None = None,
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]: where the output goes
+    beside: Callable[[], None] | None = None,
 ) -> torch.Tensor:
     """Fused prefix-shared attention: one launch for all prefix and distinct tiles (two with
     plan.tile.split_classes), the plan's dense calls on a library kernel, then the merge kernel
@@ -202,6 +205,8 @@ def prefix_shared_attention(
     side_stream: with split classes on a GPU, the BIG launch runs on this stream, concurrently
     with the SMALL one (they write disjoint rows and partial slots); the merge waits for both.
     The fork and join are stream waits, so they are captured into CUDA graphs as well.
+    beside: another kernel's launch for rows the plan leaves out (PrefixSharedPlan.lead_seq_lens),
+    run on the current stream while the BIG launch runs on the side stream (else before the launches).
     With a sliding window W, a row at position p sees KV positions in (p - W, p] only: also in
     prefix tiles, where rows far past the prefix see none of its beginning.
     The caches are in the query dtype, or float8_e4m3fn with their scales k_scale / v_scale.
@@ -218,7 +223,7 @@ def prefix_shared_attention(
     if out is not None:
         check(out.shape == query.shape and out.dtype == query.dtype and out.is_contiguous()
               and out.device == query.device, "out must be a contiguous tensor shaped like query, on its device")
-    whole = whole_step_call(plan)
+    whole = whole_step_call(plan) if beside is None else None
     if whole is not None:  # a view of cuDNN's output ([B, L, H, D] in memory, as the query's rows)
         o, _ = _dense_output(whole, query, k_cache, v_cache, scale, k_scale, v_scale)
         o = o.reshape(query.shape).to(query.dtype)
@@ -239,8 +244,12 @@ def prefix_shared_attention(
         with torch.cuda.stream(side_stream):
             _launch_items(big, *args, big_classes, big_count, *tail)
         _launch_items(small, *args, small_classes, small_count, *tail)
+        if beside is not None:
+            beside()
         current.wait_stream(side_stream)
     else:
+        if beside is not None:
+            beside()
         for work, classes, num_items in launches:
             _launch_items(work, *args, classes, num_items, *tail)
     run_dense_calls(plan, query, k_cache, v_cache, out, part_out, part_lse, scale, k_scale, v_scale)

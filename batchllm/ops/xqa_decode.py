@@ -1,9 +1,11 @@
 """Decode attention on an FP8 KV cache by XQA, TensorRT-LLM's decode kernel as FlashInfer ships it
 (`flashinfer.decode.xqa_batch_decode_with_kv_cache`, compiled on first use).
 
-The `xqa` attention backend (engine/attention/select.py) runs it for the decode steps of CUDA graphs
-whose rows share no KV: each row reads its own block table, as XQA's paged layout wants (a row with a
-shared prefix keeps the work-list kernels, which read the prefix once for the whole group). Why not
+The `xqa` attention backend (engine/attention/select.py) runs it for the decode rows that share no KV
+(TritonBackend.xqa_rows): every row of such a decode step (its CUDA graph), and the leading decode
+rows of a step with prefill chunks, beside the work list's launches. Each row reads its own block
+table, as XQA's paged layout wants; a row with a shared prefix keeps the work-list kernels, which
+read the prefix once for the whole group. Why not
 our own kernel there: on the H200, decode steps of 600 and 1,700 rows over about 1,200 and 1,000
 FP8 positions ran at 4.01 and 4.12 TB/s of cache on XQA against 2.84 on the work-list kernel, whose
 decode tiles pad 4 GQA query heads to 16 MMA rows and convert every e4m3 value to float16 (docs/design.md,

@@ -69,5 +69,5 @@ class GraphAttentionBackend(AttentionBackend[PrefixSharedPlan, PrefixSharedPlanO
 
     def decode_by_xqa(self, inputs: StepInputs) -> bool:
         """Whether this decode step's graph attends by XQA (ops/xqa_decode.py): the graph's plan then
-        carries its rows' KV positions (PrefixSharedPlanOnDevice.decode_seq_lens)."""
+        carries its rows' KV positions (PrefixSharedPlanOnDevice.lead_seq_lens)."""
         ...

@@ -3,12 +3,13 @@ over a host-built work list (attention_plan/). `fused` (BatchLLM section 5) give
 step's prefix-sharing groups: prefix tiles (a group's rows x its shared prefix KV, a MatMul) and
 distinct tiles in one launch. `triton` is plain paged attention (what the vllm / sglang baseline
 policies run): every seq reads its whole block table, no knowledge of groups. `xqa` is `fused` whose
-decode graphs attend by XQA (ops/xqa_decode.py) when their rows share no KV."""
+decode rows that share no KV attend by XQA (ops/xqa_decode.py; TritonBackend.xqa_rows)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 from batchllm.attention_plan.tile_config import TileConfig, decode_tile_config, prefill_tile_config
@@ -28,7 +29,7 @@ class TritonBackend:
                  xqa: XqaDecode | None = None) -> None:
         """uses_groups: whether the work list knows the step's prefix-sharing groups (`fused`).
         kv_fp8: the KV cache is float8_e4m3fn (decode steps get that cache's tiles).
-        xqa: the decode graphs of steps whose rows share no KV attend by it (`xqa`; FP8 caches)."""
+        xqa: the decode rows that share no KV attend by it (`xqa`; FP8 caches; xqa_rows)."""
         # The kernels' modules import Triton: loaded with a backend that runs them, once.
         from batchllm.ops.kv_store import store_kv
         from batchllm.ops.prefix_attention import prefix_shared_attention
@@ -52,7 +53,8 @@ class TritonBackend:
         self.side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def build_plan(self, inputs: StepInputs) -> PrefixSharedPlan:
-        """The step's work list on the host (numpy); one per step, shared by every layer."""
+        """The step's work list on the host (numpy); one per step, shared by every layer. With XQA,
+        the rows it attends (xqa_rows) are left out of the work list."""
         tile = self.decode_tile if inputs.decode_only else self.prefill_tile  # decode tiles make no dense calls
         groups = (inputs.group_ids, inputs.is_prefix) if self.uses_groups else (None, None)
         # a decode step's split-KV pieces fill the programs of its graph's persistent launches
@@ -60,8 +62,21 @@ class TritonBackend:
         return build_prefix_shared_plan(
             inputs.query_start_loc, inputs.seq_lens, inputs.shared_kv_lens, inputs.block_tables, *groups,
             block_size=self.block_size, num_kv_heads=self.num_kv_heads, num_heads=self.num_heads,
-            head_dim=self.head_dim, tile=tile, num_sms=self.num_sms, **programs,
+            head_dim=self.head_dim, tile=tile, num_sms=self.num_sms, num_lead_rows=self.xqa_rows(inputs), **programs,
         )
+
+    def xqa_rows(self, inputs: StepInputs) -> int:
+        """How many of the step's first rows XQA attends: every row of a decode step that decode_by_xqa
+        takes (its graph runs XQA alone), none of any other decode step (its graph runs the work
+        list alone); in a step with prefill chunks, the leading run of one-row chunks that share no
+        KV (the batchllm policy lays decode rows out first), beside the work list's launches."""
+        if self.xqa is None:
+            return 0
+        if inputs.decode_only:
+            return int(inputs.seq_lens.shape[0]) if self.decode_by_xqa(inputs) else 0
+        num_rows = np.diff(inputs.query_start_loc)
+        lone = (num_rows == 1) & (inputs.shared_kv_lens == 0) & ~inputs.is_prefix
+        return int(lone.size if lone.all() else np.argmin(lone))
 
     def decode_by_xqa(self, inputs: StepInputs) -> bool:
         """XQA reads each row's KV through its own block table, position p in block p // block_size:
@@ -81,9 +96,20 @@ class TritonBackend:
                window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
                out: torch.Tensor | None = None) -> torch.Tensor:
         plan = metadata.plan
-        if plan.decode_seq_lens is not None:  # an XQA decode graph (decode_by_xqa)
-            assert self.xqa is not None and window is None
-            return self.xqa(query, k_cache, v_cache, plan.block_tables, plan.decode_seq_lens, scale, k_scale, v_scale,
-                            out)
-        return self._attention(query, k_cache, v_cache, metadata.plan, scale, window, metadata.positions,
-                               k_scale, v_scale, self.side_stream, out)
+        if plan.lead_seq_lens is None:
+            return self._attention(query, k_cache, v_cache, plan, scale, window, metadata.positions, k_scale, v_scale,
+                                   self.side_stream, out)
+        # XQA's rows (xqa_rows) lead the step, one per seq: seq i is row i
+        assert self.xqa is not None and window is None
+        num_lead = plan.lead_seq_lens.shape[0]
+        out = torch.empty_like(query) if out is None else out
+
+        def lead_rows() -> None:
+            self.xqa(query[:num_lead], k_cache, v_cache, plan.block_tables[:num_lead], plan.lead_seq_lens, scale,
+                     k_scale, v_scale, out[:num_lead])
+
+        if num_lead == query.shape[0]:  # an XQA decode graph, or a decode step all of whose rows it takes
+            lead_rows()
+            return out
+        return self._attention(query, k_cache, v_cache, plan, scale, window, metadata.positions, k_scale, v_scale,
+                               self.side_stream, out, beside=lead_rows)

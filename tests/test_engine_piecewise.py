@@ -257,14 +257,10 @@ def test_captured_pieces_replay_per_bucket(engine):
     assert graphed.piecewise is None and all(graph.num_resets == 1 for graph in graphs)
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                    reason="the fused backend on CPU tensors needs Triton's interpreter (set where no GPU is)")
-def test_decode_graphs_replay_a_padded_plan(engine):
-    """A decode step through a whole-step decode graph (the fused backend's persistent, class-split
-    launches over the padded plan, in Triton's interpreter) gives the eager step's hidden states;
-    the next decode step of the same shape replays the graph without capturing again."""
+def _decode_graph_runner(engine, xqa=None):
+    """A runner of the engine's model over a random float32 cache of 64 blocks, with decode graphs
+    'captured' by ClosureCapture (and `xqa` as its backend's XQA kernel); (runner, capture)."""
     from batchllm.engine.cuda_graphs import DecodeGraphRunner
-    from batchllm.engine.kv_cache import KVCache
 
     arch = engine.arch
     cache = KVCache.allocate(arch.num_layers, 64, 16, arch.num_kv_heads, arch.head_dim, torch.float32, CPU)
@@ -273,9 +269,20 @@ def test_decode_graphs_replay_a_padded_plan(engine):
     cache.v.normal_()
     runner = ModelRunner(engine.runner.model, arch, cache, 16, CPU, "fused", cuda_graphs=False, max_num_tokens=64,
                          piecewise_on_cpu=True)
+    runner.backend.xqa = xqa
     capture = ClosureCapture()
     runner.graphs = DecodeGraphRunner(runner.model, cache, runner.backend, runner.scale, runner.buffers,
                                       runner.staging, capture)
+    return runner, capture
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="the fused backend on CPU tensors needs Triton's interpreter (set where no GPU is)")
+def test_decode_graphs_replay_a_padded_plan(engine):
+    """A decode step through a whole-step decode graph (the fused backend's persistent, class-split
+    launches over the padded plan, in Triton's interpreter) gives the eager step's hidden states;
+    the next decode step of the same shape replays the graph without capturing again."""
+    runner, capture = _decode_graph_runner(engine)
     chunks = [ScheduledChunk(seq_id=i, token_ids=(7 + i,), start_position=10 + 4 * i, num_tokens=1,
                              new_block_ids=(2 * i, 2 * i + 1), shared_kv_len=0, sample=True, is_decode=True)
               for i in range(5)]
@@ -317,19 +324,9 @@ def test_decode_graphs_of_lone_rows_attend_by_xqa(engine):
     runs a graph keyed for it, whose plan hands every layer the rows' block tables and KV positions
     (padding rows: 1), and gives the eager step's hidden states; a step with a group prefix runs a
     work-list graph of the same rows and width."""
-    from batchllm.engine.cuda_graphs import DecodeGraphRunner
-
+    xqa = _ReferenceXqa()
+    runner, _ = _decode_graph_runner(engine, xqa)
     arch = engine.arch
-    cache = KVCache.allocate(arch.num_layers, 64, 16, arch.num_kv_heads, arch.head_dim, torch.float32, CPU)
-    torch.manual_seed(0)
-    cache.k.normal_()
-    cache.v.normal_()
-    runner = ModelRunner(engine.runner.model, arch, cache, 16, CPU, "fused", cuda_graphs=False, max_num_tokens=64,
-                         piecewise_on_cpu=True)
-    runner.backend.xqa = xqa = _ReferenceXqa()
-    capture = ClosureCapture()
-    runner.graphs = DecodeGraphRunner(runner.model, cache, runner.backend, runner.scale, runner.buffers,
-                                      runner.staging, capture)
     lone = [ScheduledChunk(seq_id=i, token_ids=(7 + i,), start_position=10 + 4 * i, num_tokens=1,
                            new_block_ids=(2 * i, 2 * i + 1), shared_kv_len=0, sample=True, is_decode=True)
             for i in range(5)]

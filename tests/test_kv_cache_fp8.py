@@ -19,6 +19,7 @@ from batchllm.ops.kv_store import store_kv
 from batchllm.ops.plan_device import device_num_sms, plan_to_device
 from batchllm.ops.prefix_attention import prefix_shared_attention
 from batchllm.ops.reference import paged_attention_reference, store_kv_reference
+from graph_helpers import capture_and_replay
 from synthetic_batch import SeqSpec, make_batch
 
 FP8 = torch.float8_e4m3fn
@@ -416,19 +417,8 @@ def test_fp8_decode_rows_replayed_in_cuda_graphs_gpu():
     side, errors = torch.cuda.Stream(), {}
     for name, tile in candidates.items():
         plan = _decode_plan(b, (32, 8, 128), "cuda", tile)
-        step = lambda plan=plan: prefix_shared_attention(b.query, k8, v8, plan, scale, k_scale=K_SCALE,  # noqa: E731
-                                                         v_scale=V_SCALE, side_stream=side)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            step()  # compiles
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = step()
-        out.zero_()
-        graph.replay()
-        torch.cuda.synchronize()
+        out = capture_and_replay(lambda plan=plan: prefix_shared_attention(
+            b.query, k8, v8, plan, scale, k_scale=K_SCALE, v_scale=V_SCALE, side_stream=side))
         torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2, msg=lambda m, name=name: f"{name}: {m}")
         errors.setdefault(tile.fp8_conversion == "query", []).append((out.float() - ref).pow(2).mean().sqrt().item())
     assert max(errors[False]) <= min(errors[True])  # float16 MMAs, either conversion, against bfloat16 ones

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from graph_helpers import capture_and_replay
 from synthetic_batch import SeqSpec, make_batch
 
 HAS_FLASHINFER = importlib.util.find_spec("flashinfer") is not None
@@ -201,18 +202,7 @@ def test_xqa_kernel_matches_the_reference_gpu():
                                     b.block_tables, scale, k_scale=K_SCALE, v_scale=V_SCALE)
     xqa = XqaDecode(torch.device("cuda"))
     out = torch.empty_like(b.query)
-    step = lambda: xqa(b.query, k8, v8, b.block_tables, b.seq_lens, scale, K_SCALE, V_SCALE, out)  # noqa: E731
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # compiles
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    out.zero_()
-    graph.replay()
-    torch.cuda.synchronize()
+    capture_and_replay(lambda: xqa(b.query, k8, v8, b.block_tables, b.seq_lens, scale, K_SCALE, V_SCALE, out))
     error = (out.float() - ref).abs()
     assert error.max() < 0.06 and error.mean() < 6e-3, (error.max(), error.mean())
 

@@ -56,6 +56,32 @@ def test_xqa_without_flashinfer_says_how_to_install_it():
         XqaDecode(torch.device("cpu"))
 
 
+def test_xqa_decode_hands_the_kernel_a_dense_query_and_its_scales(monkeypatch):
+    """The model's query is a strided view (rows of its QKV projection): XQA, which reads the query
+    densely, gets a contiguous copy; seq lens as uint32, the table's span in positions as the
+    longest sequence, the caches' scales folded into XQA's two."""
+    from batchllm.ops import xqa_decode
+
+    calls = []
+
+    def kernel(query, caches, workspace, tables, seq_lens, max_seq_len, **scales):
+        calls.append((query.is_contiguous(), query.clone(), seq_lens.dtype, max_seq_len, scales))
+        return scales["out"].fill_(1.0)
+
+    monkeypatch.setattr(xqa_decode, "_xqa_kernel", lambda: kernel)
+    xqa = xqa_decode.XqaDecode(torch.device("cpu"), workspace_bytes=64)
+    qkv = torch.randn(3, 6 * 16)  # 4 query heads, 1 key and 1 value head of 16
+    query = qkv[:, :64].view(3, 4, 16)
+    assert not query.is_contiguous()
+    caches = torch.zeros(8, 16, 1, 16), torch.zeros(8, 16, 1, 16)
+    out = xqa(query, *caches, torch.zeros(3, 4, dtype=torch.int32), torch.tensor([5, 9, 60], dtype=torch.int32),
+              0.25, k_scale=0.5, v_scale=0.125)
+    ((dense, seen, seq_dtype, max_seq_len, scales),) = calls
+    assert dense and torch.equal(seen, query) and seq_dtype == torch.uint32 and max_seq_len == 64
+    assert (scales["bmm1_scale"], scales["bmm2_scale"], scales["enable_pdl"]) == (0.125, 0.125, False)
+    assert scales["out"] is out and out.shape == query.shape
+
+
 class _FakeXqa:
     """Records the backend's call and writes a marker output to `out`."""
 

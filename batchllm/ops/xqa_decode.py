@@ -66,9 +66,9 @@ class XqaDecode:
     """XQA over one engine's FP8 caches: holds the kernel's workspace (one per engine, reused by
     every layer and every graph: the layers run one after another on one stream)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, workspace_bytes: int = WORKSPACE_BYTES) -> None:
         self._kernel = _xqa_kernel()
-        self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=device)
 
     def __call__(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, k_scale: float = 1.0,
@@ -76,7 +76,10 @@ class XqaDecode:
         """Row i ([num_rows, num_heads, head_dim]) attends positions [0, seq_lens[i]) of the
         float8_e4m3fn caches ([num_blocks, block_size, num_kv_heads, head_dim]) through block
         table row i (int32; position p in block p // block_size); seq_lens: [num_rows] int32, at
-        least 1. out: shaped like query (None: a new tensor)."""
+        least 1. out: shaped like query, contiguous (None: a new tensor)."""
+        # XQA reads the query densely from its first element: the model's query is a view into
+        # its QKV projection's rows (a row stride of q + k + v heads), so it is copied here
+        query = query.contiguous()
         out = torch.empty_like(query) if out is None else out
         max_seq_len = block_tables.shape[1] * k_cache.shape[1]
         # XQA scales q.k by bmm1_scale and the output by bmm2_scale: the caches' scales fold in there

@@ -335,7 +335,7 @@ def test_decode_graphs_of_lone_rows_attend_by_xqa(engine):
                for i in range(3)]
     for chunks, by_xqa in ((lone, True), (grouped, False)):
         step = build_step_inputs(SchedulerOutput(0, tuple(chunks)), 16)
-        key = runner.graphs.key_for(step)
+        key = runner.graphs.key_for(step, runner.backend.build_plan(step))
         assert key.xqa is by_xqa
         eager = runner.forward(step, allow_graph=False).clone()
         calls = xqa.num_calls

@@ -125,7 +125,8 @@ def test_backend_attends_by_xqa_when_the_plan_carries_seq_lens():
 
 
 def test_graph_plan_carries_each_rows_kv_positions():
-    """A decode graph's static buffer holds the step's seq lens, 1 on its padding rows."""
+    """A decode graph's static buffer holds the KV positions of the plan's lead rows (XQA's), 1 on
+    its padding rows; the work list has no items for them."""
     from batchllm.attention_plan.layout import graph_layout
     from batchllm.attention_plan.tile_config import decode_tile_config
     from batchllm.attention_plan.work_list import WORK_FIELDS, build_prefix_shared_plan
@@ -134,11 +135,12 @@ def test_graph_plan_carries_each_rows_kv_positions():
     b = make_batch([SeqSpec(1, n) for n in (40, 17, 33)], num_heads=4, num_kv_heads=2, head_dim=16, block_size=16)
     meta = b.metadata_numpy()
     plan = build_prefix_shared_plan(**meta, block_size=16, num_kv_heads=2, num_heads=4, head_dim=16,
-                                    tile=decode_tile_config(16, 2, interpret=True), num_sms=4)
+                                    tile=decode_tile_config(16, 2, interpret=True), num_sms=4, num_lead_rows=3)
+    assert plan.work.shape[0] == 0
     rows = 8
     layout = graph_layout(rows, 4, graph_items_capacity(rows), graph_slots_capacity(rows), WORK_FIELDS)
     host = layout.views(np.full(layout.num_int32, -5, np.int32))
-    fill_decode_plan(host, plan, plan.class_lists(), rows, 3, meta["seq_lens"])
+    fill_decode_plan(host, plan, plan.class_lists(), rows, 3)
     assert host["seq_lens"].tolist() == [40, 17, 33, 1, 1, 1, 1, 1]
     assert host["block_tables"][:3, :3].tolist() == meta["block_tables"][:, :3].tolist()
 
@@ -258,7 +260,7 @@ def test_engine_xqa_steps_match_the_fused_backend_gpu():
         inputs = build_step_inputs(step, 16)
         expected = fused.forward(inputs, allow_graph=False).float().clone()
         if by_xqa is not None:
-            assert xqa.graphs.key_for(inputs).xqa is by_xqa
+            assert xqa.graphs.key_for(inputs, xqa.backend.build_plan(inputs)).xqa is by_xqa
             torch.testing.assert_close(xqa.forward(inputs, allow_graph=False).float(), expected, atol=6e-2, rtol=6e-2)
         graphed = xqa.forward(inputs).float().clone()
         assert xqa.last_mode == ("graph_replay" if by_xqa is not None else "piecewise")

@@ -28,7 +28,7 @@ from batchllm.ops.transfer import PinnedStaging
 class GraphKey:
     num_rows: int  # bucket: rows of the graph (> the step's tokens)
     num_blocks: int  # block-table width (power of two)
-    xqa: bool = False  # its attention is XQA's (the backend's decode_by_xqa): replays only such steps
+    xqa: bool = False  # its attention is XQA's (the plan's lead rows are all its rows): replays only such steps
 
 
 class _Graph:
@@ -45,11 +45,10 @@ class _Graph:
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def fill(self, staging: PinnedStaging, plan: PrefixSharedPlan, lists: tuple[np.ndarray, np.ndarray],
-             num_tokens: int, seq_lens: np.ndarray) -> None:
-        """lists: plan.class_lists(), the work list(s) as the graph's launches take them; seq_lens:
-        the step's (one row per seq)."""
+             num_tokens: int) -> None:
+        """lists: plan.class_lists(), the work list(s) as the graph's launches take them."""
         staged = staging.stage(self.layout.num_int32, np.int32)
-        fill_decode_plan(self.layout.views(staged.array), plan, lists, self.key.num_rows, num_tokens, seq_lens)
+        fill_decode_plan(self.layout.views(staged.array), plan, lists, self.key.num_rows, num_tokens)
         staging.copy(staged, self.plan32)
 
     def device_plan(self, template: PrefixSharedPlan, num_sms: int) -> PrefixSharedPlanOnDevice:
@@ -84,14 +83,15 @@ class DecodeGraphRunner:
                 graph.graph.reset()
         self.graphs.clear()
 
-    def key_for(self, inputs: StepInputs) -> GraphKey | None:
-        """The graph of a decode step (None: not a decode step, or too many rows)."""
+    def key_for(self, inputs: StepInputs, plan: PrefixSharedPlan) -> GraphKey | None:
+        """The graph of a decode step and its plan (None: not a decode step, or too many rows); an XQA
+        graph where the plan leaves its rows to XQA (PrefixSharedPlan.lead_seq_lens)."""
         if inputs.num_tokens == 0 or not inputs.decode_only:
             return None
         rows = decode_rows_bucket(inputs.num_tokens)
         if rows is None or rows > self.buffers.capacity:
             return None
-        return GraphKey(rows, block_table_width(int(inputs.block_tables.shape[1])), self.backend.decode_by_xqa(inputs))
+        return GraphKey(rows, block_table_width(int(inputs.block_tables.shape[1])), bool(plan.lead_seq_lens.size))
 
     def run(self, inputs: StepInputs, plan: PrefixSharedPlan,
             feed: Callable[[torch.Tensor], None]) -> torch.Tensor | None:
@@ -99,7 +99,7 @@ class DecodeGraphRunner:
         or one that fits no graph). feed(input_ids): writes the rows fed on the device (the
         last-token column) into the graph's static input ids, after the host's copy and before
         the replay, on the stream."""
-        key = self.key_for(inputs)
+        key = self.key_for(inputs, plan)
         if key is None:
             return None
         lists = plan.class_lists()
@@ -109,7 +109,7 @@ class DecodeGraphRunner:
         if graph is None:
             graph = self.graphs[key] = _Graph(key, self.buffers.tokens.device)
         input_ids, positions, slot_mapping = self.buffers.fill_tokens(self.staging, inputs, key.num_rows)
-        graph.fill(self.staging, plan, lists, inputs.num_tokens, inputs.seq_lens)
+        graph.fill(self.staging, plan, lists, inputs.num_tokens)
         feed(input_ids)
         if graph.graph is None:
             self._capture(graph, plan, input_ids, positions, slot_mapping)

@@ -100,12 +100,12 @@ def decode_plan_fits(plan: PrefixSharedPlan, lists: tuple[np.ndarray, np.ndarray
 
 
 def fill_decode_plan(host: dict[str, np.ndarray], plan: PrefixSharedPlan, lists: tuple[np.ndarray, np.ndarray],
-                     num_rows: int, num_tokens: int, seq_lens: np.ndarray) -> None:
+                     num_rows: int, num_tokens: int) -> None:
     """Write a decode step's plan into a graph's static plan arrays (host: attention_plan.layout's
     views of graph_layout), padded: item counts on the device (the persistent launches run only
     the real items), zero block tables and prefix limits past the step's, padded merges that
-    write the spare last row, and the rows' KV positions (seq_lens, one row per seq), 1 past the
-    step's (a padded row reads position 0 of block 0)."""
+    write the spare last row, and the KV positions of the plan's lead rows (XQA's: every row of an
+    XQA graph's step), 1 past them (a padded row reads position 0 of block 0)."""
     for name, items, index in (("work", lists[0], 0), ("work_small", lists[1], 1)):
         host["num_items"][index] = items.shape[0]
         host[name][:items.shape[0]] = items  # (the persistent launch never reads past num_items)
@@ -122,4 +122,4 @@ def fill_decode_plan(host: dict[str, np.ndarray], plan: PrefixSharedPlan, lists:
     host["merge_slots"][:] = 0
     host["merge_slots"][:plan.num_partial_slots] = plan.merge_slots
     host["seq_lens"][:] = 1
-    host["seq_lens"][:num_tokens] = seq_lens[:num_tokens]
+    host["seq_lens"][:plan.lead_seq_lens.shape[0]] = plan.lead_seq_lens

@@ -66,8 +66,3 @@ class GraphAttentionBackend(AttentionBackend[PrefixSharedPlan, PrefixSharedPlanO
     its store, which reads nothing of the plan, is captured in the piecewise graphs."""
 
     num_sms: int  # the device's SM count: the graphs' persistent launches size their grids by it
-
-    def decode_by_xqa(self, inputs: StepInputs) -> bool:
-        """Whether this decode step's graph attends by XQA (ops/xqa_decode.py): the graph's plan then
-        carries its rows' KV positions (PrefixSharedPlanOnDevice.lead_seq_lens)."""
-        ...

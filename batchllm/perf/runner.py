@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from batchllm.config import DEFAULT_GPU_MEMORY_UTILIZATION
-from batchllm.perf.device_memory import free_device_memory
+from batchllm.perf.device_memory import allocator_counts, allocator_counts_since, free_device_memory
 from batchllm.perf.engine_variants import EngineVariant
 from batchllm.perf.flop_bound import (H200_BF16_PEAK_FLOPS, WorkFlops, flop_bound_seconds, peak_flops_for,
                                        plan_groups, work_flop_parts)
@@ -265,6 +265,7 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, work: WorkFlo
     llm.generate(prompts[:8], params[:8], use_tqdm=False, options=options)  # warm-up: compile kernels
     synchronize()
     replays_before = graph_replay_counts(engine.runner)
+    allocator_before = allocator_counts(engine.device)
     started = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False, options=options)
     synchronize()
@@ -307,6 +308,7 @@ def run_policy(llm, case: _Case, policy: PolicySpec, params, plan, work: WorkFlo
         "async_scheduling": options.async_scheduling,
     }
     row.update(graph_replays_since(engine.runner, replays_before))
+    row.update(allocator_counts_since(engine.device, allocator_before))
     if case.skipped_lines is not None:
         row["skipped_lines"] = case.skipped_lines
     return row

@@ -224,6 +224,51 @@ def test_step_launch_never_waits_for_the_device():
     assert [o.outputs[0].token_ids for o in second] == [o.outputs[0].token_ids for o in first]
 
 
+@pytest.mark.parametrize("kv_cache,backend", [("auto", "fused"), ("fp8", "fused"), ("fp8", "xqa")])
+def test_steps_with_dense_calls_never_wait_for_the_device(monkeypatch, kv_cache, backend):
+    """The same check on steps whose prompt chunks (1,100 tokens, 2,048 a step) run dense calls on the
+    library kernel beside the work list, with a bf16 and an FP8 cache, and with XQA's lead rows
+    where FlashInfer is installed: gathering a call's blocks, converting FP8 and padding its rows
+    must not synchronize either."""
+    import importlib.util
+
+    from batchllm import LLM, SamplingParams
+    from batchllm.ops import prefix_attention
+
+    hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+    if backend == "xqa" and not (importlib.util.find_spec("flashinfer") and hopper):
+        pytest.skip("needs FlashInfer and a Hopper GPU")
+    llm = LLM(model=MODEL, kv_cache_tokens=32768, max_num_batched_tokens=2048, kv_cache_dtype=kv_cache,
+              attention_backend=backend)
+    prompts = [[7] * 600 + [100 + i] * 500 for i in range(12)]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    first = llm.generate(prompts, params, use_tqdm=False)  # warm-up: compiles, builds the library's plans
+    runner = llm.engine.runner
+    execute, dense_output = runner.execute, prefix_attention._dense_output
+    modes, num_dense_calls = [], [0]
+
+    def counted_dense_output(*args, **kwargs):
+        num_dense_calls[0] += 1
+        return dense_output(*args, **kwargs)
+
+    def checked_execute(*args, **kwargs):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return execute(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            modes.append(runner.last_mode)
+
+    monkeypatch.setattr(prefix_attention, "_dense_output", counted_dense_output)
+    runner.execute = checked_execute
+    try:
+        second = llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        runner.execute = execute
+    assert "piecewise" in modes and "eager" not in modes and num_dense_calls[0] > 0
+    assert [o.outputs[0].token_ids for o in second] == [o.outputs[0].token_ids for o in first]
+
+
 def test_enforce_eager_and_run_options_run_eagerly():
     from batchllm import LLM, SamplingParams
     from batchllm.engine.run_options import RunOptions

@@ -191,18 +191,9 @@ def test_async_scheduling_matches_sync_with_graphs(policy, quantization):
     assert [len(t) for t, _ in sync] == [5 + i % 13 for i in range(40)]
 
 
-def test_step_launch_never_waits_for_the_device():
-    """With asynchronous scheduling a step is launched while the previous one runs: nothing in
-    ModelRunner.execute may synchronize with the device (a pageable copy, .item(), ...), or the
-    GPU idles while the host launches. torch's sync debug mode turns any such call into an error.
-    Both kinds of graphed steps run under it."""
-    from batchllm import LLM, SamplingParams
-
-    llm = LLM(model=MODEL, kv_cache_tokens=16384, max_num_batched_tokens=256)
-    prompts = [[7] * 60 + [100 + i % 5] * 20 + [200 + i, 300 + i] for i in range(40)]
-    params = [SamplingParams(temperature=0.0 if i % 2 else 0.9, seed=i, max_tokens=5 + i % 13, ignore_eos=True,
-                             logprobs=1 if i % 7 == 0 else None) for i in range(40)]
-    first = llm.generate(prompts, params, use_tqdm=False)  # warm-up: compiles, captures the decode graphs
+def _generate_without_syncs(llm, prompts, params, monkeypatch) -> tuple[list, list[str]]:
+    """llm.generate with torch's sync debug mode on around every ModelRunner.execute (any call that
+    synchronizes with the device raises there): the outputs, and the mode each step ran in."""
     runner = llm.engine.runner
     execute = runner.execute
     modes = []
@@ -215,11 +206,25 @@ def test_step_launch_never_waits_for_the_device():
             torch.cuda.set_sync_debug_mode("default")
             modes.append(runner.last_mode)
 
-    runner.execute = checked_execute
-    try:
-        second = llm.generate(prompts, params, use_tqdm=False)
-    finally:
-        runner.execute = execute
+    monkeypatch.setattr(runner, "execute", checked_execute)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    monkeypatch.setattr(runner, "execute", execute)
+    return outputs, modes
+
+
+def test_step_launch_never_waits_for_the_device(monkeypatch):
+    """With asynchronous scheduling a step is launched while the previous one runs: nothing in
+    ModelRunner.execute may synchronize with the device (a pageable copy, .item(), ...), or the
+    GPU idles while the host launches. torch's sync debug mode turns any such call into an error.
+    Both kinds of graphed steps run under it."""
+    from batchllm import LLM, SamplingParams
+
+    llm = LLM(model=MODEL, kv_cache_tokens=16384, max_num_batched_tokens=256)
+    prompts = [[7] * 60 + [100 + i % 5] * 20 + [200 + i, 300 + i] for i in range(40)]
+    params = [SamplingParams(temperature=0.0 if i % 2 else 0.9, seed=i, max_tokens=5 + i % 13, ignore_eos=True,
+                             logprobs=1 if i % 7 == 0 else None) for i in range(40)]
+    first = llm.generate(prompts, params, use_tqdm=False)  # warm-up: compiles, captures the decode graphs
+    second, modes = _generate_without_syncs(llm, prompts, params, monkeypatch)
     assert len(modes) > 10 and {"graph_replay", "piecewise"} <= set(modes) and "eager" not in modes
     assert [o.outputs[0].token_ids for o in second] == [o.outputs[0].token_ids for o in first]
 
@@ -243,28 +248,14 @@ def test_steps_with_dense_calls_never_wait_for_the_device(monkeypatch, kv_cache,
     prompts = [[100 + i] * 1100 for i in range(12)]  # nothing shared: decode rows lead, XQA takes them
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     first = llm.generate(prompts, params, use_tqdm=False)  # warm-up: compiles, builds the library's plans
-    runner = llm.engine.runner
-    execute, dense_output = runner.execute, prefix_attention._dense_output
-    modes, num_dense_calls = [], [0]
+    dense_output, num_dense_calls = prefix_attention._dense_output, [0]
 
     def counted_dense_output(*args, **kwargs):
         num_dense_calls[0] += 1
         return dense_output(*args, **kwargs)
 
-    def checked_execute(*args, **kwargs):
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            return execute(*args, **kwargs)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-            modes.append(runner.last_mode)
-
     monkeypatch.setattr(prefix_attention, "_dense_output", counted_dense_output)
-    runner.execute = checked_execute
-    try:
-        second = llm.generate(prompts, params, use_tqdm=False)
-    finally:
-        runner.execute = execute
+    second, modes = _generate_without_syncs(llm, prompts, params, monkeypatch)
     assert "piecewise" in modes and "eager" not in modes and num_dense_calls[0] > 0
     assert [o.outputs[0].token_ids for o in second] == [o.outputs[0].token_ids for o in first]
 

@@ -57,8 +57,9 @@ time/serial roofline: the same, with each step's linear layers (weights, LM head
 attention (KV) each at its own max(FLOPs / peak, bytes / bandwidth), added: the engine runs them
 one after the other, so a mixed step's GEMMs cannot hide its decode rows' KV reads.
 On a CUDA GPU the --out rows also count the caching allocator's retries and cudaMalloc / cudaFree
-calls during the timed run (allocator_retries, device_mallocs, device_frees): each cudaFree waits
-for the device, so launches that count them waited for the GPU.
+calls during the timed run (allocator_retries, device_mallocs, device_frees): each cudaFree, and
+each retry (it frees the cache), waits for the device, so a run that counts them had launches that
+waited for the GPU.
 --out and --markdown are rewritten after every row, so a run that dies keeps what it measured.
 """
 

@@ -17,7 +17,7 @@ def free_device_memory() -> None:
 
 # The caching allocator's counters a bench row reports (torch.cuda.memory_stats): a retry follows
 # a failed cudaMalloc and first frees the cache, and every cudaFree waits for the device, so a run
-# that counts them has launches that wait for the GPU.
+# that counts retries or frees had launches that waited for the GPU.
 ALLOCATOR_COUNTERS = {"num_alloc_retries": "allocator_retries", "num_device_alloc": "device_mallocs",
                       "num_device_free": "device_frees"}
 

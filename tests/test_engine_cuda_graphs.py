@@ -206,10 +206,8 @@ def _generate_without_syncs(llm, prompts, params, monkeypatch) -> tuple[list, li
             torch.cuda.set_sync_debug_mode("default")
             modes.append(runner.last_mode)
 
-    monkeypatch.setattr(runner, "execute", checked_execute)
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    monkeypatch.setattr(runner, "execute", execute)
-    return outputs, modes
+    monkeypatch.setattr(runner, "execute", checked_execute)  # restored when the test ends
+    return llm.generate(prompts, params, use_tqdm=False), modes
 
 
 def test_step_launch_never_waits_for_the_device(monkeypatch):

@@ -106,18 +106,10 @@ def engine_traffic(engine) -> TrafficModel:
                         lm_head_bytes_per_element=itemsize, kv_bytes_per_token=engine_kv_bytes_per_token(engine))
 
 
-def _attention_backend(engine) -> str:
-    """The backend the engine's steps attend by: `auto` resolved for the engine's device (an engine
-    without one, whose replicas run elsewhere, reports its configured name)."""
-    device = getattr(engine, "device", None)
-    name = engine.config.attention_backend
-    return name if device is None else resolve_backend_name(name, device)
-
-
 def engine_tags(engine) -> dict:
     """What every row says about the engine that produced it."""
     return {"quantization": engine.config.quantization, "kv_cache_dtype": engine.config.cache.kv_cache_dtype,
-            "attention_backend": _attention_backend(engine),
+            "attention_backend": resolve_backend_name(engine.config.attention_backend, engine.device),
             "tensor_parallel_size": engine.config.parallel.tensor.size,
             "kv_cache_tokens": engine.num_kv_tokens,
             "gpu_memory_utilization": engine.config.cache.gpu_memory_utilization}

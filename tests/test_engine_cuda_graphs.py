@@ -229,10 +229,11 @@ def test_step_launch_never_waits_for_the_device(monkeypatch):
 
 @pytest.mark.parametrize("kv_cache,backend", [("auto", "fused"), ("fp8", "fused"), ("fp8", "xqa")])
 def test_steps_with_dense_calls_never_wait_for_the_device(monkeypatch, kv_cache, backend):
-    """The same check on steps whose prompt chunks (1,100 tokens, 2,048 a step) run dense calls on the
-    library kernel beside the work list, with a bf16 and an FP8 cache, and with XQA's lead rows
-    where FlashInfer is installed: gathering a call's blocks, converting FP8 and padding its rows
-    must not synchronize either."""
+    """The same check on steps whose prompt chunks run dense calls on the library kernel beside the
+    work list, with a bf16 and an FP8 cache, and with XQA's lead rows where FlashInfer is installed:
+    gathering a call's blocks, converting FP8 and padding its rows must not synchronize either.
+    Prompts of 3,000 tokens at 2,048 a step: a prompt's later chunk has at least 512 rows over at
+    least 1,024 earlier positions, the least a dense call takes (prompts of 1,100 made none)."""
     import importlib.util
 
     from batchllm import LLM, SamplingParams
@@ -241,9 +242,9 @@ def test_steps_with_dense_calls_never_wait_for_the_device(monkeypatch, kv_cache,
     hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
     if backend == "xqa" and not (importlib.util.find_spec("flashinfer") and hopper):
         pytest.skip("needs FlashInfer and a Hopper GPU")
-    llm = LLM(model=MODEL, kv_cache_tokens=32768, max_num_batched_tokens=2048, kv_cache_dtype=kv_cache,
+    llm = LLM(model=MODEL, kv_cache_tokens=65536, max_num_batched_tokens=2048, kv_cache_dtype=kv_cache,
               attention_backend=backend)
-    prompts = [[100 + i] * 1100 for i in range(12)]  # nothing shared: decode rows lead, XQA takes them
+    prompts = [[100 + i] * 3000 for i in range(12)]  # nothing shared: decode rows lead, XQA takes them
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     first = llm.generate(prompts, params, use_tqdm=False)  # warm-up: compiles, builds the library's plans
     dense_output, num_dense_calls = prefix_attention._dense_output, [0]

@@ -53,7 +53,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help=f"where to write the results (default {DEFAULT_OUT})")
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cuda, cuda:1 ...")
     parser.add_argument("--attention-backend", default="auto",
-                        choices=["auto", "reference", "torch", "triton", "fused"])
+                        choices=["auto", "reference", "torch", "triton", "fused", "xqa"],
+                        help="attention backend of every variant (default auto); xqa (FlashInfer, Hopper) "
+                             "runs the FP8-KV variant and fused the others, and attends decode rows only: "
+                             "pair it with --chunk-tokens 1 so that every position is a decode step")
     return parser.parse_args(argv)
 
 

@@ -1,6 +1,7 @@
 """The FP8 accuracy gate's parts that need no GPU: its text and token cut, the token files, the
 metric math on hand-made logits, the prefill steps, and the runner path on a tiny random model."""
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -182,3 +183,14 @@ def test_script_reads_a_tokens_file_and_refuses_a_cpu(tmp_path, capsys, monkeypa
     assert not out.exists()
     with pytest.raises(SystemExit):
         script.main(["--tokens-file", str(tokens), "--write-tokens-file", str(out)])
+
+
+def test_xqa_runs_the_fp8_kv_variant_and_fused_the_others():
+    from batchllm.perf.fp8_accuracy import FP8_VARIANTS, REFERENCE_VARIANT, engine_config, variant_attention_backend
+
+    options = dataclasses.replace(TINY, attention_backend="xqa")
+    backends = {variant.name: engine_config(options, variant, 100).attention_backend
+                for variant in (REFERENCE_VARIANT, *FP8_VARIANTS)}
+    assert backends == {"reference": "fused", "weights_activations": "fused", "weights_activations_kv": "xqa"}
+    for name in ("auto", "torch", "fused"):
+        assert {variant_attention_backend(name, variant) for variant in (REFERENCE_VARIANT, *FP8_VARIANTS)} == {name}

@@ -42,7 +42,7 @@ class AccuracyOptions:
     chunk_tokens: int = 512  # prefill chunk: later chunks read earlier tokens from the KV cache
     dtype: str = "bfloat16"  # the reference's dtype, and the FP8 variants' unquantized parts
     device: str = "auto"  # auto: cuda if available
-    attention_backend: str = "auto"
+    attention_backend: str = "auto"  # xqa: the FP8-KV variant's; the others run fused (variant_attention_backend)
 
     def __post_init__(self) -> None:
         if self.chunk_tokens < 1:
@@ -88,12 +88,21 @@ def sequence_logits(parts, token_ids: Sequence[int], chunk_tokens: int) -> torch
     return logits
 
 
+def variant_attention_backend(name: str, variant: Variant) -> str:
+    """The attention backend a variant runs: `xqa` attends FP8 caches only, so the variants with a
+    bf16 cache run `fused`, the backend xqa extends; any other name is every variant's."""
+    if name == "xqa" and variant.kv_cache_dtype != "fp8":
+        return "fused"
+    return name
+
+
 def engine_config(options: AccuracyOptions, variant: Variant, num_tokens: int):
     """The EngineConfig of one variant: a KV cache of just enough whole blocks, no CUDA graphs."""
     from batchllm.config import CacheConfig, EngineConfig
 
     config = EngineConfig(model=options.model, dtype=options.dtype, device=options.device,
-                          quantization=variant.quantization, attention_backend=options.attention_backend,
+                          quantization=variant.quantization,
+                          attention_backend=variant_attention_backend(options.attention_backend, variant),
                           enforce_eager=True)
     block_size = config.scheduler.block_size
     cache = CacheConfig(kv_cache_tokens=-(-num_tokens // block_size) * block_size, kv_cache_dtype=variant.kv_cache_dtype)

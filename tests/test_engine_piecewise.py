@@ -23,6 +23,19 @@ from batchllm.sched.interface import ScheduledChunk, SchedulerOutput
 CPU = torch.device("cpu")
 
 
+def test_decode_graphs_pad_a_step_by_less_than_one_bucket_step():
+    """A decode step runs in the smallest graph with a spare row: under 128 rows a power of two,
+    then every 64 rows to 512 and every 128 to 2048; none above."""
+    from batchllm.engine.graph_shapes import decode_rows_bucket
+
+    steps = (1, 7, 8, 100, 128, 191, 429, 585, 808, 880, 1536, 2047, 2048)
+    assert [decode_rows_bucket(n) for n in steps] == [8, 8, 16, 128, 192, 192, 448, 640, 896, 896, 1664, 2048,
+                                                      None]
+    for num_rows in range(128, 2048):
+        bucket = decode_rows_bucket(num_rows)
+        assert num_rows < bucket <= num_rows + (64 if num_rows < 512 else 128)
+
+
 def test_bucket_ladder():
     assert piecewise_buckets(2048) == (8, 16, 32, 64, 128, 256, 512, 768, 1024, 1280, 1536, 1792, 2048)
     assert piecewise_buckets(96) == (8, 16, 32, 64, 96)

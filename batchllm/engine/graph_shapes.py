@@ -16,7 +16,8 @@ from batchllm.ops.transfer import PinnedStaging, Staged
 # few hundred rows, which are compute-bound. The decode steps of uniform 1000/1000, 1000/2000,
 # 128/2048 and 2048/2048 on the H200's KV cache (880, 585, 808 and 429 rows) ran 1.15-1.31x their
 # rows on power-of-two-like buckets, 1.03-1.11x on these (the batchllm policy's schedules on the host);
-# end to end, 1000/1000 on the H200 ran 1.6% faster (BENCHMARKS.md).
+# end to end, 1000/1000 on the H200 ran 1.6% faster in one pair of runs, within their run-to-run
+# spread (BENCHMARKS.md).
 DECODE_ROWS_BUCKETS = (8, 16, 32, 64, 128, 192, 256, 320, 384, 448, 512, *range(640, 2049, 128))
 MIN_BLOCK_TABLE_WIDTH = 16
 # Piecewise graphs: powers of two up to this many tokens, then its multiples.

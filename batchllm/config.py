@@ -106,7 +106,7 @@ class EngineConfig:
     quantization: str | None = None
     device: str = "auto"  # auto: cuda if available, else cpu; or cpu, cuda, cuda:N
     max_model_len: int | None = None  # None: the model's own limit
-    attention_backend: str = "auto"  # auto: fused Triton on CUDA, batched PyTorch on CPU
+    attention_backend: str = "auto"  # auto: xqa where it fits, else fused Triton on CUDA; batched PyTorch on CPU
     seed: int = 0  # seeds requests that have no seed of their own
     # Triton kernels for RMSNorm / RoPE / SwiGLU; None: on for CUDA, off on CPU.
     fused_kernels: bool | None = None

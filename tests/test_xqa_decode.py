@@ -48,6 +48,62 @@ def test_xqa_backend_refused_on_cpu_and_accepted_by_the_config():
         make_backend("xqa", torch.device("cpu"), 16, 32, 8, 128, (), torch.float8_e4m3fn)
 
 
+FP8_SHAPE = dict(block_size=16, num_heads=32, num_kv_heads=8, head_dim=128, kv_cache_dtype=torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("device,capability,installed,changes,expected", [
+    ("cpu", None, True, {}, "torch"),
+    ("cuda", (9, 0), True, {}, "xqa"),
+    ("cuda", (9, 0), False, {}, "fused"),
+    ("cuda", (8, 9), True, {}, "fused"),
+    ("cuda", (9, 0), True, {"kv_cache_dtype": torch.bfloat16}, "fused"),
+    ("cuda", (9, 0), True, {"kv_cache_dtype": None}, "fused"),
+    ("cuda", (9, 0), True, {"head_dim": 96}, "fused"),
+    ("cuda", (9, 0), True, {"layer_windows": (None, 4096)}, "fused"),
+])
+def test_auto_picks_xqa_only_where_it_runs(monkeypatch, device, capability, installed, changes, expected):
+    from batchllm.engine.attention import select
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(select, "xqa_installed", lambda: installed)
+    shape = select.AttentionShape(**{**FP8_SHAPE, **changes})
+    assert select.resolve_backend_name("auto", torch.device(device), shape) == expected
+    assert select.resolve_backend_name("auto", torch.device(device)) == ("torch" if device == "cpu" else "fused")
+    assert select.resolve_backend_name("fused", torch.device(device), shape) == "fused"
+
+
+class _FailingXqa:
+    """XqaDecode whose build fails as it does on a host without nvcc."""
+    built = 0
+
+    def __init__(self, device):
+        pass
+
+    def build(self, *shape):
+        _FailingXqa.built += 1
+        raise RuntimeError("Could not find nvcc")
+
+
+def test_auto_runs_fused_with_a_warning_when_xqa_cannot_be_built(monkeypatch):
+    """XQA builds at start-up; where "auto" picked it and the build fails, the engine runs `fused` and
+    says why; where the user asked for xqa, the build's error stands."""
+    from batchllm.engine.attention import select
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(select, "xqa_installed", lambda: True)
+    monkeypatch.setattr(select, "XqaDecode", _FailingXqa)
+    monkeypatch.setattr(select, "_triton_backend", lambda device, shape, uses_groups, kv_fp8, xqa=None:
+                        types.SimpleNamespace(uses_groups=uses_groups, kv_fp8=kv_fp8, xqa=xqa))
+    shape = select.AttentionShape(**FP8_SHAPE)
+    with pytest.warns(RuntimeWarning, match=r"XQA could not be built \(Could not find nvcc\); running the fused"):
+        selected = select.select_backend("auto", torch.device("cuda"), shape)
+    assert selected.name == "fused" and selected.backend.xqa is None
+    assert selected.backend.uses_groups and selected.backend.kv_fp8
+    with pytest.raises(RuntimeError, match="Could not find nvcc"):
+        select.select_backend("xqa", torch.device("cuda"), shape)
+    assert _FailingXqa.built == 2
+
+
 @pytest.mark.skipif(HAS_FLASHINFER, reason="FlashInfer is installed here")
 def test_xqa_without_flashinfer_says_how_to_install_it():
     from batchllm.ops.xqa_decode import XqaDecode
@@ -80,6 +136,23 @@ def test_xqa_decode_hands_the_kernel_a_dense_query_and_its_scales(monkeypatch):
     assert dense and torch.equal(seen, query) and seq_dtype == torch.uint32 and max_seq_len == 64
     assert (scales["bmm1_scale"], scales["bmm2_scale"], scales["enable_pdl"]) == (0.125, 0.125, False)
     assert scales["out"] is out and out.shape == query.shape
+
+
+def test_xqa_builds_for_the_models_head_shape_by_one_call(monkeypatch):
+    """The start-up build's call has the engine's head shape and page size, the shapes XQA compiles for."""
+    from batchllm.ops import xqa_decode
+
+    calls = []
+
+    def kernel(query, caches, workspace, tables, seq_lens, max_seq_len, **scales):
+        calls.append((query.shape, query.dtype, [c.shape for c in caches], caches[0].dtype, tables.tolist(),
+                      seq_lens.view(torch.int32).tolist(), max_seq_len, scales["bmm1_scale"]))
+        return scales["out"]
+
+    monkeypatch.setattr(xqa_decode, "_xqa_kernel", lambda: kernel)
+    xqa_decode.XqaDecode(torch.device("cpu"), workspace_bytes=64).build(32, 8, 128, 16)
+    assert calls == [((1, 32, 128), torch.bfloat16, [(1, 16, 8, 128)] * 2, torch.float8_e4m3fn, [[0]], [1], 16,
+                      128 ** -0.5)]
 
 
 class _FakeXqa:
@@ -300,3 +373,15 @@ def test_engine_xqa_steps_stay_near_the_fused_backend_gpu():
             relative = error.mean() / expected.abs().mean()
             assert error.max() < max_bound and relative < relative_bound, (by_xqa, error.max(), relative)
     assert {key.xqa for key in xqa.graphs.graphs} == {True, False}
+
+
+@pytest.mark.gpu
+@needs_xqa
+def test_auto_runs_xqa_on_an_fp8_cache_and_fused_on_a_bf16_one_gpu():
+    from batchllm import LLM
+    from test_engine_cuda_graphs import MODEL
+
+    for kv_cache_dtype, expected in (("fp8", "xqa"), ("auto", "fused")):
+        runner = LLM(model=MODEL, kv_cache_tokens=8192, kv_cache_dtype=kv_cache_dtype).engine.runner
+        assert runner.attention_backend == expected
+        assert (runner.backend.xqa is not None) is (expected == "xqa")

@@ -100,7 +100,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=16, help="KV block size in tokens")
     parser.add_argument("--attention-backend", default="auto",
                         choices=["auto", "reference", "torch", "triton", "fused", "xqa"],
-                        help="attention implementation (auto: fused Triton kernel on GPU, batched PyTorch on CPU; "
+                        help="attention implementation (auto: xqa where it runs, else the fused Triton kernel on GPU, batched "
+                             "PyTorch on CPU; "
                              "xqa: fused, with FlashInfer's XQA kernel for the decode rows of requests that share no "
                              "prefix: Hopper GPUs, --kv-cache-dtype fp8, pip install 'batchllm[xqa]')")
     parser.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION,

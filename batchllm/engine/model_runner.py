@@ -10,7 +10,7 @@ import torch
 
 from batchllm.engine.attention.paged import PagedAttention
 from batchllm.engine.attention.protocol import AttentionMetadata, GraphAttentionBackend
-from batchllm.engine.attention.select import make_backend
+from batchllm.engine.attention.select import AttentionShape, select_backend
 from batchllm.engine.batch_rows import BatchRows
 from batchllm.engine.cuda_graphs import DecodeGraphRunner
 from batchllm.engine.graph_capture import GraphCapture
@@ -57,8 +57,9 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.device = device
-        self.backend = make_backend(attention_backend, device, block_size, arch.num_heads, arch.num_kv_heads,
-                                    arch.head_dim, arch.layer_windows, kv_cache.k.dtype)
+        selected = select_backend(attention_backend, device, AttentionShape(
+            block_size, arch.num_heads, arch.num_kv_heads, arch.head_dim, tuple(arch.layer_windows), kv_cache.k.dtype))
+        self.backend, self.attention_backend = selected.backend, selected.name  # the name "auto" became
         self.scale = arch.head_dim ** -0.5
         self.rows = BatchRows()  # the persistent batch: host rows kept from step to step
         self.last_tokens = LastTokenColumn(device, self.rows.num_rows)  # each row's last sampled id

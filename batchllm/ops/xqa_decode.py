@@ -68,7 +68,21 @@ class XqaDecode:
 
     def __init__(self, device: torch.device, workspace_bytes: int = WORKSPACE_BYTES) -> None:
         self._kernel = _xqa_kernel()
+        self.device = device
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=device)
+
+    def build(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
+              dtype: torch.dtype = torch.bfloat16) -> None:
+        """Build (or load from FlashInfer's cache) the kernel for this head shape now, by one call
+        on a one-block cache, rather than inside the first graph capture; raises what the build
+        raises (no nvcc, for one)."""
+        query = torch.zeros(1, num_heads, head_dim, dtype=dtype, device=self.device)
+        cache = torch.zeros(1, block_size, num_kv_heads, head_dim, dtype=torch.float8_e4m3fn, device=self.device)
+        block_tables = torch.zeros(1, 1, dtype=torch.int32, device=self.device)
+        seq_lens = torch.ones(1, dtype=torch.int32, device=self.device)
+        self(query, cache, cache, block_tables, seq_lens, head_dim ** -0.5)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def __call__(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, k_scale: float = 1.0,

@@ -23,7 +23,6 @@ from batchllm.perf.policies import PolicySpec, parse_policies
 from batchllm.perf.roofline import H200_COPY_BANDWIDTH_BYTES_PER_S, TrafficModel, roofline
 from batchllm.perf.schedule_replay import replay_schedule
 from batchllm.perf.workload import DEFAULT_WORKLOAD, make_workload, read_input_workload, split_workload_spec
-from batchllm.engine.attention.select import resolve_backend_name
 from batchllm.engine.run_options import RunOptions
 from batchllm.sched.trace import Trace, write_trace
 from batchllm.sched.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
@@ -109,7 +108,7 @@ def engine_traffic(engine) -> TrafficModel:
 def engine_tags(engine) -> dict:
     """What every row says about the engine that produced it."""
     return {"quantization": engine.config.quantization, "kv_cache_dtype": engine.config.cache.kv_cache_dtype,
-            "attention_backend": resolve_backend_name(engine.config.attention_backend, engine.device),
+            "attention_backend": engine.runner.attention_backend,
             "tensor_parallel_size": engine.config.parallel.tensor.size,
             "kv_cache_tokens": engine.num_kv_tokens,
             "gpu_memory_utilization": engine.config.cache.gpu_memory_utilization}

@@ -227,13 +227,18 @@ def test_step_launch_never_waits_for_the_device(monkeypatch):
     assert [o.outputs[0].token_ids for o in second] == [o.outputs[0].token_ids for o in first]
 
 
-@pytest.mark.parametrize("kv_cache,backend", [("auto", "fused"), ("fp8", "fused"), ("fp8", "xqa")])
-def test_steps_with_dense_calls_never_wait_for_the_device(monkeypatch, kv_cache, backend):
+@pytest.mark.parametrize("kv_cache,backend,prompt_tokens,budget", [
+    ("auto", "fused", 3000, 2048), ("fp8", "fused", 3000, 2048), ("fp8", "xqa", 3000, 2048),
+    ("auto", "fused", 6000, 8192), ("fp8", "fused", 6000, 8192), ("fp8", "fused", 8192, 8192)])
+def test_steps_with_dense_calls_never_wait_for_the_device(monkeypatch, kv_cache, backend, prompt_tokens, budget):
     """The same check on steps whose prompt chunks run dense calls on the library kernel beside the
     work list, with a bf16 and an FP8 cache, and with XQA's lead rows where FlashInfer is installed:
     gathering a call's blocks, converting FP8 and padding its rows must not synchronize either.
     Prompts of 3,000 tokens at 2,048 a step: a prompt's later chunk has at least 512 rows over at
-    least 1,024 earlier positions, the least a dense call takes (prompts of 1,100 made none)."""
+    least 1,024 earlier positions, the least a context call takes (prompts of 1,100 made none).
+    Prompts of 6,000 at 8,192 a step add causal squares (chunks of at least 4,096 rows), as long
+    prompts' first chunks run; prompts of 8,192 make only squares, the first step's square its
+    whole output (prefix_attention.whole_step_call)."""
     import importlib.util
 
     from batchllm import LLM, SamplingParams
@@ -242,20 +247,22 @@ def test_steps_with_dense_calls_never_wait_for_the_device(monkeypatch, kv_cache,
     hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
     if backend == "xqa" and not (importlib.util.find_spec("flashinfer") and hopper):
         pytest.skip("needs FlashInfer and a Hopper GPU")
-    llm = LLM(model=MODEL, kv_cache_tokens=65536, max_num_batched_tokens=2048, kv_cache_dtype=kv_cache,
+    llm = LLM(model=MODEL, kv_cache_tokens=65536, max_num_batched_tokens=budget, kv_cache_dtype=kv_cache,
               attention_backend=backend)
-    prompts = [[100 + i] * 3000 for i in range(12)]  # nothing shared: decode rows lead, XQA takes them
+    num_prompts = 36000 // prompt_tokens
+    prompts = [[100 + i] * prompt_tokens for i in range(num_prompts)]  # nothing shared: decode rows lead
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     first = llm.generate(prompts, params, use_tqdm=False)  # warm-up: compiles, builds the library's plans
-    dense_output, num_dense_calls = prefix_attention._dense_output, [0]
+    dense_output, calls = prefix_attention._dense_output, []
 
-    def counted_dense_output(*args, **kwargs):
-        num_dense_calls[0] += 1
-        return dense_output(*args, **kwargs)
+    def counted_dense_output(call, *args, **kwargs):
+        calls.append(call.causal)
+        return dense_output(call, *args, **kwargs)
 
     monkeypatch.setattr(prefix_attention, "_dense_output", counted_dense_output)
     second, modes = _generate_without_syncs(llm, prompts, params, monkeypatch)
-    assert "piecewise" in modes and "eager" not in modes and num_dense_calls[0] > 0
+    assert "piecewise" in modes and "eager" not in modes and calls
+    assert (True in calls) is (prompt_tokens >= 4096)
     assert [o.outputs[0].token_ids for o in second] == [o.outputs[0].token_ids for o in first]
 
 

@@ -1,4 +1,4 @@
-"""Where a step's time goes, on the GPU (`gpu`) or on the host (`host`).
+r"""Where a step's time goes, on the GPU (`gpu`) or on the host (`host`).
 
 gpu: a warm-up on 8 requests, one full run (host phases per step, by kind of step), then a second
 full run with torch.profiler recording the step windows of --windows: GPU kernel time per step,

@@ -1,4 +1,4 @@
-"""Tensor parallelism on one host: throughput of one configuration (run each in its own process).
+r"""Tensor parallelism on one host: throughput of one configuration (run each in its own process).
 
     PYTHONPATH=. python3 benchmarks/scale_out_tp.py --model random:qwen2.5-14b --tp 2 \
         --workload micro:2000:200:16#1024 --out scale_out_tp.jsonl

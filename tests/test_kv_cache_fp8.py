@@ -11,7 +11,7 @@ from batchllm.attention_plan.tile_config import decode_tile_config
 from batchllm.attention_plan.work_list import build_prefix_shared_plan
 from batchllm.engine.attention.paged import PagedAttention
 from batchllm.engine.attention.protocol import AttentionMetadata
-from batchllm.engine.attention.select import make_backend
+from batchllm.engine.attention.select import AttentionShape, select_backend
 from batchllm.engine.kv_cache import KVCache, kv_bytes_per_token
 from batchllm.ops.fp8 import FP8_MAX
 from batchllm.ops.kv_quant import dequantize_e4m3, quantize_e4m3
@@ -218,7 +218,7 @@ def test_cpu_backends_on_an_fp8_cache(backend_name):
     b = make_batch(MIXED, num_heads=6, num_kv_heads=2, head_dim=32, block_size=16, dtype=torch.float32)
     k8, v8 = _fp8_caches(b)
     cache = KVCache(torch.stack([k8, k8]), torch.stack([v8, v8]), K_SCALE, V_SCALE)
-    backend = make_backend(backend_name, torch.device("cpu"), 16, 6, 2, 32)
+    backend = select_backend(backend_name, torch.device("cpu"), AttentionShape(16, 6, 2, 32)).backend
     inputs = SimpleNamespace(**b.metadata_numpy(), num_tokens=b.query.shape[0])
     plan = backend.plan_to_device(backend.build_plan(inputs), torch.device("cpu"))
     metadata = AttentionMetadata(slot_mapping=b.slot_mapping, positions=torch.zeros_like(b.slot_mapping), plan=plan)
@@ -371,7 +371,7 @@ def test_triton_backends_plan_decode_steps_with_the_cache_rows_tiles(backend_nam
 
     b = make_batch(MIXED, num_heads=6, num_kv_heads=2, head_dim=32, block_size=16)
     for dtype, kv_fp8 in ((FP8, True), (torch.float32, False), (None, False)):
-        backend = make_backend(backend_name, torch.device("cpu"), 16, 6, 2, 32, kv_cache_dtype=dtype)
+        backend = select_backend(backend_name, torch.device("cpu"), AttentionShape(16, 6, 2, 32, kv_cache_dtype=dtype)).backend
         assert backend.decode_tile == decode_tile_config(32, 3, kv_fp8=kv_fp8)
         decode = backend.build_plan(SimpleNamespace(**b.metadata_numpy(), decode_only=True))
         prefill = backend.build_plan(SimpleNamespace(**b.metadata_numpy(), decode_only=False))

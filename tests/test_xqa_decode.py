@@ -41,11 +41,11 @@ def test_xqa_refuses_what_it_cannot_run(monkeypatch, device, capability, kv_dtyp
 
 def test_xqa_backend_refused_on_cpu_and_accepted_by_the_config():
     from batchllm.config import EngineConfig
-    from batchllm.engine.attention.select import make_backend
+    from batchllm.engine.attention.select import AttentionShape, select_backend
 
     assert EngineConfig(attention_backend="xqa").attention_backend == "xqa"
     with pytest.raises(ValueError, match="runs on a CUDA GPU"):
-        make_backend("xqa", torch.device("cpu"), 16, 32, 8, 128, (), torch.float8_e4m3fn)
+        select_backend("xqa", torch.device("cpu"), AttentionShape(16, 32, 8, 128, (), torch.float8_e4m3fn))
 
 
 FP8_SHAPE = dict(block_size=16, num_heads=32, num_kv_heads=8, head_dim=128, kv_cache_dtype=torch.float8_e4m3fn)

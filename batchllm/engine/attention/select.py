@@ -58,9 +58,11 @@ def resolve_backend_name(name: str, device: torch.device, shape: AttentionShape 
 
 
 def select_backend(name: str, device: torch.device, shape: AttentionShape) -> SelectedBackend:
-    """The backend `name` names on this engine. XQA is built here, at start-up (seconds to minutes the first
-    time, then loaded from FlashInfer's cache); when "auto" picked it and the build
-    fails (no nvcc, for one), a warning says why and the engine runs `fused`."""
+    """The backend `name` names on this engine (shape: its heads, KV blocks, layers' sliding windows
+    and cache dtype; the Triton backends tile an FP8 cache's decode steps their own way). XQA is
+    built here, at start-up (seconds to minutes the first time, then loaded from FlashInfer's
+    cache); when "auto" picked it and the build fails (no nvcc, for one), a warning says why and
+    the engine runs `fused`."""
     resolved = resolve_backend_name(name, device, shape)
     if resolved == "reference":
         return SelectedBackend(resolved, ReferenceBackend(shape.layer_windows))
@@ -90,12 +92,3 @@ def _triton_backend(device: torch.device, shape: AttentionShape, uses_groups: bo
     return TritonBackend(shape.block_size, shape.num_heads, shape.num_kv_heads, shape.head_dim, device,
                          uses_groups=uses_groups, layer_windows=shape.layer_windows, kv_fp8=kv_fp8, xqa=xqa)
 
-
-def make_backend(name: str, device: torch.device, block_size: int, num_heads: int, num_kv_heads: int,
-                 head_dim: int, layer_windows: tuple[int | None, ...] = (),
-                 kv_cache_dtype: torch.dtype | None = None) -> AttentionBackend[Any, Any]:
-    """select_backend's backend. layer_windows: the sliding window of every layer
-    (ModelArchConfig.layer_windows). kv_cache_dtype: the KV cache's dtype (the Triton backends tile
-    an FP8 cache's decode steps their own way); None: the model dtype."""
-    shape = AttentionShape(block_size, num_heads, num_kv_heads, head_dim, tuple(layer_windows), kv_cache_dtype)
-    return select_backend(name, device, shape).backend

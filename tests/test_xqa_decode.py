@@ -72,18 +72,6 @@ def test_auto_picks_xqa_only_where_it_runs(monkeypatch, device, capability, inst
     assert select.resolve_backend_name("fused", torch.device(device), shape) == "fused"
 
 
-class _FailingXqa:
-    """XqaDecode whose build fails as it does on a host without nvcc."""
-    built = 0
-
-    def __init__(self, device):
-        pass
-
-    def build(self, *shape):
-        _FailingXqa.built += 1
-        raise RuntimeError("Could not find nvcc")
-
-
 def test_auto_runs_fused_with_a_warning_when_xqa_cannot_be_built(monkeypatch):
     """XQA builds at start-up; where "auto" picked it and the build fails, the engine runs `fused` and
     says why; where the user asked for xqa, the build's error stands."""
@@ -91,7 +79,17 @@ def test_auto_runs_fused_with_a_warning_when_xqa_cannot_be_built(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(select, "xqa_installed", lambda: True)
-    monkeypatch.setattr(select, "XqaDecode", _FailingXqa)
+    builds = []
+
+    class FailingXqa:  # XqaDecode whose build fails as it does on a host without nvcc
+        def __init__(self, device):
+            pass
+
+        def build(self, *shape):
+            builds.append(shape)
+            raise RuntimeError("Could not find nvcc")
+
+    monkeypatch.setattr(select, "XqaDecode", FailingXqa)
     monkeypatch.setattr(select, "_triton_backend", lambda device, shape, uses_groups, kv_fp8, xqa=None:
                         types.SimpleNamespace(uses_groups=uses_groups, kv_fp8=kv_fp8, xqa=xqa))
     shape = select.AttentionShape(**FP8_SHAPE)
@@ -101,7 +99,7 @@ def test_auto_runs_fused_with_a_warning_when_xqa_cannot_be_built(monkeypatch):
     assert selected.backend.uses_groups and selected.backend.kv_fp8
     with pytest.raises(RuntimeError, match="Could not find nvcc"):
         select.select_backend("xqa", torch.device("cuda"), shape)
-    assert _FailingXqa.built == 2
+    assert builds == [(32, 8, 128, 16)] * 2
 
 
 @pytest.mark.skipif(HAS_FLASHINFER, reason="FlashInfer is installed here")

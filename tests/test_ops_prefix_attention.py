@@ -521,10 +521,11 @@ def test_dense_calls_on_cudnn_gpu(kv_fp8):
     assert (tile.dense_min_rows, tile.dense_min_tokens, tile.causal_square_rows()) == (512, 1024, 4096)
     # (KV positions, causal) of each call, in row order
     expected = {
-        # the engine's table: the group's rows x its prefix up to the prefix chunk's first row (1537
-        # positions), the long prompt's chunk x its first 2361, each cut down to the dense calls'
-        # sizes (dense_size_step: 1536 and 2048)
-        "table": (tile, [[1536, 0], [2048, 0]]),
+        # the engine's table: the members' 516 rows reach 512, so the prefix chunk leaves its group:
+        # its rows x its first 1536 positions, the members' rows x the whole prefix, the long
+        # prompt's chunk x its first 2361 positions, cut down to the dense calls' sizes
+        # (dense_size_step: 2048)
+        "table": (tile, [[1536, 0], [2048, 0], [2048, 0]]),
         # causal squares from 512 rows: the prefix chunk leaves its group (its first 1536 positions,
         # then its own 512, causal), the members' 516 rows see the whole prefix, the long prompt's
         # chunk sees its first 2360 positions (cut to 2048), then its own 640, causal (unmasked

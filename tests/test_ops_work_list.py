@@ -241,15 +241,16 @@ def _group_and_chunks_batch():
 
 
 def test_dense_calls_take_the_kv_every_row_of_a_segment_sees():
-    """A group's rows (a prefix chunk at positions 35-39 and two members' chunks of 6 and 4
-    rows) all see the prefix up to 36, and an ungrouped 7-row chunk at positions 53-59 sees its
-    first 53 positions whole. From 6 rows: the group's block, cut down to the dense calls' sizes
-    (32 positions), is one dense call (the rest of the prefix stays in tiles), and the 7-row chunk
-    gets a call for its first 48 positions (the rest of its context stays in tiles) and a causal
-    call for its own positions. A one-row decode is below the row threshold."""
+    """Group 0's members (chunks of 6 and 4 rows) see its whole 40-position prefix, and an
+    ungrouped 7-row chunk at positions 53-59 sees its first 53 positions whole. From 6 rows: the
+    members' 10 rows reach the threshold, so the group's 5-row prefix chunk leaves their segment
+    and they get one call over all 40 positions (a size of the dense calls), the 7-row chunk a call
+    for its first 48 positions (the rest of its context stays in tiles) and a causal call for its
+    own positions. The 5-row prefix chunk is below the threshold: one causal tile over its
+    positions. A one-row decode is below the row threshold."""
     from dataclasses import replace
 
-    from batchllm.attention_plan.work_list import F_MASK_MODE, MASK_ROW_LIMIT, build_prefix_shared_plan
+    from batchllm.attention_plan.work_list import F_MASK_MODE, F_Q_START, MASK_CAUSAL, build_prefix_shared_plan
 
     b = _group_and_chunks_batch()
     tile = replace(default_tile_config(64, 4, interpret=True), dense_min_rows=6, dense_min_tokens=8)
@@ -259,30 +260,49 @@ def test_dense_calls_take_the_kv_every_row_of_a_segment_sees():
     # the unmasked calls, then the causal ones; a member's own KV starts at block 3 of its table
     # (after the shared 40 positions)
     assert plan.dense[:, [0, 1, 2, 3, 4, 5, 7, 8]].tolist() == [
-        [0, 15, 0, 0, 0, 32, 0, 1], [15, 7, 3, 0, 0, 48, 0, 1], [5, 6, 1, 3, 0, 6, 1, 1], [15, 7, 3, 3, 5, 7, 1, 1]]
+        [5, 10, 0, 0, 0, 40, 0, 1], [15, 7, 3, 0, 0, 48, 0, 1], [5, 6, 1, 3, 0, 6, 1, 1], [15, 7, 3, 3, 5, 7, 1, 1]]
     assert (plan.dense[:, 6] >= 0).all()  # every row of a call has other parts too: partial slots
     prefix = plan.work[(plan.work[:, F_KIND] == KIND_PREFIX) & (plan.work[:, F_SEQ] == 0)]  # group 0's
-    assert prefix[:, F_KV_START].min() == 32 and prefix[:, F_KV_END].max() == 40
-    assert (prefix[:, F_MASK_MODE] == MASK_ROW_LIMIT).any()  # the prefix chunk's rows see 36-40
+    assert prefix[:, [F_Q_START, F_Q_COUNT, F_KV_START, F_KV_END, F_MASK_MODE]].tolist() == [[0, 5, 0, 40, MASK_CAUSAL]]
     chunk = plan.work[plan.work[:, F_SEQ] == 3]  # the 7-row chunk's context past the call: 48-53
     assert chunk[:, F_KV_START].min() == 48 and chunk[:, F_KV_END].max() == 53
     # every row's parts are merged: a slot per dense row, and the calls' slots are distinct
     slots = np.concatenate([np.arange(base, base + rows) for rows, base in plan.dense[:, [1, 6]]])
-    assert np.unique(slots).size == 35 and np.isin(slots, plan.merge_slots).all()
+    assert np.unique(slots).size == 30 and np.isin(slots, plan.merge_slots).all()
     off = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8,
                                    tile=replace(tile, dense_min_rows=0), kv_split_tokens=1024)
     assert off.dense.shape == (0, 9)
-    fewer = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8,
-                                     tile=replace(tile, dense_min_tokens=40), kv_split_tokens=1024)
-    # the 32-position block is too short; the 53-position context still gets a 48-position call
-    assert fewer.dense[:, [0, 1, 5, 7]].tolist() == [[15, 7, 48, 0], [5, 6, 6, 1], [15, 7, 7, 1]]
-    squares_from = lambda rows: build_prefix_shared_plan(
-        **b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8,
-        tile=replace(tile, dense_causal_min_rows=rows), kv_split_tokens=1024).dense[:, [0, 1, 5, 7]].tolist()
+    calls = lambda **change: build_prefix_shared_plan(
+        **b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8, tile=replace(tile, **change),
+        kv_split_tokens=1024).dense[:, [0, 1, 5, 7]].tolist()
+    # unmasked calls from 41 positions: the 40-position prefix is too short; the 53-position
+    # context still gets a 48-position call
+    assert calls(dense_min_tokens=40)[0] == [5, 10, 40, 0]
+    assert calls(dense_min_tokens=41) == [[15, 7, 48, 0], [5, 6, 6, 1], [15, 7, 7, 1]]
     # causal squares from 7 rows: the member's 6 rows stay in tiles
-    assert squares_from(7) == [[0, 15, 32, 0], [15, 7, 48, 0], [15, 7, 7, 1]]
+    assert calls(dense_causal_min_rows=7) == [[5, 10, 40, 0], [15, 7, 48, 0], [15, 7, 7, 1]]
     # from 8 rows: none; the 7-row chunk's call takes the positions its first row sees (54), cut to 48
-    assert squares_from(8) == [[0, 15, 32, 0], [15, 7, 48, 0]]
+    assert calls(dense_causal_min_rows=8) == [[5, 10, 40, 0], [15, 7, 48, 0]]
+
+
+def test_a_prefix_chunk_with_few_members_keeps_its_group_segment():
+    """From 11 rows the members' 10 rows are too few for a call of their own: the group's 5-row
+    prefix chunk stays in their segment, whose 15 rows all see the prefix up to the chunk's first
+    row limit (36), cut down to the dense calls' sizes: one call over 32 positions. The rest of the
+    prefix stays in tiles, row-limited where the chunk's rows see less; the 7-row chunk is below
+    the threshold."""
+    from dataclasses import replace
+
+    from batchllm.attention_plan.work_list import F_MASK_MODE, MASK_ROW_LIMIT, build_prefix_shared_plan
+
+    b = _group_and_chunks_batch()
+    tile = replace(default_tile_config(64, 4, interpret=True), dense_min_rows=11, dense_min_tokens=8)
+    plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8, tile=tile,
+                                    kv_split_tokens=1024)
+    assert plan.dense[:, [0, 1, 2, 3, 4, 5, 7, 8]].tolist() == [[0, 15, 0, 0, 0, 32, 0, 1]]
+    prefix = plan.work[(plan.work[:, F_KIND] == KIND_PREFIX) & (plan.work[:, F_SEQ] == 0)]
+    assert prefix[:, F_KV_START].min() == 32 and prefix[:, F_KV_END].max() == 40
+    assert (prefix[:, F_MASK_MODE] == MASK_ROW_LIMIT).any()  # the prefix chunk's rows see 36-40
 
 
 def test_long_prefix_chunks_leave_their_group_segment():

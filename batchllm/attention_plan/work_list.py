@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from batchllm.attention_plan.checks import check
-from batchllm.attention_plan.dense_calls import (DENSE_FIELDS, batch_squares, carve_prefix_chunks, cut_dense_calls,
-                                                 square_seqs)
+from batchllm.attention_plan.dense_calls import (DENSE_FIELDS, batch_squares, carve_prefix_chunks, carved_seqs,
+                                                 cut_dense_calls, square_seqs)
 from batchllm.attention_plan.segments import (  # noqa: F401 (the F_MASK_MODE and F_KIND values, named here too)
     KIND_DISTINCT, KIND_PREFIX, MASK_CAUSAL, MASK_NONE, MASK_ROW_LIMIT, Columns, Segments, ceil_div, flat_ranges,
     index_within, row_prefix_limits, step_arrays, step_groups, step_segments)
@@ -242,7 +242,7 @@ def build_prefix_shared_plan(
     groups = step_groups(step)
     prefix_limit = row_prefix_limits(step, groups)
     squares = square_seqs(step, tile, block_size)
-    segments = carve_prefix_chunks(step_segments(step, groups, block_size), step, squares)
+    segments = carve_prefix_chunks(step_segments(step, groups, block_size), step, carved_seqs(step, tile, squares))
     if num_lead_rows:
         check(bool(np.all(step.num_rows[:num_lead_rows] == 1)) and not step.is_prefix[:num_lead_rows].any()
               and not step.shared_kv_lens[:num_lead_rows].any(),

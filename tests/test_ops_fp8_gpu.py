@@ -38,7 +38,7 @@ def test_rms_norm_fp8_equals_quantized_rms_norm(static, with_residual):
 
 @needs_fp8
 @pytest.mark.parametrize("static", [False, True])
-@pytest.mark.parametrize("intermediate", [14336, 1100])
+@pytest.mark.parametrize("intermediate", [14336, 1100, 20000])
 def test_silu_and_mul_fp8_equals_quantized_silu_and_mul(static, intermediate):
     from batchllm.ops.fused_layers import silu_and_mul
 

@@ -104,22 +104,34 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, intermediate_size, 
 
 @triton.jit
 def _silu_and_mul_fp8_kernel(x_ptr, out_ptr, scale_ptr, static_scale_ptr, stride_x, stride_o, intermediate_size,
-                             STATIC: tl.constexpr, BLOCK: tl.constexpr):
-    """One program per row: a first pass finds the row's amax, a second recomputes and quantizes
+                             STATIC: tl.constexpr, BLOCK: tl.constexpr, ONE_PASS: tl.constexpr):
+    """One program per row. ONE_PASS (BLOCK covers the row): the row is read once, its amax taken
+    in registers. Otherwise a first pass finds the row's amax and a second recomputes and quantizes
     (recomputing is cheaper than a round trip of the model-dtype row through memory)."""
     row = tl.program_id(0)
-    amax = 0.0
-    if not STATIC:
-        for start in range(0, intermediate_size, BLOCK):
-            value, mask = _silu_mul_block(x_ptr, row, stride_x, start + tl.arange(0, BLOCK), intermediate_size)
-            amax = tl.maximum(amax, tl.max(tl.abs(value), 0))
-    scale = 0.0
-    for start in range(0, intermediate_size, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
+    if ONE_PASS:
+        cols = tl.arange(0, BLOCK)
         value, mask = _silu_mul_block(x_ptr, row, stride_x, cols, intermediate_size)
-        q, scale = quantize_block(value, amax, static_scale_ptr, STATIC)
+        q, scale = quantize_block(value, tl.max(tl.abs(value), 0), static_scale_ptr, STATIC)
         tl.store(out_ptr + row * stride_o + cols, q, mask=mask)
+    else:
+        amax = 0.0
+        if not STATIC:
+            for start in range(0, intermediate_size, BLOCK):
+                value, mask = _silu_mul_block(x_ptr, row, stride_x, start + tl.arange(0, BLOCK), intermediate_size)
+                amax = tl.maximum(amax, tl.max(tl.abs(value), 0))
+        scale = 0.0
+        for start in range(0, intermediate_size, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            value, mask = _silu_mul_block(x_ptr, row, stride_x, cols, intermediate_size)
+            q, scale = quantize_block(value, amax, static_scale_ptr, STATIC)
+            tl.store(out_ptr + row * stride_o + cols, q, mask=mask)
     tl.store(scale_ptr + row, scale)
+
+
+# Rows up to this many columns are read once (ONE_PASS): on the H200, 8192 rows of 14336 columns in
+# 0.148 ms with 8 warps (0.156 with 16) against 0.248 in two passes; FP8 uniform 2048/128 +2.2-2.5%.
+MAX_ONE_PASS_COLUMNS = 16384
 
 
 def silu_and_mul(gate_up: torch.Tensor, fp8: bool = False,
@@ -134,9 +146,13 @@ def silu_and_mul(gate_up: torch.Tensor, fp8: bool = False,
         values = torch.empty((num_tokens, intermediate_size), dtype=FP8_DTYPE, device=gate_up.device)
         scales = torch.empty((num_tokens, 1), dtype=torch.float32, device=gate_up.device)
         if num_tokens:
+            block = next_power_of_2(intermediate_size)
+            one_pass = block <= MAX_ONE_PASS_COLUMNS
             _silu_and_mul_fp8_kernel[(num_tokens,)](
                 gate_up, values, scales, scales if static_scale is None else static_scale, gate_up.stride(0),
-                values.stride(0), intermediate_size, STATIC=static_scale is not None, BLOCK=2048, num_warps=8)
+                values.stride(0), intermediate_size, STATIC=static_scale is not None,
+                BLOCK=block if one_pass else 2048, ONE_PASS=one_pass,
+                num_warps=min(max(block // 2048, 4), 8) if one_pass else 8)
         return QuantizedActivation(values, scales)
     out = torch.empty((num_tokens, intermediate_size), dtype=gate_up.dtype, device=gate_up.device)
     if num_tokens:

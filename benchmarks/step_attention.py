@@ -1,11 +1,12 @@
 """Attention of one engine step, one layer of Llama-3.1-8B heads, on a bf16 and a float8_e4m3fn cache.
 
---steps decode: the CUDA-graph steps' decode rows at the shapes of uniform 1000/1000, as the graphs
-launch them (persistent, BIG and SMALL items apart): the bf16 row on a bf16 cache, the FP8 row on
-an FP8 cache, and on a Hopper GPU with FlashInfer installed the `xqa` backend's kernel (XQA) on the
-FP8 cache. The FP8 rows' outputs are checked against the bf16 row run on the same cache converted
-to bf16 (every e4m3 value is a bf16 one) first. Reports ms a layer and the cache's bytes read per
-second.
+--steps decode: the CUDA-graph steps' decode rows at the shapes of uniform 1000/1000 and of micro
+2000/200 sd16 (64 groups of 16 members over a 2000-token prefix, 200-280 own positions a row), as
+the graphs launch them (persistent, BIG and SMALL items apart): the bf16 row on a bf16 cache, the
+FP8 row on an FP8 cache, and for rows that share no prefix, on a Hopper GPU with FlashInfer
+installed, the `xqa` backend's kernel (XQA) on the FP8 cache. The FP8 rows' outputs are checked
+against the bf16 row run on the same cache converted to bf16 (every e4m3 value is a bf16 one)
+first. Reports ms a layer and the cache's bytes read per second (a group's prefix counted once).
 
 --steps prefill: steps with prefill chunks (eager launches) at the shapes of uniform 128/128 and
 2048/128 and of a shared-prefix step, with the default table's one fused launch ("fused") and with
@@ -39,12 +40,25 @@ NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16  # Llama-3.1-8B
 GROUP = NUM_HEADS // NUM_KV_HEADS
 SHAPES = [(600, 1200), (1700, 1000)]  # (decode rows, mean context): the 1000/1000 run's decode steps
 DRY_SHAPES = [(6, 40)]
+# (groups, members, prefix, own positions from, to): micro 2000/200 sd16's decode steps
+SHARED_SHAPES = [(64, 16, 2000, 200, 280)]
+DRY_SHARED_SHAPES = [(2, 3, 40, 4, 12)]
 
 
 def decode_step(num_rows: int, mean_context: int, dtype: torch.dtype, device: torch.device, seed: int = 0):
     """A synthetic decode step: contexts drawn within +-20% of mean_context, blocks shuffled."""
     rng = np.random.default_rng(seed)
     seqs = [SeqSpec(1, int(mean_context * rng.uniform(0.8, 1.2))) for _ in range(num_rows)]
+    return _batch(seqs, dtype, device, seed)
+
+
+def shared_decode_step(num_groups: int, members: int, prefix: int, own_from: int, own_to: int, dtype: torch.dtype,
+                       device: torch.device, seed: int = 0):
+    """A synthetic decode step of groups: each member one row over its group's prefix and
+    own_from..own_to - 1 positions of its own."""
+    rng = np.random.default_rng(seed)
+    seqs = [SeqSpec(1, prefix + int(rng.integers(own_from, own_to)), shared_kv_len=prefix, group_id=g)
+            for g in range(num_groups) for _ in range(members)]
     return _batch(seqs, dtype, device, seed)
 
 
@@ -112,10 +126,10 @@ def _cache_dtype(cache: torch.Tensor) -> str:
     return str(cache.dtype).replace("torch.", "")
 
 
-def measure(num_rows: int, mean_context: int, device: torch.device, dry_run: bool) -> list[dict]:
-    """The decode rows of one CUDA-graph step, bf16 row and FP8 row."""
-    dtype = torch.float32 if dry_run else torch.bfloat16
-    batch = decode_step(num_rows, mean_context, dtype, device)
+def measure(batch, shape: dict, device: torch.device, dry_run: bool) -> list[dict]:
+    """The decode rows of one CUDA-graph step, bf16 row and FP8 row (and XQA for rows that share
+    no prefix); `shape` labels the rows."""
+    shared = bool((batch.group_ids >= 0).any())
     side = torch.cuda.Stream(device) if device.type == "cuda" else None
     scale = HEAD_DIM ** -0.5
     (k8, v8), converted = _caches(batch)
@@ -127,7 +141,10 @@ def measure(num_rows: int, mean_context: int, device: torch.device, dry_run: boo
     }
     expected = prefix_shared_attention(batch.query, *converted, graph_plan(batch, bf16_row, device), scale,
                                        side_stream=side).float()
-    num_positions = int(batch.seq_lens.sum())
+    # the positions the step reads: a group's prefix once, every row's own positions
+    num_positions = int((batch.seq_lens - batch.shared_kv_lens).sum())
+    num_positions += sum(int(batch.shared_kv_lens[batch.group_ids == g].max()) for g in set(batch.group_ids.tolist())
+                         if g >= 0)
     rows = []
     for name, (tile, k_cache, v_cache) in runs.items():
         plan = graph_plan(batch, tile, device)
@@ -136,11 +153,11 @@ def measure(num_rows: int, mean_context: int, device: torch.device, dry_run: boo
             torch.testing.assert_close(run().float(), expected, atol=3e-3, rtol=3e-3)
         ms = time_ms(run, dry_run)
         cache_bytes = num_positions * NUM_KV_HEADS * HEAD_DIM * 2 * k_cache.element_size()
-        rows.append({"steps": "decode", "decode_rows": num_rows, "mean_context": mean_context, "row": name,
+        rows.append({"steps": "decode", **shape, "row": name,
                      "cache_dtype": _cache_dtype(k_cache), "cache_bytes": cache_bytes,
                      "ms_per_layer": round(ms, 3),
                      "cache_tb_per_s": round(cache_bytes / ms / 1e9, 2)})
-    if not dry_run and xqa_installed() and torch.cuda.get_device_capability(device) >= (9, 0):
+    if not shared and not dry_run and xqa_installed() and torch.cuda.get_device_capability(device) >= (9, 0):
         from batchllm.ops.xqa_decode import XqaDecode
 
         xqa = XqaDecode(device)
@@ -149,7 +166,7 @@ def measure(num_rows: int, mean_context: int, device: torch.device, dry_run: boo
         torch.testing.assert_close(run().float(), expected, atol=5e-2, rtol=5e-2)
         ms = time_ms(run, dry_run)
         cache_bytes = num_positions * NUM_KV_HEADS * HEAD_DIM * 2
-        rows.append({"steps": "decode", "decode_rows": num_rows, "mean_context": mean_context, "row": "xqa",
+        rows.append({"steps": "decode", **shape, "row": "xqa",
                      "cache_dtype": _cache_dtype(k8), "cache_bytes": cache_bytes, "ms_per_layer": round(ms, 3),
                      "cache_tb_per_s": round(cache_bytes / ms / 1e9, 2)})
     return rows
@@ -190,9 +207,17 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cpu" if args.dry_run else "cuda")
     rows = []
     if "decode" in args.steps:
-        for num_rows, mean_context in (DRY_SHAPES if args.dry_run else SHAPES):
-            rows.extend(measure(num_rows, mean_context, device, args.dry_run))
-            print(*(json.dumps(row) for row in rows if row.get("decode_rows") == num_rows), sep="\n", flush=True)
+        dtype = torch.float32 if args.dry_run else torch.bfloat16
+        steps = [(decode_step(n, context, dtype, device), {"decode_rows": n, "mean_context": context})
+                 for n, context in (DRY_SHAPES if args.dry_run else SHAPES)]
+        steps += [(shared_decode_step(*group, dtype, device),
+                   {"decode_rows": group[0] * group[1], "groups": group[0], "prefix": group[2],
+                    "own_positions": list(group[3:])})
+                  for group in (DRY_SHARED_SHAPES if args.dry_run else SHARED_SHAPES)]
+        for batch, shape in steps:
+            found = measure(batch, shape, device, args.dry_run)
+            rows.extend(found)
+            print(*(json.dumps(row) for row in found), sep="\n", flush=True)
     if "prefill" in args.steps:
         for name, seqs in prefill_steps(args.dry_run).items():
             rows.extend(measure_prefill(name, seqs, device, args.dry_run))

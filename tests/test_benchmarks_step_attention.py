@@ -13,13 +13,19 @@ def test_dry_run_writes_the_decode_rows(tmp_path, monkeypatch):
     out = tmp_path / "decode.json"
     assert step_attention.main(["--dry-run", "--steps", "decode", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["row"], r["cache_dtype"]) for r in rows] == [("bf16_row", "float32"), ("fp8_row", "float8_e4m3fn")]
+    kinds = [("bf16_row", "float32"), ("fp8_row", "float8_e4m3fn")]
+    assert [(r["row"], r["cache_dtype"]) for r in rows] == kinds * 2
+    assert [r.get("groups") for r in rows] == [None, None, 2, 2]
     assert all(r["ms_per_layer"] > 0 for r in rows)
     # K and V of every position's 8 KV heads x 128 dims: 4 bytes a value in float32, 1 in FP8
     torch = step_attention.torch
     positions = int(step_attention.decode_step(6, 40, torch.float32, torch.device("cpu")).seq_lens.sum())
     assert rows[0]["cache_bytes"] == positions * 8 * 128 * 2 * 4
     assert rows[1]["cache_bytes"] == positions * 8 * 128 * 2
+    # a group's 40-position prefix counted once, beside each of its 3 members' own positions
+    shared = step_attention.shared_decode_step(2, 3, 40, 4, 12, torch.float32, torch.device("cpu"))
+    own = int((shared.seq_lens - shared.shared_kv_lens).sum())
+    assert 6 * 4 <= own < 6 * 12 and rows[3]["cache_bytes"] == (2 * 40 + own) * 8 * 128 * 2
 
 
 def test_dry_run_writes_the_prefill_rows(tmp_path, monkeypatch):

@@ -275,8 +275,8 @@ def test_dense_calls_take_the_kv_every_row_of_a_segment_sees():
     calls = lambda **change: build_prefix_shared_plan(
         **b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8, tile=replace(tile, **change),
         kv_split_tokens=1024).dense[:, [0, 1, 5, 7]].tolist()
-    # unmasked calls from 41 positions: the 40-position prefix is too short; the 53-position
-    # context still gets a 48-position call
+    # unmasked calls from 40 positions: the members' call stays; from 41 the 40-position prefix is
+    # too short, and the 53-position context still gets a 48-position call
     assert calls(dense_min_tokens=40)[0] == [5, 10, 40, 0]
     assert calls(dense_min_tokens=41) == [[15, 7, 48, 0], [5, 6, 6, 1], [15, 7, 7, 1]]
     # causal squares from 7 rows: the member's 6 rows stay in tiles

@@ -9,8 +9,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from batchllm.attention_plan.segments import (KIND_PREFIX, MASK_CAUSAL, MASK_ROW_LIMIT, Columns, Segments, Step,
-                                              flat_ranges)
+from batchllm.attention_plan.segments import (KIND_PREFIX, MASK_CAUSAL, MASK_ROW_LIMIT, Columns, Groups, Segments,
+                                              Step, flat_ranges)
 from batchllm.attention_plan.tile_config import TileConfig
 
 DENSE_FIELDS = 9  # columns of a plan's dense calls (PrefixSharedPlan.dense)
@@ -60,7 +60,7 @@ def square_seqs(step: Step, tile: TileConfig, block_size: int) -> np.ndarray:
     return chosen
 
 
-def carved_seqs(step: Step, tile: TileConfig, squares: np.ndarray) -> np.ndarray:
+def carved_seqs(step: Step, groups: Groups, tile: TileConfig, squares: np.ndarray) -> np.ndarray:
     """[num_seqs] bool: the group prefix chunks that leave their group's segment (carve_prefix_chunks).
 
     A prefix chunk's first rows see only the context before it, so while it shares its group's
@@ -72,10 +72,11 @@ def carved_seqs(step: Step, tile: TileConfig, squares: np.ndarray) -> np.ndarray
     chunks = (step.group_ids >= 0) & step.is_prefix & (step.num_rows > 0)
     if tile.dense_min_rows <= 0 or not chunks.any():
         return chunks & squares
-    group_of = np.unique(step.group_ids, return_inverse=True)[1].reshape(-1)
-    members = (step.group_ids >= 0) & ~step.is_prefix
-    member_rows = np.bincount(group_of, weights=np.where(members, step.num_rows, 0))
-    return chunks & (squares | (member_rows[group_of] >= tile.dense_min_rows))
+    grouped = groups.grouped_seqs
+    member_rows = np.bincount(groups.group_of_seq, weights=np.where(step.is_prefix[grouped], 0, step.num_rows[grouped]))
+    enough = np.zeros(step.num_seqs, bool)
+    enough[grouped] = member_rows[groups.group_of_seq] >= tile.dense_min_rows
+    return chunks & (squares | enough)
 
 
 def carve_prefix_chunks(seg: Segments, step: Step, carved: np.ndarray) -> Segments:

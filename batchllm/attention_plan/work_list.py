@@ -242,7 +242,8 @@ def build_prefix_shared_plan(
     groups = step_groups(step)
     prefix_limit = row_prefix_limits(step, groups)
     squares = square_seqs(step, tile, block_size)
-    segments = carve_prefix_chunks(step_segments(step, groups, block_size), step, carved_seqs(step, tile, squares))
+    carved = carved_seqs(step, groups, tile, squares)
+    segments = carve_prefix_chunks(step_segments(step, groups, block_size), step, carved)
     if num_lead_rows:
         check(bool(np.all(step.num_rows[:num_lead_rows] == 1)) and not step.is_prefix[:num_lead_rows].any()
               and not step.shared_kv_lens[:num_lead_rows].any(),

@@ -335,14 +335,16 @@ def test_float16_mmas_scale_the_query_tile_into_range(device, magnitude):
 def test_fp8_decode_row_on_the_gpu_table():
     """A float8_e4m3fn cache's decode tiles: the bf16 row's, with SMALL steps of 128 positions
     (the bytes of the bf16 row's 64) and split-KV pieces of at least 1024, float16 MMAs with V
-    converted by PTX, 3 stages, and 3 programs of 4 warps and 168 registers per SM (values
-    written out)."""
+    converted by PTX, 3 stages, and 3 programs of 4 warps and 168 registers per SM; BIG tiles
+    in steps of 128 positions over 3 stages (values written out)."""
     from batchllm.attention_plan.tile_config import decode_tile_config
 
     bf16 = decode_tile_config(128, 4, interpret=False)
     fp8 = decode_tile_config(128, 4, interpret=False, kv_fp8=True)
     assert fp8 == replace(bf16, small_n=128, min_kv_split_tokens=1024, small_max_registers=168,
-                          graph_programs_per_sm=3, small_num_stages=3, fp8_conversion="float16_ptx_v")
+                          graph_programs_per_sm=3, small_num_stages=3, fp8_conversion="float16_ptx_v", big_n=128,
+                          num_stages=3)
+    assert (bf16.small_n, bf16.big_n, bf16.num_stages) == (64, 64, 2)
     assert (bf16.small_n, bf16.small_max_registers, bf16.fp8_conversion, bf16.graph_programs_per_sm) == (
         64, None, "query", 4)
     assert decode_tile_config(64, 3, interpret=True, kv_fp8=True).fp8_conversion == "float16_ptx_v"  # the CPU tests' row

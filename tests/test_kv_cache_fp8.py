@@ -344,9 +344,8 @@ def test_fp8_decode_row_on_the_gpu_table():
     assert fp8 == replace(bf16, small_n=128, min_kv_split_tokens=1024, small_max_registers=168,
                           graph_programs_per_sm=3, small_num_stages=3, fp8_conversion="float16_ptx_v", big_n=128,
                           num_stages=3)
-    assert (bf16.small_n, bf16.big_n, bf16.num_stages) == (64, 64, 2)
-    assert (bf16.small_n, bf16.small_max_registers, bf16.fp8_conversion, bf16.graph_programs_per_sm) == (
-        64, None, "query", 4)
+    assert (bf16.small_n, bf16.big_n, bf16.num_stages, bf16.small_max_registers, bf16.fp8_conversion,
+            bf16.graph_programs_per_sm) == (64, 64, 2, None, "query", 4)
     assert decode_tile_config(64, 3, interpret=True, kv_fp8=True).fp8_conversion == "float16_ptx_v"  # the CPU tests' row
 
 

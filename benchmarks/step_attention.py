@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import itertools
 import json
 import time
 
@@ -208,14 +209,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     if "decode" in args.steps:
         dtype = torch.float32 if args.dry_run else torch.bfloat16
-        steps = [(decode_step(n, context, dtype, device), {"decode_rows": n, "mean_context": context})
-                 for n, context in (DRY_SHAPES if args.dry_run else SHAPES)]
-        steps += [(shared_decode_step(*group, dtype, device),
+        # built one at a time, so that only one step's caches are on the device at once
+        plain = ((decode_step(n, context, dtype, device), {"decode_rows": n, "mean_context": context})
+                 for n, context in (DRY_SHAPES if args.dry_run else SHAPES))
+        shared = ((shared_decode_step(*group, dtype, device),
                    {"decode_rows": group[0] * group[1], "groups": group[0], "prefix": group[2],
                     "own_positions": list(group[3:])})
-                  for group in (DRY_SHARED_SHAPES if args.dry_run else SHARED_SHAPES)]
-        for batch, shape in steps:
+                  for group in (DRY_SHARED_SHAPES if args.dry_run else SHARED_SHAPES))
+        for batch, shape in itertools.chain(plain, shared):
             found = measure(batch, shape, device, args.dry_run)
+            del batch
             rows.extend(found)
             print(*(json.dumps(row) for row in found), sep="\n", flush=True)
     if "prefill" in args.steps:

@@ -18,6 +18,7 @@ from batchllm.attention_plan.dense_calls import dense_rows_padded
 from batchllm.attention_plan.work_list import WORK_FIELDS
 from batchllm.ops.attention_kernels import merge_partials_kernel, work_list_attention_kernel
 from batchllm.ops.dense_attention import dense_attention_lse
+from batchllm.ops.kv_gather import gather_dense_kv
 from batchllm.ops.kv_quant import check_kv_scales, is_fp8
 from batchllm.ops.occupancy import kernel_programs_per_sm
 from batchllm.ops.plan_device import PrefixSharedPlanOnDevice, device_num_sms
@@ -127,13 +128,9 @@ def _dense_output(call, query, k_cache, v_cache, scale, k_scale: float = 1.0, v_
     real rows; their outputs are dropped."""
     num_rows = call.q_count // call.batch
     padded = dense_rows_padded(num_rows)
-    positions = slice(call.offset, call.offset + call.kv_len)
-    key, value = (cache.index_select(0, call.blocks).view(call.batch, -1, *cache.shape[2:])[:, positions]
-                  for cache in (k_cache, v_cache))
-    if is_fp8(k_cache.dtype):  # exact in the query dtype; the scales fold into scale and the output
-        key, value = key.to(query.dtype), value.to(query.dtype)
-    if call.causal and padded > num_rows:
-        key, value = (F.pad(t, (0, 0, 0, 0, 0, padded - num_rows)) for t in (key, value))
+    # an FP8 cache's blocks in the query dtype (exact; the scales fold into scale and the output)
+    key, value = gather_dense_kv(k_cache, v_cache, call.blocks, call.batch, call.offset, call.kv_len,
+                                 padded if call.causal else call.kv_len, query.dtype)
     if call.batch == 1 and call.q_start + padded <= query.shape[0]:
         rows = query[call.q_start:call.q_start + padded].unsqueeze(0)
     else:

@@ -25,6 +25,7 @@ import json
 import sys
 import time
 
+from batchllm.config import ATTENTION_BACKENDS
 from batchllm.perf.runner import git_commit
 from batchllm.perf.workload import make_workload
 from batchllm.sched.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
@@ -189,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"], help="fp8: an FP8 KV cache")
     parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
                         help="the token budget per step")
+    parser.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS,
+                        help="xqa: decode rows that share no KV attend by FlashInfer's XQA kernel")
     parser.add_argument("--windows", default="40:44,100:104,150:154,230:234",
                         help="gpu: step windows to profile (step indices, end excluded)")
     parser.add_argument("--top", type=int, default=25, help="host: functions listed by own time")
@@ -199,13 +202,14 @@ def main(argv: list[str] | None = None) -> int:
 
     llm = LLM(model=args.model, policy=args.policy, kv_cache_tokens=args.kv_cache_tokens,
               quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-              max_num_batched_tokens=args.max_num_batched_tokens)
+              max_num_batched_tokens=args.max_num_batched_tokens, attention_backend=args.attention_backend)
     workload = make_workload(args.workload, args.requests, args.output_tokens, llm.engine.arch.vocab_size, 0)
     prompts = [p.tolist() for p in workload.prompts]
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in workload.max_tokens]
     result = {"git_commit": git_commit(), "date": datetime.date.today().isoformat(), "model": args.model,
               "quantization": args.quantization,
-              "kv_cache_dtype": args.kv_cache_dtype, "max_num_batched_tokens": args.max_num_batched_tokens, "workload": args.workload, "requests": len(prompts),
+              "kv_cache_dtype": args.kv_cache_dtype, "max_num_batched_tokens": args.max_num_batched_tokens,
+              "attention_backend": args.attention_backend, "workload": args.workload, "requests": len(prompts),
               "policy": args.policy}
     (run_gpu if args.mode == "gpu" else run_host)(args, llm, prompts, params, result)
     print(json.dumps(result, indent=1), flush=True)

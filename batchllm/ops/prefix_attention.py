@@ -18,6 +18,7 @@ from batchllm.attention_plan.dense_calls import dense_rows_padded
 from batchllm.attention_plan.work_list import WORK_FIELDS
 from batchllm.ops.attention_kernels import merge_partials_kernel, work_list_attention_kernel
 from batchllm.ops.dense_attention import dense_attention_lse
+from batchllm.ops.dense_store import store_dense_output
 from batchllm.ops.kv_gather import gather_dense_kv
 from batchllm.ops.kv_quant import check_kv_scales, is_fp8
 from batchllm.ops.occupancy import kernel_programs_per_sm
@@ -117,10 +118,11 @@ def _work_lists(plan) -> list[tuple]:
     return [(plan.work, 0, plan.num_items[0:1] if persistent else None)]
 
 
-def _dense_output(call, query, k_cache, v_cache, scale, k_scale: float = 1.0, v_scale: float = 1.0):
+def _dense_output(call, query, k_cache, v_cache, scale, k_scale: float = 1.0):
     """One dense call (attention_plan.dense_calls.cut_dense_calls): gather its blocks and attend on the library
     kernel (with its causal mask for a chunk's own positions; a batch of equal squares in one
-    call). Returns (out [batch, rows, heads, head_dim], lse [batch, rows, heads] natural log).
+    call). Returns (out [batch, rows, heads, head_dim] before an FP8 cache's V scale, lse [batch,
+    rows, heads] natural log): store_dense_output writes them to their rows.
 
     The library kernel sees its rows padded up to the dense calls' sizes (dense_rows_padded), so
     that it meets few shapes: the extra rows are the query's next rows where it has them (else
@@ -140,8 +142,6 @@ def _dense_output(call, query, k_cache, v_cache, scale, k_scale: float = 1.0, v_
     o, lse = dense_attention_lse(rows, key, value, float(scale) * float(k_scale), call.causal)
     if padded > num_rows:
         o, lse = o[:, :num_rows], lse[:, :num_rows]
-    if v_scale != 1.0:
-        o = o * v_scale
     return o, lse
 
 
@@ -160,14 +160,12 @@ def run_dense_calls(plan, query, k_cache, v_cache, out, part_out, part_lse, scal
     """The plan's dense calls: each writes its rows' outputs and base-2 log-sum-exps to their
     partial slots (or the output, for rows with no other part)."""
     for call in plan.dense:
-        o, lse = _dense_output(call, query, k_cache, v_cache, scale, k_scale, v_scale)
-        rows = slice(call.q_start, call.q_start + call.q_count)
+        o, lse = _dense_output(call, query, k_cache, v_cache, scale, k_scale)
         if call.partial_base < 0:
-            out[rows].view(o.shape).copy_(o)
+            store_dense_output(o, None, out[call.q_start:call.q_start + call.q_count], None, v_scale)
         else:
             slots = slice(call.partial_base, call.partial_base + call.q_count)
-            part_out[slots].view(o.shape).copy_(o)
-            torch.mul(lse, LOG2_E, out=part_lse[slots].view(lse.shape))
+            store_dense_output(o, lse, part_out[slots], part_lse[slots], v_scale)
 
 
 def _merge(plan, out, part_out, part_lse) -> None:
@@ -222,9 +220,10 @@ def prefix_shared_attention(
               and out.device == query.device, "out must be a contiguous tensor shaped like query, on its device")
     whole = whole_step_call(plan) if beside is None else None
     if whole is not None:  # a view of cuDNN's output ([B, L, H, D] in memory, as the query's rows)
-        o, _ = _dense_output(whole, query, k_cache, v_cache, scale, k_scale, v_scale)
-        o = o.reshape(query.shape).to(query.dtype)
-        return o if out is None else out.copy_(o)
+        o, _ = _dense_output(whole, query, k_cache, v_cache, scale, k_scale)
+        out = torch.empty_like(query) if out is None else out
+        store_dense_output(o, None, out, None, v_scale)
+        return out
     out = torch.empty_like(query) if out is None else out
     slots = max(plan.num_partial_slots, 1)
     part_out = torch.empty((slots, plan.num_heads, query.shape[2]), dtype=torch.float32, device=query.device)

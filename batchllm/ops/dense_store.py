@@ -31,7 +31,7 @@ def _store_dense_output_kernel(
     lse_ptr,  # [batch, rows, heads] float32, natural log (read only with HAS_LSE)
     out_ptr,  # [batch * rows, heads, head_dim], head_dim contiguous
     lse_out_ptr,  # [batch * rows, heads] float32, heads contiguous: base 2 (HAS_LSE)
-    num_rows, total_rows, v_scale,
+    num_rows, total_rows, v_scale, lse_scale,  # lse_scale: log2(e), natural log to base 2
     stride_ob, stride_or, stride_oh, stride_lb, stride_lr, stride_lh, stride_out_t, stride_out_h, stride_lse_t,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_COLS: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_R: tl.constexpr, SCALED: tl.constexpr, HAS_LSE: tl.constexpr,
@@ -55,7 +55,7 @@ def _store_dense_output_kernel(
         lse_mask = valid[:, None] & (heads < NUM_HEADS)[None, :]
         lse = tl.load(lse_ptr + (entry * stride_lb + row * stride_lr)[:, None] + heads[None, :] * stride_lh,
                       mask=lse_mask, other=0.0)
-        tl.store(lse_out_ptr + rows.to(tl.int64)[:, None] * stride_lse_t + heads[None, :], lse * 1.4426950408889634,
+        tl.store(lse_out_ptr + rows.to(tl.int64)[:, None] * stride_lse_t + heads[None, :], lse * lse_scale,
                  mask=lse_mask)
 
 
@@ -96,7 +96,7 @@ def store_dense_output(o: torch.Tensor, lse: torch.Tensor | None, out_rows: torc
     lse_args = (lse, lse_rows, *lse.stride(), lse_rows.stride(0)) if has_lse else (o, out_rows, 0, 0, 0, 0)
     grid = (triton.cdiv(total_rows, ROWS_PER_PROGRAM),)
     _store_dense_output_kernel[grid](
-        o, lse_args[0], out_rows, lse_args[1], num_rows, total_rows, float(v_scale),
+        o, lse_args[0], out_rows, lse_args[1], num_rows, total_rows, float(v_scale), LOG2_E,
         o.stride(0), o.stride(1), o.stride(2), *lse_args[2:5], out_rows.stride(0), out_rows.stride(1), lse_args[5],
         NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_COLS=next_power_of_2(num_heads * head_dim),
         BLOCK_H=next_power_of_2(num_heads), BLOCK_R=ROWS_PER_PROGRAM, SCALED=v_scale != 1.0, HAS_LSE=has_lse,

@@ -53,7 +53,8 @@ def _gather_dense_kv_kernel(
 def gather_dense_kv_reference(k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor, batch: int,
                               offset: int, kv_len: int, padded_len: int,
                               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """gather_dense_kv by PyTorch ops (the CPU path and the kernel's reference)."""
+    """gather_dense_kv by PyTorch ops: the kernel's reference, and the path for caches whose
+    heads are not one contiguous row."""
     positions = slice(offset, offset + kv_len)
     key, value = (cache.index_select(0, blocks).view(batch, -1, *cache.shape[2:])[:, positions].to(dtype)
                   for cache in (k_cache, v_cache))

@@ -18,13 +18,11 @@ from batchllm.attention_plan.dense_calls import dense_rows_padded
 from batchllm.attention_plan.work_list import WORK_FIELDS
 from batchllm.ops.attention_kernels import merge_partials_kernel, work_list_attention_kernel
 from batchllm.ops.dense_attention import dense_attention_lse
-from batchllm.ops.dense_store import store_dense_output
+from batchllm.ops.dense_store import LOG2_E, store_dense_output
 from batchllm.ops.kv_gather import gather_dense_kv
 from batchllm.ops.kv_quant import check_kv_scales, is_fp8
 from batchllm.ops.occupancy import kernel_programs_per_sm
 from batchllm.ops.plan_device import PrefixSharedPlanOnDevice, device_num_sms
-
-LOG2_E = 1.4426950408889634
 
 
 def _validate(query, k_cache, v_cache, plan: PrefixSharedPlanOnDevice, k_scale: float = 1.0,

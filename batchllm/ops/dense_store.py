@@ -93,11 +93,14 @@ def store_dense_output(o: torch.Tensor, lse: torch.Tensor | None, out_rows: torc
     if total_rows == 0:
         return
     has_lse = lse is not None and lse_rows is not None
-    lse_args = (lse, lse_rows, *lse.stride(), lse_rows.stride(0)) if has_lse else (o, out_rows, 0, 0, 0, 0)
+    if has_lse:
+        lse_src, lse_dst, lse_strides, lse_row_stride = lse, lse_rows, lse.stride(), lse_rows.stride(0)
+    else:  # never read without HAS_LSE
+        lse_src, lse_dst, lse_strides, lse_row_stride = o, out_rows, (0, 0, 0), 0
     grid = (triton.cdiv(total_rows, ROWS_PER_PROGRAM),)
     _store_dense_output_kernel[grid](
-        o, lse_args[0], out_rows, lse_args[1], num_rows, total_rows, float(v_scale), LOG2_E,
-        o.stride(0), o.stride(1), o.stride(2), *lse_args[2:5], out_rows.stride(0), out_rows.stride(1), lse_args[5],
+        o, lse_src, out_rows, lse_dst, num_rows, total_rows, float(v_scale), LOG2_E,
+        o.stride(0), o.stride(1), o.stride(2), *lse_strides, out_rows.stride(0), out_rows.stride(1), lse_row_stride,
         NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_COLS=next_power_of_2(num_heads * head_dim),
         BLOCK_H=next_power_of_2(num_heads), BLOCK_R=ROWS_PER_PROGRAM, SCALED=v_scale != 1.0, HAS_LSE=has_lse,
         num_warps=8)

@@ -55,3 +55,15 @@ def test_store_rejects_bad_shapes(device):
         store_dense_output(o, None, torch.zeros(5, 2, 16, device=device), None)
     with pytest.raises(ValueError, match="go together"):
         store_dense_output(o, lse, torch.zeros(6, 2, 16, device=device), None)
+
+
+@pytest.mark.parametrize("head_major", [False, True])
+def test_store_takes_a_base_2_log_sum_exp_as_it_is(device, head_major):
+    """lse_scale=1.0 (a kernel whose log-sum-exp is in base 2 already): copied unscaled."""
+    o, lse = _output(2, 8, 7, 3, 32, torch.float16, device, head_major)
+    out, ref = (torch.zeros(14, 3, 32, dtype=torch.float32, device=device) for _ in range(2))
+    lse_out, ref_lse = (torch.zeros(14, 3, dtype=torch.float32, device=device) for _ in range(2))
+    store_dense_output(o, lse, out, lse_out, lse_scale=1.0)
+    store_dense_output_reference(o, lse, ref, ref_lse, lse_scale=1.0)
+    assert torch.equal(out, ref) and torch.equal(lse_out, ref_lse)
+    assert torch.equal(lse_out, lse.reshape(14, 3))

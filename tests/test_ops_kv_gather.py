@@ -62,3 +62,24 @@ def test_gather_rejects_runs_too_short(device):
         gather_dense_kv(k_cache, v_cache, blocks, 1, 10, 30, 30, torch.float32)
     with pytest.raises(ValueError, match="equal length"):
         gather_dense_kv(k_cache, v_cache, blocks[:1], 2, 0, 4, 4, torch.float32)
+
+
+def test_gather_writes_into_given_slices(device):
+    """out=: two calls' KV gathered one after the other into one ragged buffer (FP8 to FP8, as
+    they are), each exactly its own gather, nothing written outside its slice."""
+    k_cache, v_cache = _caches(30, 16, 2, 32, torch.float8_e4m3fn, device)
+    blocks = _blocks(30, 7, device)
+    key = torch.zeros(3 + 2 * 20 + 37, 2, 32, dtype=torch.float8_e4m3fn, device=device)
+    value = torch.zeros_like(key)
+    views = tuple(t[3:3 + 40].view(2, 20, 2, 32) for t in (key, value))
+    gather_dense_kv(k_cache, v_cache, blocks[:4], 2, 5, 20, 20, torch.float8_e4m3fn, out=views)
+    views2 = tuple(t[43:80].view(1, 37, 2, 32) for t in (key, value))
+    gather_dense_kv(k_cache, v_cache, blocks[4:], 1, 0, 37, 37, torch.float8_e4m3fn, out=views2)
+    ref1 = gather_dense_kv_reference(k_cache, v_cache, blocks[:4], 2, 5, 20, 20, torch.float8_e4m3fn)
+    ref2 = gather_dense_kv_reference(k_cache, v_cache, blocks[4:], 1, 0, 37, 37, torch.float8_e4m3fn)
+    as_bytes = lambda t: t.view(torch.uint8)
+    assert torch.equal(as_bytes(key[3:43]), as_bytes(ref1[0].reshape(40, 2, 32)))
+    assert torch.equal(as_bytes(value[43:80]), as_bytes(ref2[1].reshape(37, 2, 32)))
+    assert not as_bytes(key[:3]).any() and not as_bytes(value[:3]).any()
+    with pytest.raises(ValueError, match="out must be"):
+        gather_dense_kv(k_cache, v_cache, blocks[4:], 1, 0, 37, 37, torch.float16, out=views2)

@@ -28,10 +28,10 @@ ROWS_PER_PROGRAM = 2  # rows of heads x head_dim values each (4,096 for Llama-3.
 @triton.jit
 def _store_dense_output_kernel(
     o_ptr,  # [batch, rows, heads, head_dim], head_dim contiguous
-    lse_ptr,  # [batch, rows, heads] float32, natural log (read only with HAS_LSE)
+    lse_ptr,  # [batch, rows, heads] float32 (read only with HAS_LSE)
     out_ptr,  # [batch * rows, heads, head_dim], head_dim contiguous
     lse_out_ptr,  # [batch * rows, heads] float32, heads contiguous: base 2 (HAS_LSE)
-    num_rows, total_rows, v_scale, lse_scale,  # lse_scale: log2(e), natural log to base 2
+    num_rows, total_rows, v_scale, lse_scale,  # lse_scale: log2(e) for a natural log, 1.0 for base 2
     stride_ob, stride_or, stride_oh, stride_lb, stride_lr, stride_lh, stride_out_t, stride_out_h, stride_lse_t,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_COLS: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_R: tl.constexpr, SCALED: tl.constexpr, HAS_LSE: tl.constexpr,
@@ -60,20 +60,21 @@ def _store_dense_output_kernel(
 
 
 def store_dense_output_reference(o: torch.Tensor, lse: torch.Tensor | None, out_rows: torch.Tensor,
-                                 lse_rows: torch.Tensor | None, v_scale: float = 1.0) -> None:
+                                 lse_rows: torch.Tensor | None, v_scale: float = 1.0, lse_scale: float = LOG2_E) -> None:
     """store_dense_output by PyTorch ops (the kernel's reference)."""
     if v_scale != 1.0:
         o = o * v_scale
     out_rows.view(o.shape).copy_(o)
     if lse_rows is not None:
-        torch.mul(lse, LOG2_E, out=lse_rows.view(lse.shape))
+        torch.mul(lse, lse_scale, out=lse_rows.view(lse.shape))
 
 
 def store_dense_output(o: torch.Tensor, lse: torch.Tensor | None, out_rows: torch.Tensor,
-                       lse_rows: torch.Tensor | None, v_scale: float = 1.0) -> None:
+                       lse_rows: torch.Tensor | None, v_scale: float = 1.0, lse_scale: float = LOG2_E) -> None:
     """o [batch, rows, heads, head_dim] (any strides, head_dim contiguous) times v_scale into
-    out_rows [batch * rows, heads, head_dim]; with lse_rows, lse [batch, rows, heads] (natural
-    log) times log2(e) into lse_rows [batch * rows, heads] float32."""
+    out_rows [batch * rows, heads, head_dim]; with lse_rows, lse [batch, rows, heads] times
+    lse_scale into lse_rows [batch * rows, heads] float32 (log2(e): a natural log to base 2; 1.0:
+    a log-sum-exp in base 2 already)."""
     check(o.dim() == 4 and out_rows.shape == (o.shape[0] * o.shape[1], *o.shape[2:]),
           f"out_rows must be [batch * rows, heads, head_dim] for an output {tuple(o.shape)}, got "
           f"{tuple(out_rows.shape)}")
@@ -86,7 +87,7 @@ def store_dense_output(o: torch.Tensor, lse: torch.Tensor | None, out_rows: torc
                  and (lse_rows is None or lse_rows.stride(1) == 1))
     plain_copy = lse is None and v_scale == 1.0 and o.is_contiguous()  # PyTorch's vectorized copy
     if plain_copy or not layout_ok:
-        store_dense_output_reference(o, lse, out_rows, lse_rows, v_scale)
+        store_dense_output_reference(o, lse, out_rows, lse_rows, v_scale, lse_scale)
         return
     batch, num_rows, num_heads, head_dim = o.shape
     total_rows = batch * num_rows
@@ -99,7 +100,7 @@ def store_dense_output(o: torch.Tensor, lse: torch.Tensor | None, out_rows: torc
         lse_src, lse_dst, lse_strides, lse_row_stride = o, out_rows, (0, 0, 0), 0
     grid = (triton.cdiv(total_rows, ROWS_PER_PROGRAM),)
     _store_dense_output_kernel[grid](
-        o, lse_src, out_rows, lse_dst, num_rows, total_rows, float(v_scale), LOG2_E,
+        o, lse_src, out_rows, lse_dst, num_rows, total_rows, float(v_scale), float(lse_scale),
         o.stride(0), o.stride(1), o.stride(2), *lse_strides, out_rows.stride(0), out_rows.stride(1), lse_row_stride,
         NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_COLS=next_power_of_2(num_heads * head_dim),
         BLOCK_H=next_power_of_2(num_heads), BLOCK_R=ROWS_PER_PROGRAM, SCALED=v_scale != 1.0, HAS_LSE=has_lse,

@@ -64,11 +64,13 @@ def gather_dense_kv_reference(k_cache: torch.Tensor, v_cache: torch.Tensor, bloc
 
 
 def gather_dense_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor, batch: int, offset: int,
-                    kv_len: int, padded_len: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+                    kv_len: int, padded_len: int, dtype: torch.dtype,
+                    out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """k_cache / v_cache [num_blocks, block_size, num_kv_heads, head_dim]; blocks [batch * n] int32,
     each batch entry's n blocks in order (n * block_size >= offset + kv_len). Returns (key, value),
     each [batch, padded_len, num_kv_heads, head_dim] contiguous in `dtype`: entry b's positions
-    offset .. offset + kv_len - 1, then zeros up to padded_len."""
+    offset .. offset + kv_len - 1, then zeros up to padded_len. out: the two tensors to write
+    (contiguous, of that shape and dtype; slices of a larger buffer, for one), else new ones."""
     check(k_cache.dim() == 4 and v_cache.shape == k_cache.shape and k_cache.stride() == v_cache.stride(),
           f"caches must be [num_blocks, block_size, num_kv_heads, head_dim] with one layout, got "
           f"{tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
@@ -79,10 +81,20 @@ def gather_dense_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.
     check(0 <= offset and 0 <= kv_len <= padded_len and offset + kv_len <= blocks_per_run * block_size,
           f"positions {offset} + {kv_len} (padded to {padded_len}) do not fit {blocks_per_run} blocks")
     row = num_kv_heads * head_dim
+    shape = (batch, padded_len, num_kv_heads, head_dim)
+    if out is not None:
+        check(all(t.shape == shape and t.dtype == dtype and t.is_contiguous() for t in out),
+              f"out must be two contiguous {dtype} tensors of shape {shape}, got "
+              f"{[(tuple(t.shape), t.dtype) for t in out]}")
     if k_cache.stride(3) != 1 or k_cache.stride(2) != head_dim:  # a view whose heads are not one row
-        return gather_dense_kv_reference(k_cache, v_cache, blocks, batch, offset, kv_len, padded_len, dtype)
-    key = torch.empty((batch, padded_len, num_kv_heads, head_dim), dtype=dtype, device=k_cache.device)
-    value = torch.empty_like(key)
+        key, value = gather_dense_kv_reference(k_cache, v_cache, blocks, batch, offset, kv_len, padded_len, dtype)
+        if out is None:
+            return key, value
+        out[0].copy_(key)
+        out[1].copy_(value)
+        return out
+    key, value = out if out is not None else (torch.empty(shape, dtype=dtype, device=k_cache.device),
+                                              torch.empty(shape, dtype=dtype, device=k_cache.device))
     if padded_len:
         grid = (triton.cdiv(padded_len, POSITIONS_PER_PROGRAM), batch)
         _gather_dense_kv_kernel[grid](

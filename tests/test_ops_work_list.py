@@ -398,3 +398,43 @@ def test_dense_calls_of_varied_chunks_meet_few_shapes():
     kv_sizes = {1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584}
     assert {r for r, _ in shapes} <= row_sizes and {kv for _, kv in shapes} <= kv_sizes
     assert len(exact) == 200 and len(shapes) <= len(row_sizes) * len(kv_sizes)
+
+
+def test_dense_calls_of_any_size_keep_their_whole_context():
+    """With dense_any_size (a kernel that takes any lengths) the 7-row chunk's unmasked call takes
+    all 53 positions before its first row rather than the 48 of the sizes' grid, and no tile reads
+    its context; the other calls stay as they are."""
+    from dataclasses import replace
+
+    from batchllm.attention_plan.work_list import build_prefix_shared_plan
+
+    b = _group_and_chunks_batch()
+    tile = replace(default_tile_config(64, 4, interpret=True), dense_min_rows=6, dense_min_tokens=8,
+                   dense_any_size=True)
+    plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8, tile=tile,
+                                    kv_split_tokens=1024)
+    assert plan.dense[:, [0, 1, 2, 3, 4, 5, 7, 8]].tolist() == [
+        [5, 10, 0, 0, 0, 40, 0, 1], [15, 7, 3, 0, 0, 53, 0, 1], [5, 6, 1, 3, 0, 6, 1, 1], [15, 7, 3, 3, 5, 7, 1, 1]]
+    chunk = plan.work[plan.work[:, F_SEQ] == 3]
+    assert chunk.shape[0] == 0  # its context is the call's, its own positions the square's
+
+
+def test_a_whole_causal_call_holds_its_chunks_context():
+    """With dense_causal_whole the 7-row chunk at positions 53-59 gets one causal call over all 60
+    of its positions (a bottom-right mask) and no unmasked call: its rows have no other part, so
+    they write to the output (no partial slot). The members' call over the shared prefix and the
+    member's own 6-row square stay as they are."""
+    from dataclasses import replace
+
+    from batchllm.attention_plan.work_list import build_prefix_shared_plan
+
+    b = _group_and_chunks_batch()
+    tile = replace(default_tile_config(64, 4, interpret=True), dense_min_rows=6, dense_min_tokens=8,
+                   dense_any_size=True, dense_causal_whole=True)
+    plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8, tile=tile,
+                                    kv_split_tokens=1024)
+    print(plan.dense.tolist())
+    assert plan.dense[:, [0, 1, 2, 3, 4, 5, 7, 8]].tolist() == [
+        [5, 10, 0, 0, 0, 40, 0, 1], [5, 6, 1, 3, 0, 6, 1, 1], [15, 7, 3, 0, 0, 60, 1, 1]]
+    assert plan.dense[2, 6] == -1 and (plan.dense[:2, 6] >= 0).all()
+    assert (plan.work[:, F_SEQ] != 3).all()  # no tile reads the chunk's KV

@@ -134,10 +134,12 @@ def cut_dense_calls(seg: Segments, prefix_limit: np.ndarray, tile: TileConfig, b
     runs it on the gathered blocks faster than the BIG tiles (tile_config.py), and its output
     and log-sum-exp join the row's other parts in the merge. Segments of at least
     tile.dense_min_rows rows whose block holds at least tile.dense_min_tokens positions get one,
-    over the block's first positions cut down to the dense calls' sizes (dense_size_step).
+    over the block's first positions cut down to the dense calls' sizes (dense_size_step; the
+    whole block with tile.dense_any_size).
     The own segment of a seq in `squares` (square_seqs) also gets a causal call over the chunk's
     own positions (row i sees the first i + 1), which the library kernel runs with its causal
-    mask. The rest of each segment stays in the work list. Returns (segments, calls: the
+    mask; with tile.dense_causal_whole, over its whole segment instead, context and own positions
+    (row i of r sees the first kv_len - r + i + 1: a bottom-right mask), and no unmasked call. The rest of each segment stays in the work list. Returns (segments, calls: the
     unmasked ones, then the causal ones, each in row order)."""
     none = Dense(*(np.zeros(0, np.int64) for _ in fields(Dense)))
     if tile.dense_min_rows <= 0 or seg.q_start.size == 0:
@@ -146,7 +148,8 @@ def cut_dense_calls(seg: Segments, prefix_limit: np.ndarray, tile: TileConfig, b
     square = np.nonzero(causal & squares[seg.seq] & (seg.first_position >= seg.kv_start)
                         & (seg.kv_end == seg.first_position + seg.num_rows))[0]
     visible = np.where(causal, seg.first_position + 1, seg.kv_end)
-    visible[square] = seg.first_position[square]  # the context only: the square is a call of its own
+    # the context only: the square is a call of its own (with dense_causal_whole, which holds the context too)
+    visible[square] = seg.kv_start[square] if tile.dense_causal_whole else seg.first_position[square]
     limited = np.nonzero((seg.mask_mode == MASK_ROW_LIMIT) & (seg.num_rows > 0))[0]
     if limited.size:
         rows = flat_ranges(seg.q_start[limited], seg.num_rows[limited])
@@ -154,19 +157,20 @@ def cut_dense_calls(seg: Segments, prefix_limit: np.ndarray, tile: TileConfig, b
                                                - seg.num_rows[limited])
     dense_end = np.minimum(seg.kv_end, visible)
     length = np.maximum(dense_end - seg.kv_start, 0)
-    step = dense_size_step(length)
+    step = np.ones_like(length) if tile.dense_any_size else dense_size_step(length)
     dense_end = seg.kv_start + length // step * step
     chosen = np.nonzero((seg.num_rows >= tile.dense_min_rows)
                         & (dense_end - seg.kv_start >= tile.dense_min_tokens))[0]
     if chosen.size == 0 and square.size == 0:
         return seg, none
+    causal_start = seg.kv_start[square] if tile.dense_causal_whole else seg.first_position[square]
     calls = Dense.concat([
         _dense_range(seg, chosen, seg.kv_start[chosen], dense_end[chosen] - seg.kv_start[chosen], 0, block_size),
-        _dense_range(seg, square, seg.first_position[square], seg.num_rows[square], 1, block_size)])
+        _dense_range(seg, square, causal_start, seg.kv_end[square] - causal_start, 1, block_size)])
     seg.kv_start = seg.kv_start.copy()
     seg.kv_start[chosen] = dense_end[chosen]
     seg.kv_end = seg.kv_end.copy()
-    seg.kv_end[square] = seg.first_position[square]
+    seg.kv_end[square] = causal_start
     return seg, calls.take(np.lexsort((calls.q_start, calls.causal)))
 
 
@@ -180,7 +184,7 @@ def batch_squares(dense: np.ndarray) -> np.ndarray:
     for index in range(1, dense.shape[0]):
         q_start, q_count, _, _, offset, kv_len, base, causal = dense[index, :8].tolist()
         before = dense[index - 1]
-        joins = (causal and before[7] and kv_len == before[5] and offset == before[4]
+        joins = (causal and before[7] and kv_len == before[5] and q_count == before[1] and offset == before[4]
                  and q_start == before[0] + before[1]
                  and (base == before[6] == -1 or (base >= 0 and before[6] >= 0 and base == before[6] + before[1])))
         if joins:

@@ -53,6 +53,13 @@ class TileConfig:
     # they count together. A group's prefix chunk with a call leaves its group's segment for it
     # (dense_calls.py).
     dense_causal_min_rows: int = 0
+    # The dense calls' kernel takes any lengths (ops/fa3_dense.py): each call keeps the whole KV
+    # range its rows see, rather than one cut down to the library kernel's grid of sizes
+    # (dense_calls.dense_size_step), whose rest the work list runs.
+    dense_any_size: bool = False
+    # A chunk's causal call also holds the context before it, under a bottom-right mask (a kernel
+    # that has one: ops/fa3_dense.py), so that its rows have no other part to merge.
+    dense_causal_whole: bool = False
 
     def __post_init__(self) -> None:
         if self.fp8_conversion not in FP8_CONVERSIONS:

@@ -58,7 +58,8 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         selected = select_backend(attention_backend, device, AttentionShape(
-            block_size, arch.num_heads, arch.num_kv_heads, arch.head_dim, tuple(arch.layer_windows), kv_cache.k.dtype))
+            block_size, arch.num_heads, arch.num_kv_heads, arch.head_dim, tuple(arch.layer_windows), kv_cache.k.dtype,
+            model.embed_tokens.weight.dtype))
         self.backend, self.attention_backend = selected.backend, selected.name  # the name "auto" became
         self.scale = arch.head_dim ** -0.5
         self.rows = BatchRows()  # the persistent batch: host rows kept from step to step

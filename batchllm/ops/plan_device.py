@@ -5,6 +5,7 @@ sizes split-KV pieces by."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -31,8 +32,8 @@ class DenseCall:
     """One dense call of a plan on the device (attention_plan.dense_calls.cut_dense_calls): rows
     [q_start, q_start + q_count) x the kv_len positions that start `offset` into the cache blocks
     `blocks` (a view of the plan's block tables); its rows' outputs go to partial slots from
-    partial_base (-1: to the output itself). causal: row i sees the first i + 1 positions
-    (q_count == kv_len). A batch of `batch` causal squares: rows [q_start, q_start + q_count) are
+    partial_base (-1: to the output itself). causal: row i of the call's r rows sees the first
+    kv_len - r + i + 1 positions (a square: kv_len == r). A batch of `batch` causal squares: rows [q_start, q_start + q_count) are
     batch squares of kv_len rows each, whose blocks (each its own `offset`-shifted run of blocks)
     follow one another in `blocks`."""
 
@@ -44,6 +45,16 @@ class DenseCall:
     partial_base: int
     causal: bool = False
     batch: int = 1
+
+
+class DenseCallRunner(Protocol):
+    """A step's dense calls on a kernel of their own (ops/fa3_dense.py), in place of the library
+    kernel that ops/prefix_attention.run_dense_calls calls: writes each call's rows to the output
+    or to their partial slots with base-2 log-sum-exps."""
+
+    def __call__(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
+                 part_out: torch.Tensor, part_lse: torch.Tensor, scale: float, k_scale: float = 1.0,
+                 v_scale: float = 1.0) -> None: ...
 
 
 @dataclass
@@ -76,6 +87,8 @@ class PrefixSharedPlanOnDevice:
     # (ops/xqa_decode.py) and the work list leaves out (PrefixSharedPlan.lead_seq_lens): some of a
     # step's, or every row of an XQA decode graph (its padding rows 1); None: none
     lead_seq_lens: torch.Tensor | None = None
+    # runs `dense` in place of the library kernel (prepared once per step), or None
+    dense_runner: DenseCallRunner | None = None
 
 
 def plan_to_device(plan: PrefixSharedPlan, device: torch.device | str,

@@ -216,7 +216,7 @@ def prefix_shared_attention(
     if out is not None:
         check(out.shape == query.shape and out.dtype == query.dtype and out.is_contiguous()
               and out.device == query.device, "out must be a contiguous tensor shaped like query, on its device")
-    whole = whole_step_call(plan) if beside is None else None
+    whole = whole_step_call(plan) if beside is None and plan.dense_runner is None else None
     if whole is not None:  # a view of cuDNN's output ([B, L, H, D] in memory, as the query's rows)
         o, _ = _dense_output(whole, query, k_cache, v_cache, scale, k_scale)
         out = torch.empty_like(query) if out is None else out
@@ -246,6 +246,9 @@ def prefix_shared_attention(
             beside()
         for work, classes, num_items in launches:
             _launch_items(work, *args, classes, num_items, *tail)
-    run_dense_calls(plan, query, k_cache, v_cache, out, part_out, part_lse, scale, k_scale, v_scale)
+    if plan.dense_runner is not None:
+        plan.dense_runner(query, k_cache, v_cache, out, part_out, part_lse, scale, k_scale, v_scale)
+    else:
+        run_dense_calls(plan, query, k_cache, v_cache, out, part_out, part_lse, scale, k_scale, v_scale)
     _merge(plan, out, part_out, part_lse)
     return out

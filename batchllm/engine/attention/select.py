@@ -25,6 +25,7 @@ class AttentionShape:
     head_dim: int
     layer_windows: tuple[int | None, ...] = ()  # each layer's sliding window (ModelArchConfig.layer_windows)
     kv_cache_dtype: torch.dtype | None = None  # None: the model dtype
+    query_dtype: torch.dtype = torch.bfloat16  # the model's activations
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,8 @@ def select_backend(name: str, device: torch.device, shape: AttentionShape) -> Se
             warnings.warn(f"attention backend auto: XQA could not be built ({error}); running the fused backend "
                           "(--attention-backend fused keeps this quiet)", RuntimeWarning, stacklevel=2)
             return select_backend("fused", device, shape)
-        return SelectedBackend(resolved, _triton_backend(device, shape, uses_groups=True, kv_fp8=True, xqa=xqa))
+        return SelectedBackend(resolved, _triton_backend(device, shape, uses_groups=True, kv_fp8=True, xqa=xqa,
+                                                         fa3_dense=_fa3_dense(device, shape)))
     if resolved in ("triton", "fused"):
         kv_fp8 = shape.kv_cache_dtype is not None and is_fp8(shape.kv_cache_dtype)
         return SelectedBackend(resolved, _triton_backend(device, shape, uses_groups=resolved == "fused",
@@ -88,7 +90,37 @@ def select_backend(name: str, device: torch.device, shape: AttentionShape) -> Se
 
 
 def _triton_backend(device: torch.device, shape: AttentionShape, uses_groups: bool, kv_fp8: bool,
-                    xqa: XqaDecode | None = None) -> TritonBackend:
+                    xqa: XqaDecode | None = None, fa3_dense: Any = None) -> TritonBackend:
     return TritonBackend(shape.block_size, shape.num_heads, shape.num_kv_heads, shape.head_dim, device,
-                         uses_groups=uses_groups, layer_windows=shape.layer_windows, kv_fp8=kv_fp8, xqa=xqa)
+                         uses_groups=uses_groups, layer_windows=shape.layer_windows, kv_fp8=kv_fp8, xqa=xqa,
+                         fa3_dense=fa3_dense)
+
+
+def fa3_dense_fits(device: torch.device, shape: AttentionShape) -> bool:
+    """Whether FA3's FP8 prefill (ops/fa3_dense.py) can run this `xqa` engine's dense calls: a
+    Hopper GPU (FA3 is built for sm_90a alone), its head sizes, a 16-bit model, no sliding window
+    (dense calls have no sliding-window path)."""
+    from batchllm.ops.fa3_dense import HEAD_DIMS
+
+    return (device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+            and shape.head_dim in HEAD_DIMS and shape.query_dtype in (torch.float16, torch.bfloat16)
+            and all(window is None for window in shape.layer_windows))
+
+
+def _fa3_dense(device: torch.device, shape: AttentionShape) -> Any:
+    """FA3's FP8 prefill for an `xqa` engine, built now (minutes the first time, then loaded from
+    FlashInfer's cache), or None where it does not fit; when the build fails, a warning says why
+    and the dense calls run on cuDNN in bf16 products."""
+    if not fa3_dense_fits(device, shape):
+        return None
+    from batchllm.ops.fa3_dense import Fa3Dense
+
+    try:
+        fa3 = Fa3Dense(device, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.query_dtype)
+        fa3.build()
+    except Exception as error:  # noqa: BLE001 - the build's failures vary (compiler, loader, CUDA)
+        warnings.warn(f"attention backend xqa: FA3's FP8 prefill could not be built ({error}); dense prompt "
+                      "attention runs on cuDNN in bf16 products", RuntimeWarning, stacklevel=3)
+        return None
+    return fa3
 

@@ -8,6 +8,7 @@ decode rows that share no KV attend by XQA (ops/xqa_decode.py; TritonBackend.xqa
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,16 +21,22 @@ from batchllm.ops.plan_device import PrefixSharedPlanOnDevice, device_num_sms, p
 from batchllm.ops.transfer import Upload
 from batchllm.ops.xqa_decode import XqaDecode
 
+if TYPE_CHECKING:
+    from batchllm.ops.fa3_dense import Fa3Dense
+
 
 class TritonBackend:
     supports_cuda_graphs = True
 
     def __init__(self, block_size: int, num_heads: int, num_kv_heads: int, head_dim: int, device: torch.device,
                  uses_groups: bool, layer_windows: tuple[int | None, ...] = (), kv_fp8: bool = False,
-                 xqa: XqaDecode | None = None) -> None:
+                 xqa: XqaDecode | None = None, fa3_dense: Fa3Dense | None = None) -> None:
         """uses_groups: whether the work list knows the step's prefix-sharing groups (`fused`).
         kv_fp8: the KV cache is float8_e4m3fn (decode steps get that cache's tiles).
-        xqa: the decode rows that share no KV attend by it (`xqa`; FP8 caches; xqa_rows)."""
+        xqa: the decode rows that share no KV attend by it (`xqa`; FP8 caches; xqa_rows).
+        fa3_dense: the dense calls of steps with prefill chunks run on it, in FP8 products (`xqa`
+        on Hopper): every causal square from the dense calls' least rows, and each call over its
+        whole KV range, since it takes any lengths in one launch."""
         # The kernels' modules import Triton: loaded with a backend that runs them, once.
         from batchllm.ops.kv_store import store_kv
         from batchllm.ops.prefix_attention import prefix_shared_attention
@@ -38,7 +45,7 @@ class TritonBackend:
         self.block_size, self.num_heads, self.num_kv_heads = block_size, num_heads, num_kv_heads
         self.head_dim, self.device, self.uses_groups = head_dim, device, uses_groups
         self.layer_windows = tuple(layer_windows)
-        self.xqa = xqa
+        self.xqa, self.fa3_dense = xqa, fa3_dense
         self.num_sms = device_num_sms(device)  # split-KV pieces fill the device; CUDA graphs size their grids
         group_size = num_heads // num_kv_heads
         # Decode-only steps (one row per seq: the CUDA-graph steps) run class-split launches with the
@@ -49,6 +56,9 @@ class TritonBackend:
         self.prefill_tile: TileConfig = prefill_tile_config(head_dim, group_size, kv_fp8=kv_fp8)
         if any(window is not None for window in self.layer_windows):
             self.prefill_tile = replace(self.prefill_tile, dense_min_rows=0)
+        elif fa3_dense is not None:
+            self.prefill_tile = replace(self.prefill_tile, dense_causal_min_rows=self.prefill_tile.dense_min_rows,
+                                        dense_any_size=True, dense_causal_whole=True)
         # decode steps run their BIG and SMALL launches concurrently, the BIG one on this stream
         self.side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
@@ -86,7 +96,10 @@ class TritonBackend:
 
     def plan_to_device(self, plan: PrefixSharedPlan, device: torch.device,
                        upload: Upload | None = None) -> PrefixSharedPlanOnDevice:
-        return plan_to_device(plan, device, upload)
+        on_device = plan_to_device(plan, device, upload)
+        if self.fa3_dense is not None and on_device.dense:
+            on_device.dense_runner = self.fa3_dense.prepare(on_device.dense)
+        return on_device
 
     def store(self, key, value, k_cache, v_cache, metadata: AttentionMetadata, k_scale: float = 1.0,
               v_scale: float = 1.0) -> None:

@@ -200,3 +200,33 @@ def paged_attention(
         seq_start = query_start_loc[:-1].long().repeat_interleave(q_lens.long(), output_size=query.shape[0])
         positions = first + torch.arange(query.shape[0], device=query.device) - seq_start
     return prefix_shared_attention(query, k_cache, v_cache, plan, scale, sliding_window, positions)
+
+
+class RaggedFp8PrefillReference:
+    """FA3's FP8 ragged prefill (a planned BatchPrefillWithRaggedKVCacheWrapper, ops/fa3_dense.py)
+    in float32: entry i's rows attend its KV, causal entries under the bottom-right mask (row r of
+    n sees the first kv_len - n + r + 1 positions); the query and cache values dequantized by their
+    scales (the query's per head, the softmax scale folded in); returns (out in out_dtype, base-2
+    log-sum-exp [rows, heads] float32), as the wrapper's run(..., return_lse=True) does."""
+
+    def __init__(self, qo_lens, kv_lens, causal: bool, out_dtype: torch.dtype) -> None:
+        self.qo_lens, self.kv_lens, self.causal, self.out_dtype = list(qo_lens), list(kv_lens), causal, out_dtype
+
+    def run(self, q8, k8, v8, q_scale, k_scale, v_scale, return_lse=True):
+        q = q8.float() * q_scale.float()[None, :, None]
+        k, v = k8.float() * k_scale, v8.float() * v_scale
+        group = q.shape[1] // k.shape[1]
+        outs, lses, row, pos = [], [], 0, 0
+        for num_rows, kv_len in zip(self.qo_lens, self.kv_lens):
+            keys = k[pos:pos + kv_len].repeat_interleave(group, dim=1)
+            values = v[pos:pos + kv_len].repeat_interleave(group, dim=1)
+            scores = torch.einsum("lhd,shd->hls", q[row:row + num_rows], keys)
+            if self.causal:
+                limit = kv_len - num_rows + torch.arange(num_rows, device=q.device)
+                hidden = torch.arange(kv_len, device=q.device)[None, :] > limit[:, None]
+                scores = scores.masked_fill(hidden[None], float("-inf"))
+            lse = torch.logsumexp(scores, dim=-1)
+            outs.append(torch.einsum("hls,shd->lhd", torch.exp(scores - lse[..., None]), values))
+            lses.append(lse.transpose(0, 1) * 1.4426950408889634)
+            row, pos = row + num_rows, pos + kv_len
+        return torch.cat(outs).to(self.out_dtype), torch.cat(lses)

@@ -153,3 +153,53 @@ def test_fa3_dense_calls_on_the_gpu(whole):
         assert torch.isfinite(out).all()
         assert (out - ref).abs().mean() < 0.1 * magnitude
         torch.testing.assert_close(out, outs[0], atol=0, rtol=0)  # deterministic from layer to layer
+
+
+def _e4m3_exact_query(num_tokens, num_heads, head_dim, device, step=2.0 ** -5):
+    """A query whose rows quantize exactly: e4m3 values times a power of two, each head holding
+    +-448 times it, so that its per-head scale is that power of two."""
+    generator = torch.Generator().manual_seed(3)
+    values = (torch.randn(num_tokens, num_heads, head_dim, generator=generator) * 60).to(torch.float8_e4m3fn).float()
+    values[0, :, 0] = 448.0
+    return (values * step).to(device)
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_fa3_step_on_the_reference_kernel_matches_paged_attention(device, whole):
+    """The FA3 step's wiring (ragged batches, quantized rows, the KV gathered as it is, the outputs
+    and base-2 log-sum-exps stored, merged with the tiles' parts) with the kernel's float32
+    reference in FA3's place: a group's prefix chunk with its members' chunks and decode rows, a
+    long chunk after its context, and a fresh prompt, on an FP8 cache, equal to paged attention."""
+    from batchllm.ops.fa3_dense import Fa3DenseStep
+    from op_references import RaggedFp8PrefillReference
+
+    num_heads, num_kv_heads, head_dim = 6, 2, 32
+    seqs = [SeqSpec(24, 64, 0, 0, True), SeqSpec(10, 64 + 10, 64, 0), SeqSpec(14, 64 + 14, 64, 0),
+            SeqSpec(1, 64 + 5, 64, 0), SeqSpec(20, 57), SeqSpec(1, 30), SeqSpec(18, 18)]
+    b = make_batch(seqs, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=16,
+                   dtype=torch.float32, device=device)
+    query = _e4m3_exact_query(b.query.shape[0], num_heads, head_dim, device)
+    k_scale, v_scale = float(b.k_cache.abs().max()) / 448, float(b.v_cache.abs().max()) / 448
+    k_cache = (b.k_cache / k_scale).to(torch.float8_e4m3fn)
+    v_cache = (b.v_cache / v_scale).to(torch.float8_e4m3fn)
+    tile = replace(default_tile_config(head_dim, 3), dense_min_rows=16, dense_min_tokens=16, dense_causal_min_rows=16,
+                   dense_any_size=True, dense_causal_whole=whole)
+    host_plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=num_kv_heads,
+                                         num_heads=num_heads, head_dim=head_dim, tile=tile, kv_split_tokens=16)
+    # (KV positions, causal, writes to the output): whole, the prefix chunk's and the long
+    # chunk's causal calls hold their contexts (40 and 37 positions) and their rows have no
+    # other part; else those contexts are unmasked calls beside their squares
+    expected = ([[64, 0, 0], [64, 1, 1], [57, 1, 1], [18, 1, 1]] if whole else
+                [[40, 0, 0], [64, 0, 0], [37, 0, 0], [24, 1, 0], [20, 1, 0], [18, 1, 1]])
+    assert [[kv, causal, int(base < 0)] for kv, base, causal in host_plan.dense[:, 5:8].tolist()] == expected
+    plan = plan_to_device(host_plan, device)
+    batches, rows = ragged_batches(plan.dense)
+    assert [batch.causal for batch in batches] == [False, True]
+    references = [RaggedFp8PrefillReference(batch.qo_lens, batch.kv_lens, batch.causal, query.dtype)
+                  for batch in batches]
+    plan.dense_runner = Fa3DenseStep(batches, references, torch.from_numpy(rows).to(device))
+    scale = head_dim ** -0.5
+    out = prefix_shared_attention(query, k_cache, v_cache, plan, scale, k_scale=k_scale, v_scale=v_scale)
+    ref = paged_attention_reference(query, k_cache.float() * k_scale, v_cache.float() * v_scale, b.query_start_loc,
+                                    b.seq_lens, b.shared_kv_lens, b.block_tables, scale)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)

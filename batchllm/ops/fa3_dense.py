@@ -18,7 +18,9 @@ gathered from the cache unconverted (ops/kv_gather.py), one FA3 launch per batch
 call's rows stored to the output or to their partial slots (ops/dense_store.py; FA3's
 log-sum-exp is in base 2 already).
 
-GPU only (compute capability 9.0); FlashInfer is the optional dependency that XQA also needs.
+GPU only (compute capability 9.0); FlashInfer is the optional dependency that XQA also needs. The
+kernel's float32 reference (tests/op_references.py, RaggedFp8PrefillReference) takes a planned
+wrapper's place in Fa3DenseStep, so that the CPU tests run everything around it.
 """
 
 from __future__ import annotations

@@ -34,28 +34,30 @@ def _round_to_e4m3(y):
 
 
 @triton.jit
-def _query_amax_kernel(q_ptr, rows_ptr, amax_ptr, num_rows, stride_t, stride_h,
-                       HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr):
-    tile = tl.program_id(0)
-    head = tl.program_id(1)
-    r = tile * BLOCK_R + tl.arange(0, BLOCK_R)
+def _load_rows(q_ptr, rows_ptr, num_rows, stride_t, stride_h, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr):
+    """This program's BLOCK_R listed rows of its head (program ids: row tile, head): (indices into
+    the list, which are valid, values [BLOCK_R, HEAD_DIM], 0 past the list)."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     valid = r < num_rows
     row = tl.load(rows_ptr + r, mask=valid, other=0).to(tl.int64)
     dims = tl.arange(0, HEAD_DIM)
-    x = tl.load(q_ptr + row[:, None] * stride_t + head * stride_h + dims[None, :], mask=valid[:, None], other=0.0)
-    tl.atomic_max(amax_ptr + head, tl.max(tl.max(tl.abs(x.to(tl.float32)), axis=1), axis=0))
+    offsets = row[:, None] * stride_t + tl.program_id(1) * stride_h + dims[None, :]
+    return r, valid, tl.load(q_ptr + offsets, mask=valid[:, None], other=0.0)
+
+
+@triton.jit
+def _query_amax_kernel(q_ptr, rows_ptr, amax_ptr, num_rows, stride_t, stride_h,
+                       HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr):
+    _, _, x = _load_rows(q_ptr, rows_ptr, num_rows, stride_t, stride_h, HEAD_DIM, BLOCK_R)
+    tl.atomic_max(amax_ptr + tl.program_id(1), tl.max(tl.max(tl.abs(x.to(tl.float32)), axis=1), axis=0))
 
 
 @triton.jit
 def _quantize_query_kernel(q_ptr, rows_ptr, amax_ptr, q8_ptr, num_rows, stride_t, stride_h, amax_floor,
                            NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr):
-    tile = tl.program_id(0)
+    r, valid, x = _load_rows(q_ptr, rows_ptr, num_rows, stride_t, stride_h, HEAD_DIM, BLOCK_R)
     head = tl.program_id(1)
-    r = tile * BLOCK_R + tl.arange(0, BLOCK_R)
-    valid = r < num_rows
-    row = tl.load(rows_ptr + r, mask=valid, other=0).to(tl.int64)
     dims = tl.arange(0, HEAD_DIM)
-    x = tl.load(q_ptr + row[:, None] * stride_t + head * stride_h + dims[None, :], mask=valid[:, None], other=0.0)
     amax = tl.maximum(tl.load(amax_ptr + head), amax_floor)
     y = _round_to_e4m3(tl.clamp(x.to(tl.float32) * tl.math.div_rn(448.0, amax), -448.0, 448.0))  # IEEE division
     dst = (r.to(tl.int64) * NUM_HEADS + head)[:, None] * HEAD_DIM + dims[None, :]

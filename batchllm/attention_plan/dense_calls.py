@@ -139,8 +139,9 @@ def cut_dense_calls(seg: Segments, prefix_limit: np.ndarray, tile: TileConfig, b
     The own segment of a seq in `squares` (square_seqs) also gets a causal call over the chunk's
     own positions (row i sees the first i + 1), which the library kernel runs with its causal
     mask; with tile.dense_causal_whole, over its whole segment instead, context and own positions
-    (row i of r sees the first kv_len - r + i + 1: a bottom-right mask), and no unmasked call. The rest of each segment stays in the work list. Returns (segments, calls: the
-    unmasked ones, then the causal ones, each in row order)."""
+    (row i of r sees the first kv_len - r + i + 1: a bottom-right mask), and no unmasked call.
+    The rest of each segment stays in the work list. Returns (segments, calls: the unmasked
+    ones, then the causal ones, each in row order)."""
     none = Dense(*(np.zeros(0, np.int64) for _ in fields(Dense)))
     if tile.dense_min_rows <= 0 or seg.q_start.size == 0:
         return seg, none

@@ -69,7 +69,7 @@ class _FakeFa3:
     def __init__(self):
         self.prepared = []
 
-    def prepare(self, calls):
+    def prepare(self, calls, upload=None):
         self.prepared.append(calls)
         return "runner"
 

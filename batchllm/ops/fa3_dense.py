@@ -7,12 +7,13 @@ scales, and the probabilities are rounded to e4m3 inside the kernel.
 Why: on the H200, one layer's 3 causal squares of 5,000 rows took 0.85 ms on it against 1.08 on
 cuDNN's bf16 kernel (padded to 5,120 rows), 856 against 622 TFLOP/s for one square of 16,384; it
 takes any lengths in one launch (no padded rows, no execution plan per new shape), so a step's
-causal squares of every size run in one call. The cost is accuracy: its outputs are about 25
+causal calls of every size run in one launch, and its bottom-right mask lets a chunk's causal call
+hold the chunk's context too (TileConfig.dense_causal_whole). The cost is accuracy: its outputs are about 25
 times further from a float32 reference than cuDNN's bf16 ones (mean absolute error 0.0065
 against 0.00026 on outputs of mean magnitude 0.15), the error XQA's decode rows already have.
 
 Per step (Fa3Dense.prepare, on the host, once for every layer): the calls in two ragged batches,
-the unmasked ones and the causal squares (each square of a batched call one entry), their query
+the unmasked ones and the causal ones (each square of a batched call one entry), their query
 rows and an FA3 plan each. Per layer (Fa3DenseStep.__call__): the rows quantized, each call's KV
 gathered from the cache unconverted (ops/kv_gather.py), one FA3 launch per batch, then every
 call's rows stored to the output or to their partial slots (ops/dense_store.py; FA3's
@@ -35,6 +36,7 @@ from batchllm.ops.dense_store import store_dense_output
 from batchllm.ops.kv_gather import gather_dense_kv
 from batchllm.ops.plan_device import DenseCall
 from batchllm.ops.query_fp8 import quantize_query
+from batchllm.ops.transfer import Upload, to_device
 
 FP8 = torch.float8_e4m3fn
 WORKSPACE_BYTES = 128 * 2**20
@@ -47,8 +49,9 @@ NUM_SLOTS = 2
 @dataclass(frozen=True)
 class RaggedBatch:
     """Dense calls of one mask in one FA3 launch: entry i has qo_lens[i] query rows and kv_lens[i]
-    KV positions (a causal square: as many as its rows); the calls' rows follow one another in
-    the batch's rows from row_offset (rows of the step's query, in call order)."""
+    KV positions (a causal entry at least as many as its rows, under the bottom-right mask); the
+    calls' rows follow one another in the batch's rows from row_offset (rows of the step's
+    query, in call order)."""
 
     calls: tuple[DenseCall, ...]
     causal: bool
@@ -146,8 +149,9 @@ class Fa3Dense:
         self._planned = [None] * NUM_SLOTS  # the event after each slot's last plan copy
         self._next = 0
 
-    def prepare(self, calls: tuple[DenseCall, ...]) -> Fa3DenseStep | None:
-        """The step's calls planned on the next wrapper slot (None: no calls)."""
+    def prepare(self, calls: tuple[DenseCall, ...], upload: Upload | None = None) -> Fa3DenseStep | None:
+        """The step's calls planned on the next wrapper slot (None: no calls). upload: how the
+        rows they read travel (the runner's PinnedStaging.upload); None: a one-off pinned copy."""
         if not calls:
             return None
         batches, rows = ragged_batches(calls)
@@ -165,7 +169,8 @@ class Fa3Dense:
         event = torch.cuda.Event()
         event.record()
         self._planned[slot] = event
-        return Fa3DenseStep(batches, wrappers, torch.from_numpy(rows).to(self.device, non_blocking=True))
+        rows_on_device = upload({"rows": rows})["rows"] if upload is not None else to_device(rows, self.device)
+        return Fa3DenseStep(batches, wrappers, rows_on_device)
 
     def build(self) -> None:
         """Build (or load from FlashInfer's cache) the kernel for these heads now, by one call of

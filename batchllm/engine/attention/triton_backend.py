@@ -35,8 +35,9 @@ class TritonBackend:
         kv_fp8: the KV cache is float8_e4m3fn (decode steps get that cache's tiles).
         xqa: the decode rows that share no KV attend by it (`xqa`; FP8 caches; xqa_rows).
         fa3_dense: the dense calls of steps with prefill chunks run on it, in FP8 products (`xqa`
-        on Hopper): every causal square from the dense calls' least rows, and each call over its
-        whole KV range, since it takes any lengths in one launch."""
+        on Hopper): causal calls from the dense calls' least rows, each holding its chunk's
+        context under FA3's bottom-right mask, and every call over its whole KV range, since FA3
+        takes any lengths in one launch."""
         # The kernels' modules import Triton: loaded with a backend that runs them, once.
         from batchllm.ops.kv_store import store_kv
         from batchllm.ops.prefix_attention import prefix_shared_attention
@@ -98,7 +99,7 @@ class TritonBackend:
                        upload: Upload | None = None) -> PrefixSharedPlanOnDevice:
         on_device = plan_to_device(plan, device, upload)
         if self.fa3_dense is not None and on_device.dense:
-            on_device.dense_runner = self.fa3_dense.prepare(on_device.dense)
+            on_device.dense_runner = self.fa3_dense.prepare(on_device.dense, upload)
         return on_device
 
     def store(self, key, value, k_cache, v_cache, metadata: AttentionMetadata, k_scale: float = 1.0,

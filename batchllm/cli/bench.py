@@ -105,7 +105,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--attention-backend", default="auto",
                         choices=["auto", "reference", "torch", "triton", "fused", "xqa"],
                         help="as batchllm run's (xqa: FlashInfer's XQA kernel for the decode rows of requests that "
-                             "share no prefix; FP8 KV caches on Hopper GPUs)")
+                             "share no prefix and its FA3 kernel for prompt attention, in FP8 products; FP8 KV caches "
+                             "on Hopper GPUs)")
     parser.add_argument("--kv-cache-tokens", type=int, default=None,
                         help="KV cache capacity in tokens (default: what --gpu-memory-utilization leaves; "
                              "32768 on CPU)")

@@ -103,7 +103,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="attention implementation (auto: xqa where it runs, else the fused Triton kernel on GPU, batched "
                              "PyTorch on CPU; "
                              "xqa: fused, with FlashInfer's XQA kernel for the decode rows of requests that share no "
-                             "prefix: Hopper GPUs, --kv-cache-dtype fp8, pip install 'batchllm[xqa]')")
+                             "prefix and, on H100/H200, its FA3 kernel for prompt attention's large blocks, both in "
+                             "FP8 products: Hopper GPUs, --kv-cache-dtype fp8, pip install 'batchllm[xqa]')")
     parser.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION,
                         help="share of the GPU's memory the engine may fill: weights, activations and the KV "
                              f"cache, which takes what is left (default {DEFAULT_GPU_MEMORY_UTILIZATION})")

@@ -60,7 +60,8 @@ def _store_dense_output_kernel(
 
 
 def store_dense_output_reference(o: torch.Tensor, lse: torch.Tensor | None, out_rows: torch.Tensor,
-                                 lse_rows: torch.Tensor | None, v_scale: float = 1.0, lse_scale: float = LOG2_E) -> None:
+                                 lse_rows: torch.Tensor | None, v_scale: float = 1.0,
+                                 lse_scale: float = LOG2_E) -> None:
     """store_dense_output by PyTorch ops (the kernel's reference)."""
     if v_scale != 1.0:
         o = o * v_scale

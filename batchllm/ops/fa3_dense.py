@@ -8,9 +8,10 @@ Why: on the H200, one layer's 3 causal squares of 5,000 rows took 0.85 ms on it 
 cuDNN's bf16 kernel (padded to 5,120 rows), 856 against 622 TFLOP/s for one square of 16,384; it
 takes any lengths in one launch (no padded rows, no execution plan per new shape), so a step's
 causal calls of every size run in one launch, and its bottom-right mask lets a chunk's causal call
-hold the chunk's context too (TileConfig.dense_causal_whole). The cost is accuracy: its outputs are about 25
-times further from a float32 reference than cuDNN's bf16 ones (mean absolute error 0.0065
-against 0.00026 on outputs of mean magnitude 0.15), the error XQA's decode rows already have.
+hold the chunk's context too (TileConfig.dense_causal_whole). The cost is accuracy: its outputs
+are about 25 times further from a float32 reference than cuDNN's bf16 ones (mean absolute error
+0.0065 against 0.00026 on outputs of mean magnitude 0.15), the error XQA's decode rows already
+have.
 
 Per step (Fa3Dense.prepare, on the host, once for every layer): the calls in two ragged batches,
 the unmasked ones and the causal ones (each square of a batched call one entry), their query

@@ -33,9 +33,9 @@ class DenseCall:
     [q_start, q_start + q_count) x the kv_len positions that start `offset` into the cache blocks
     `blocks` (a view of the plan's block tables); its rows' outputs go to partial slots from
     partial_base (-1: to the output itself). causal: row i of the call's r rows sees the first
-    kv_len - r + i + 1 positions (a square: kv_len == r). A batch of `batch` causal squares: rows [q_start, q_start + q_count) are
-    batch squares of kv_len rows each, whose blocks (each its own `offset`-shifted run of blocks)
-    follow one another in `blocks`."""
+    kv_len - r + i + 1 positions (a square: kv_len == r). A batch of `batch` causal squares: rows
+    [q_start, q_start + q_count) are batch squares of kv_len rows each, whose blocks (each its own
+    `offset`-shifted run of blocks) follow one another in `blocks`."""
 
     q_start: int
     q_count: int

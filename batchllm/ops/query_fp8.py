@@ -77,9 +77,11 @@ def quantize_query(query: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tenso
     """query [num_tokens, heads, head_dim] (head_dim contiguous; a view into the QKV projection is
     fine), rows [n] int32 row indices -> (q8 [n, heads, head_dim] float8_e4m3fn contiguous, with
     q8[i] = query[rows[i]] / scale; scale [heads] float32 = each head's amax over the rows / 448)."""
-    check(query.dim() == 3 and query.stride(2) == 1, f"query must be [tokens, heads, head_dim] with head_dim contiguous, "
-          f"got {tuple(query.shape)} strides {query.stride()}")
-    check(rows.dim() == 1 and rows.dtype == torch.int32, f"rows must be [n] int32, got {tuple(rows.shape)} {rows.dtype}")
+    check(query.dim() == 3 and query.stride(2) == 1,
+          f"query must be [tokens, heads, head_dim] with head_dim contiguous, got {tuple(query.shape)} "
+          f"strides {query.stride()}")
+    check(rows.dim() == 1 and rows.dtype == torch.int32,
+          f"rows must be [n] int32, got {tuple(rows.shape)} {rows.dtype}")
     num_rows = rows.shape[0]
     _, num_heads, head_dim = query.shape
     check(head_dim & (head_dim - 1) == 0, f"head_dim must be a power of 2, got {head_dim}")

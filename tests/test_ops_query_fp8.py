@@ -33,6 +33,31 @@ def test_quantize_query_matches_reference(device, dtype, rows):
     assert (q8.float() * scale[None, :, None] - picked).abs().le(picked.abs() / 16 + scale[None, :, None] / 512).all()
 
 
+def test_quantize_query_divides_as_ieee(device):
+    """The scale's inverse is 448 / amax rounded once (the kernel's div_rn): for this amax,
+    448 * (1 / amax) is one float32 step away, which turns the small value into another e4m3 byte."""
+    amax, small = 2.745331287384033, 0.0002513426006771624
+    inverse = torch.tensor([FP8_E4M3_MAX]) / torch.tensor([amax])
+    assert (torch.tensor([amax]).reciprocal() * FP8_E4M3_MAX) != inverse
+    query = torch.zeros(2, 1, 16, device=device)
+    query[0, 0, 0], query[1, 0, 3] = amax, small
+    index = torch.arange(2, dtype=torch.int32, device=device)
+    q8, _ = quantize_query(query, index)
+    expected = (torch.tensor(small) * inverse).to(torch.float8_e4m3fn).view(torch.uint8)
+    assert q8.view(torch.uint8)[1, 0, 3].cpu() == expected
+    assert torch.equal(q8.view(torch.uint8), quantize_query_reference(query, index)[0].view(torch.uint8))
+
+
+def test_quantize_query_keeps_the_sign_of_zero(device):
+    """A negative value that rounds to zero is e4m3's -0 (byte 0x80), as a conversion gives it."""
+    query = torch.zeros(2, 1, 16, device=device)
+    query[0, 0, 0], query[1, 0, 1], query[1, 0, 2], query[1, 0, 3] = 1.0, -1e-7, -0.0, 1e-7
+    index = torch.arange(2, dtype=torch.int32, device=device)
+    q8 = quantize_query(query, index)[0].view(torch.uint8)
+    assert q8[1, 0, :5].tolist() == [0, 0x80, 0x80, 0, 0]
+    assert torch.equal(q8, quantize_query_reference(query, index)[0].view(torch.uint8))
+
+
 def test_quantize_query_of_no_rows(device):
     q8, scale = quantize_query(_query(10, 3, 32, torch.float32, device), torch.zeros(0, dtype=torch.int32,
                                                                                       device=device))

@@ -26,11 +26,15 @@ def _round_to_e4m3(y):
     """y (float32, |y| <= 448) rounded to the nearest e4m3 value, ties to even, in float32 arithmetic,
     so that the conversion that follows is exact (Triton's CPU interpreter rounds to fp8 wrongly at
     the top of a binade). The step is 2^(exponent - 3), 2^-9 below the normal range; adding and
-    taking off 1.5 * 2^23 rounds y / step to an integer."""
-    exponent = tl.maximum(((y.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6) - 3
+    taking off 1.5 * 2^23 rounds y / step to an integer. The magnitude is rounded and y's sign bit put
+    back, so that a negative value that rounds to zero is -0, as the conversion gives it."""
+    bits = y.to(tl.int32, bitcast=True)
+    exponent = tl.maximum(((bits >> 23) & 0xFF) - 127, -6) - 3
     step = ((exponent + 127) << 23).to(tl.float32, bitcast=True)
     per_step = ((127 - exponent) << 23).to(tl.float32, bitcast=True)  # 1 / step, exactly
-    return ((y * per_step + 12582912.0) - 12582912.0) * step
+    rounded = ((tl.abs(y) * per_step + 12582912.0) - 12582912.0) * step
+    # the sign by its bit: Triton negates by 0 - x, which turns +0 into +0
+    return (rounded.to(tl.int32, bitcast=True) | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -69,7 +73,10 @@ def quantize_query_reference(query: torch.Tensor, rows: torch.Tensor) -> tuple[t
     picked = query.index_select(0, rows.long()).float()
     amax = picked.abs().amax(dim=(0, 2)) if picked.shape[0] else torch.zeros(query.shape[1], device=query.device)
     amax = amax.clamp(min=AMAX_FLOOR)
-    scaled = (picked * (FP8_E4M3_MAX / amax)[None, :, None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+    # a division of two tensors, IEEE-rounded as the kernel's div_rn (`448 / amax` multiplies by a
+    # reciprocal, one rounding more: another scale for a quarter of all amaxes)
+    inverse = torch.full_like(amax, FP8_E4M3_MAX) / amax
+    scaled = (picked * inverse[None, :, None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
     return scaled.to(torch.float8_e4m3fn), amax / FP8_E4M3_MAX
 
 

@@ -232,8 +232,9 @@ def test_step_launch_never_waits_for_the_device(monkeypatch):
     ("auto", "fused", 6000, 8192), ("fp8", "fused", 6000, 8192), ("fp8", "fused", 8192, 8192)])
 def test_steps_with_dense_calls_never_wait_for_the_device(monkeypatch, kv_cache, backend, prompt_tokens, budget):
     """The same check on steps whose prompt chunks run dense calls on the library kernel beside the
-    work list, with a bf16 and an FP8 cache, and with XQA's lead rows where FlashInfer is installed:
-    gathering a call's blocks, converting FP8 and padding its rows must not synchronize either.
+    work list, with a bf16 and an FP8 cache, and with XQA's lead rows and FA3's dense calls where
+    FlashInfer is installed: gathering a call's blocks, converting FP8, padding its rows and
+    planning FA3 must not synchronize either.
     Prompts of 3,000 tokens at 2,048 a step: a prompt's later chunk has at least 512 rows over at
     least 1,024 earlier positions, the least a context call takes (prompts of 1,100 made none).
     Prompts of 6,000 at 8,192 a step add causal squares (chunks of at least 4,096 rows), as long
@@ -260,9 +261,20 @@ def test_steps_with_dense_calls_never_wait_for_the_device(monkeypatch, kv_cache,
         return dense_output(call, *args, **kwargs)
 
     monkeypatch.setattr(prefix_attention, "_dense_output", counted_dense_output)
+    if llm.engine.runner.backend.fa3_dense is not None:  # xqa on Hopper: FA3 runs the dense calls
+        from batchllm.ops.fa3_dense import Fa3DenseStep
+
+        fa3_step = Fa3DenseStep.__call__
+
+        def counted_fa3_step(self, *args, **kwargs):
+            calls.extend(call.causal for batch in self.batches for call in batch.calls)
+            return fa3_step(self, *args, **kwargs)
+
+        monkeypatch.setattr(Fa3DenseStep, "__call__", counted_fa3_step)
     second, modes = _generate_without_syncs(llm, prompts, params, monkeypatch)
     assert "piecewise" in modes and "eager" not in modes and calls
-    assert (True in calls) is (prompt_tokens >= 4096)
+    # cuDNN's causal calls start at 4,096 rows, FA3's at 512
+    assert (True in calls) is (prompt_tokens >= 4096 or llm.engine.runner.backend.fa3_dense is not None)
     assert [o.outputs[0].token_ids for o in second] == [o.outputs[0].token_ids for o in first]
 
 

@@ -55,8 +55,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--attention-backend", default="auto",
                         choices=["auto", "reference", "torch", "triton", "fused", "xqa"],
                         help="attention backend of every variant (default auto); xqa (FlashInfer, Hopper) "
-                             "runs the FP8-KV variant and fused the others, and attends decode rows only: "
-                             "pair it with --chunk-tokens 1 so that every position is a decode step")
+                             "runs the FP8-KV variant and fused the others: its decode rows on XQA (pair it "
+                             "with --chunk-tokens 1 so that every position is a decode step) and, on heads of "
+                             "128, its chunks' dense calls on FA3")
     return parser.parse_args(argv)
 
 

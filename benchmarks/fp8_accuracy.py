@@ -58,6 +58,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "runs the FP8-KV variant and fused the others: its decode rows on XQA (pair it "
                              "with --chunk-tokens 1 so that every position is a decode step) and, on heads of "
                              "128, its chunks' dense calls on FA3")
+    parser.add_argument("--fa3-min-rows", type=int, default=None, metavar="ROWS",
+                        help="with --attention-backend xqa: the FP8-KV variant's chunks of at least ROWS rows "
+                             "attend wholly by FA3's FP8 products, as a model with heads of 128 does from 512 "
+                             "rows (the default model's heads of 64 make no such calls by default)")
     return parser.parse_args(argv)
 
 
@@ -89,12 +93,16 @@ def main(argv=None) -> int:
     from batchllm.models.fp8_linear import fp8_unsupported_reason
     from batchllm.engine.loading import resolve_device
 
+    try:
+        options = AccuracyOptions(model=args.model, chunk_tokens=args.chunk_tokens, device=args.device,
+                                  attention_backend=args.attention_backend, fa3_min_rows=args.fa3_min_rows)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     reason = fp8_unsupported_reason(resolve_device(args.device))
     if reason:
         print(f"error: {reason}", file=sys.stderr)
         return 2
-    options = AccuracyOptions(model=args.model, chunk_tokens=args.chunk_tokens, device=args.device,
-                              attention_backend=args.attention_backend)
     result = measure_fp8_accuracy(token_ids, options, log=lambda text: print(text, flush=True))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as handle:

@@ -194,3 +194,33 @@ def test_xqa_runs_the_fp8_kv_variant_and_fused_the_others():
     assert backends == {"reference": "fused", "weights_activations": "fused", "weights_activations_kv": "xqa"}
     for name in ("auto", "torch", "fused"):
         assert {variant_attention_backend(name, variant) for variant in (REFERENCE_VARIANT, *FP8_VARIANTS)} == {name}
+
+
+def test_fa3_min_rows_gives_an_fa3_backend_dense_calls_and_needs_xqa(tmp_path, capsys):
+    """fa3_min_rows: the FP8-KV variant's chunks attend wholly by FA3 from that many rows (its
+    causal calls hold their context); it takes xqa, and a backend without FA3 is an error."""
+    from batchllm.attention_plan.tile_config import default_tile_config
+    from batchllm.perf.fp8_accuracy import use_fa3_from
+
+    class Backend:
+        fa3_dense = object()
+        prefill_tile = dataclasses.replace(default_tile_config(64, 3, interpret=False), dense_any_size=True,
+                                           dense_causal_whole=True)
+
+    backend = Backend()
+    assert backend.prefill_tile.dense_min_rows == 0  # heads of 64: no dense calls by default
+    use_fa3_from(backend, 512)
+    assert backend.prefill_tile == dataclasses.replace(Backend.prefill_tile, dense_min_rows=512,
+                                                       dense_causal_min_rows=512)
+    assert backend.prefill_tile.causal_square_rows() == 512
+    backend.fa3_dense = None
+    with pytest.raises(RuntimeError, match="runs no FA3"):
+        use_fa3_from(backend, 512)
+    with pytest.raises(ValueError, match="xqa"):
+        dataclasses.replace(TINY, fa3_min_rows=512)
+    with pytest.raises(ValueError, match="positive"):
+        dataclasses.replace(TINY, attention_backend="xqa", fa3_min_rows=0)
+    tokens = tmp_path / "ids.json"
+    write_tokens_file(tokens, list(range(10)))
+    assert _script().main(["--tokens-file", str(tokens), "--num-tokens", "8", "--fa3-min-rows", "512"]) == 2
+    assert "xqa" in capsys.readouterr().err

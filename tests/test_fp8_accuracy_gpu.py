@@ -5,11 +5,13 @@ Where the GGUF tokenizer cannot load (transformers and gguf are missing), the to
 the file that BATCHLLM_FP8_TOKENS_FILE names, written elsewhere by
 `PYTHONPATH=. python3 benchmarks/fp8_accuracy.py --write-tokens-file PATH`."""
 
+import importlib.util
 import os
 
 import pytest
+import torch
 
-from batchllm.perf.fp8_accuracy import GATES, AccuracyOptions, measure_fp8_accuracy
+from batchllm.perf.fp8_accuracy import FP8_VARIANTS, GATES, AccuracyOptions, measure_fp8_accuracy
 from batchllm.models.fp8_linear import fp8_unsupported_reason
 
 pytestmark = [pytest.mark.gpu, pytest.mark.default_model]
@@ -63,3 +65,19 @@ def test_within_the_gate(result, name):
     assert metrics["perplexity_ratio"] <= gate.max_perplexity_ratio, metrics
     assert metrics["top1_agreement"] >= gate.min_top1_agreement, metrics
 
+
+
+def _fa3_ready() -> bool:
+    return torch.cuda.get_device_capability() == (9, 0) and importlib.util.find_spec("flashinfer") is not None
+
+
+def test_fp8_kv_with_fa3_prompt_attention_within_the_gate(fp8_device):
+    """The FP8-KV variant with every 512-token chunk's attention in FA3's FP8 products (xqa, dense
+    calls from 512 rows as on heads of 128): within the same gate."""
+    if not _fa3_ready():
+        pytest.skip("FA3 runs on a Hopper GPU with FlashInfer installed")
+    options = AccuracyOptions(device=fp8_device, attention_backend="xqa", fa3_min_rows=512)
+    variant = next(variant for variant in FP8_VARIANTS if variant.kv_cache_dtype == "fp8")
+    metrics = measure_fp8_accuracy(_token_ids(), options, variants=[variant])[variant.name]
+    assert metrics["perplexity_ratio"] <= GATES[variant.name].max_perplexity_ratio, metrics
+    assert metrics["top1_agreement"] >= GATES[variant.name].min_top1_agreement, metrics

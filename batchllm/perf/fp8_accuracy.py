@@ -43,10 +43,17 @@ class AccuracyOptions:
     dtype: str = "bfloat16"  # the reference's dtype, and the FP8 variants' unquantized parts
     device: str = "auto"  # auto: cuda if available
     attention_backend: str = "auto"  # xqa: the FP8-KV variant's; the others run fused (variant_attention_backend)
+    # xqa only: chunks of at least this many rows attend by FA3's dense calls (use_fa3_from), as a
+    # model with heads of 128 does from 512 rows, where the heads' prefill table makes none (heads
+    # of 64, the default model's); None: the engine's table
+    fa3_min_rows: int | None = None
 
     def __post_init__(self) -> None:
         if self.chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be at least 1, got {self.chunk_tokens}")
+        if self.fa3_min_rows is not None and (self.fa3_min_rows < 1 or self.attention_backend != "xqa"):
+            raise ValueError(f"fa3_min_rows takes a positive row count and the xqa backend, got "
+                             f"{self.fa3_min_rows} with {self.attention_backend!r}")
 
 
 def prefill_steps(token_ids: Sequence[int], chunk_tokens: int, block_size: int) -> list[SchedulerOutput]:
@@ -96,6 +103,17 @@ def variant_attention_backend(name: str, variant: Variant) -> str:
     return name
 
 
+def use_fa3_from(backend, min_rows: int) -> None:
+    """Give a backend that runs FA3's dense calls (`xqa` on Hopper) dense calls from min_rows rows,
+    each chunk's causal call holding its context: the whole prompt attention of such a chunk on
+    FA3's FP8 products. A RuntimeError where the backend has no FA3."""
+    if getattr(backend, "fa3_dense", None) is None:
+        raise RuntimeError("the FP8-KV variant's backend runs no FA3 (FA3 needs the xqa backend, FlashInfer and a "
+                           "Hopper GPU; its build may have failed: see the warning above)")
+    backend.prefill_tile = dataclasses.replace(backend.prefill_tile, dense_min_rows=min_rows,
+                                               dense_causal_min_rows=min_rows)
+
+
 def engine_config(options: AccuracyOptions, variant: Variant, num_tokens: int):
     """The EngineConfig of one variant: a KV cache of just enough whole blocks, no CUDA graphs."""
     from batchllm.config import CacheConfig, EngineConfig
@@ -115,8 +133,11 @@ def variant_logits(options: AccuracyOptions, variant: Variant, token_ids: Sequen
     from batchllm.perf.device_memory import free_device_memory
     from batchllm.engine.loading import load_parts
 
-    parts = load_parts(engine_config(options, variant, len(token_ids)))
+    config = engine_config(options, variant, len(token_ids))
+    parts = load_parts(config)
     try:
+        if options.fa3_min_rows is not None and config.attention_backend == "xqa":
+            use_fa3_from(parts.runner.backend, options.fa3_min_rows)
         return parts.model_name, sequence_logits(parts, token_ids, options.chunk_tokens)
     finally:
         del parts

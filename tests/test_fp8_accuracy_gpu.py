@@ -66,7 +66,6 @@ def test_within_the_gate(result, name):
     assert metrics["top1_agreement"] >= gate.min_top1_agreement, metrics
 
 
-
 def _fa3_ready() -> bool:
     return torch.cuda.get_device_capability() == (9, 0) and importlib.util.find_spec("flashinfer") is not None
 

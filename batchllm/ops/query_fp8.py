@@ -33,7 +33,7 @@ def _round_to_e4m3(y):
     step = ((exponent + 127) << 23).to(tl.float32, bitcast=True)
     per_step = ((127 - exponent) << 23).to(tl.float32, bitcast=True)  # 1 / step, exactly
     rounded = ((tl.abs(y) * per_step + 12582912.0) - 12582912.0) * step
-    # the sign by its bit: Triton negates by 0 - x, which turns +0 into +0
+    # the sign put back by its bit: Triton's unary minus is 0 - x, which gives +0 for x = +0
     return (rounded.to(tl.int32, bitcast=True) | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)
 
 

@@ -3,8 +3,9 @@
 --steps decode: the CUDA-graph steps' decode rows at the shapes of uniform 1000/1000 and of micro
 2000/200 sd16 (64 groups of 16 members over a 2000-token prefix, 200-280 own positions a row), as
 the graphs launch them (persistent, BIG and SMALL items apart): the bf16 row on a bf16 cache, the
-FP8 row on an FP8 cache, and for rows that share no prefix, on a Hopper GPU with FlashInfer
-installed, the `xqa` backend's kernel (XQA) on the FP8 cache. The FP8 rows' outputs are checked
+FP8 row on an FP8 cache, and on a Hopper GPU with FlashInfer installed the `xqa` backend's kernel
+(XQA) on the FP8 cache, which reads a group's prefix through each member's table (the engine's
+`xqa` runs it only on rows that share no prefix). The FP8 rows' outputs are checked
 against the bf16 row run on the same cache converted to bf16 (every e4m3 value is a bf16 one)
 first. Reports ms a layer and the cache's bytes read per second (a group's prefix counted once).
 
@@ -128,9 +129,8 @@ def _cache_dtype(cache: torch.Tensor) -> str:
 
 
 def measure(batch, shape: dict, device: torch.device, dry_run: bool) -> list[dict]:
-    """The decode rows of one CUDA-graph step, bf16 row and FP8 row (and XQA for rows that share
-    no prefix); `shape` labels the rows."""
-    shared = bool((batch.group_ids >= 0).any())
+    """The decode rows of one CUDA-graph step, bf16 row and FP8 row (and XQA where every shared
+    prefix ends on a block boundary); `shape` labels the rows."""
     side = torch.cuda.Stream(device) if device.type == "cuda" else None
     scale = HEAD_DIM ** -0.5
     (k8, v8), converted = _caches(batch)
@@ -158,7 +158,11 @@ def measure(batch, shape: dict, device: torch.device, dry_run: bool) -> list[dic
                      "cache_dtype": _cache_dtype(k_cache), "cache_bytes": cache_bytes,
                      "ms_per_layer": round(ms, 3),
                      "cache_tb_per_s": round(cache_bytes / ms / 1e9, 2)})
-    if not shared and not dry_run and xqa_installed() and torch.cuda.get_device_capability(device) >= (9, 0):
+    # XQA reads position p of a row in its table's block p // BLOCK_SIZE: rows of a group whose
+    # prefix ends on a block boundary are laid out so (a member's table is the prefix's blocks, then
+    # its own), and XQA reads the prefix once for each member, where the L2 cache may serve repeats
+    aligned = not (batch.shared_kv_lens % BLOCK_SIZE).any()
+    if aligned and not dry_run and xqa_installed() and torch.cuda.get_device_capability(device) >= (9, 0):
         from batchllm.ops.xqa_decode import XqaDecode
 
         xqa = XqaDecode(device)

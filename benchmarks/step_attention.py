@@ -7,7 +7,8 @@ FP8 row on an FP8 cache, and on a Hopper GPU with FlashInfer installed the `xqa`
 (XQA) on the FP8 cache, which reads a group's prefix through each member's table (the engine's
 `xqa` runs it only on rows that share no prefix). The FP8 rows' outputs are checked
 against the bf16 row run on the same cache converted to bf16 (every e4m3 value is a bf16 one)
-first. Reports ms a layer and the cache's bytes read per second (a group's prefix counted once).
+first. Reports ms a layer and the cache's bytes read per second (a group's prefix counted once);
+on the shared step also each launch alone: BIG (the prefixes) and SMALL (the rows' own positions).
 
 --steps prefill: steps with prefill chunks (eager launches) at the shapes of uniform 128/128 and
 2048/128 and of a shared-prefix step, with the default table's one fused launch ("fused") and with
@@ -108,6 +109,16 @@ def eager_plan(batch, tile: TileConfig, device: torch.device):
                                                    tile=tile, num_sms=device_num_sms(device)), device)
 
 
+def one_launch(batch, plan, launch: str, k_cache, v_cache, scale: float, side):
+    """The step with only its BIG ("big") or SMALL ("small") items run, and no merge: the other
+    persistent launch finds no items. What each class of the graph step costs on its own."""
+    big, small = (int(n) for n in plan.num_items.tolist())
+    counts = [big, 0] if launch == "big" else [0, small]
+    alone = dataclasses.replace(plan, num_items=torch.tensor(counts, dtype=torch.int32, device=plan.num_items.device),
+                                merge_tokens=plan.merge_tokens[:0])
+    return lambda: prefix_shared_attention(batch.query, k_cache, v_cache, alone, scale, side_stream=side)
+
+
 def time_ms(fn, dry_run: bool) -> float:
     if dry_run:
         started = time.perf_counter()
@@ -144,8 +155,9 @@ def measure(batch, shape: dict, device: torch.device, dry_run: bool) -> list[dic
                                        side_stream=side).float()
     # the positions the step reads: a group's prefix once, every row's own positions
     num_positions = int((batch.seq_lens - batch.shared_kv_lens).sum())
-    num_positions += sum(int(batch.shared_kv_lens[batch.group_ids == g].max()) for g in set(batch.group_ids.tolist())
-                         if g >= 0)
+    num_prefix_positions = sum(int(batch.shared_kv_lens[batch.group_ids == g].max())
+                               for g in set(batch.group_ids.tolist()) if g >= 0)
+    num_positions += num_prefix_positions
     rows = []
     for name, (tile, k_cache, v_cache) in runs.items():
         plan = graph_plan(batch, tile, device)
@@ -153,11 +165,17 @@ def measure(batch, shape: dict, device: torch.device, dry_run: bool) -> list[dic
         if name == "fp8_row":
             torch.testing.assert_close(run().float(), expected, atol=3e-3, rtol=3e-3)
         ms = time_ms(run, dry_run)
-        cache_bytes = num_positions * NUM_KV_HEADS * HEAD_DIM * 2 * k_cache.element_size()
-        rows.append({"steps": "decode", **shape, "row": name,
-                     "cache_dtype": _cache_dtype(k_cache), "cache_bytes": cache_bytes,
-                     "ms_per_layer": round(ms, 3),
-                     "cache_tb_per_s": round(cache_bytes / ms / 1e9, 2)})
+        bytes_per_position = NUM_KV_HEADS * HEAD_DIM * 2 * k_cache.element_size()
+        cache_bytes = num_positions * bytes_per_position
+        row = {"steps": "decode", **shape, "row": name, "cache_dtype": _cache_dtype(k_cache),
+               "cache_bytes": cache_bytes, "ms_per_layer": round(ms, 3),
+               "cache_tb_per_s": round(cache_bytes / ms / 1e9, 2)}
+        if num_prefix_positions:  # the BIG launch reads the prefixes, the SMALL one the rows' own positions
+            for launch, positions in (("big", num_prefix_positions), ("small", num_positions - num_prefix_positions)):
+                ms = time_ms(one_launch(batch, plan, launch, k_cache, v_cache, scale, side), dry_run)
+                row[f"{launch}_launch_ms"] = round(ms, 3)
+                row[f"{launch}_launch_tb_per_s"] = round(positions * bytes_per_position / ms / 1e9, 2)
+        rows.append(row)
     # XQA reads position p of a row in its table's block p // BLOCK_SIZE: rows of a group whose
     # prefix ends on a block boundary are laid out so (a member's table is the prefix's blocks, then
     # its own), and XQA reads the prefix once for each member, where the L2 cache may serve repeats

@@ -26,6 +26,12 @@ def test_dry_run_writes_the_decode_rows(tmp_path, monkeypatch):
     shared = step_attention.shared_decode_step(2, 3, 40, 4, 12, torch.float32, torch.device("cpu"))
     own = int((shared.seq_lens - shared.shared_kv_lens).sum())
     assert 6 * 4 <= own < 6 * 12 and rows[3]["cache_bytes"] == (2 * 40 + own) * 8 * 128 * 2
+    # each launch of the shared step alone, on the bytes it reads: the prefixes, the own positions
+    for row, bytes_per_value in ((rows[2], 4), (rows[3], 1)):
+        assert row["big_launch_ms"] > 0 and row["small_launch_ms"] > 0
+        assert row["big_launch_tb_per_s"] == round(2 * 40 * 8 * 128 * 2 * bytes_per_value / row["big_launch_ms"] / 1e9, 2)
+        assert row["small_launch_tb_per_s"] == round(own * 8 * 128 * 2 * bytes_per_value / row["small_launch_ms"] / 1e9, 2)
+    assert not any("big_launch_ms" in row for row in rows[:2])  # plain decode has no BIG items
 
 
 def test_dry_run_writes_the_prefill_rows(tmp_path, monkeypatch):

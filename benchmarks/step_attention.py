@@ -173,8 +173,9 @@ def measure(batch, shape: dict, device: torch.device, dry_run: bool) -> list[dic
         if num_prefix_positions:  # the BIG launch reads the prefixes, the SMALL one the rows' own positions
             for launch, positions in (("big", num_prefix_positions), ("small", num_positions - num_prefix_positions)):
                 ms = time_ms(one_launch(batch, plan, launch, k_cache, v_cache, scale, side), dry_run)
-                row[f"{launch}_launch_ms"] = round(ms, 3)
-                row[f"{launch}_launch_tb_per_s"] = round(positions * bytes_per_position / ms / 1e9, 2)
+                launch_bytes = positions * bytes_per_position
+                row.update({f"{launch}_launch_bytes": launch_bytes, f"{launch}_launch_ms": round(ms, 3),
+                            f"{launch}_launch_tb_per_s": round(launch_bytes / ms / 1e9, 2)})
         rows.append(row)
     # XQA reads position p of a row in its table's block p // BLOCK_SIZE: rows of a group whose
     # prefix ends on a block boundary are laid out so (a member's table is the prefix's blocks, then

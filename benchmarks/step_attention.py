@@ -1,8 +1,9 @@
 """Attention of one engine step, one layer of Llama-3.1-8B heads, on a bf16 and a float8_e4m3fn cache.
 
---steps decode: the CUDA-graph steps' decode rows at the shapes of uniform 1000/1000 and of micro
-2000/200 sd16 (64 groups of 16 members over a 2000-token prefix, 200-280 own positions a row), as
-the graphs launch them (persistent, BIG and SMALL items apart): the bf16 row on a bf16 cache, the
+--steps decode: the CUDA-graph steps' decode rows at the shapes of uniform 1000/1000, of one
+cache-full wave of uniform 20000/2000 (80 rows of about 21,000 positions) and of micro 2000/200
+sd16 (64 groups of 16 members over a 2000-token prefix, 200-280 own positions a row), as the
+graphs launch them (persistent, BIG and SMALL items apart): the bf16 row on a bf16 cache, the
 FP8 row on an FP8 cache, and on a Hopper GPU with FlashInfer installed the `xqa` backend's kernel
 (XQA) on the FP8 cache, which reads a group's prefix through each member's table (the engine's
 `xqa` runs it only on rows that share no prefix). The FP8 rows' outputs are checked
@@ -41,7 +42,8 @@ from tests.synthetic_batch import SeqSpec, make_batch
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16  # Llama-3.1-8B
 GROUP = NUM_HEADS // NUM_KV_HEADS
-SHAPES = [(600, 1200), (1700, 1000)]  # (decode rows, mean context): the 1000/1000 run's decode steps
+# (decode rows, mean context): the 1000/1000 run's decode steps, and 20000/2000's (the cache holds 80)
+SHAPES = [(600, 1200), (1700, 1000), (80, 21000)]
 DRY_SHAPES = [(6, 40)]
 # (groups, members, prefix, own positions from, to): micro 2000/200 sd16's decode steps
 SHARED_SHAPES = [(64, 16, 2000, 200, 280)]

@@ -13,9 +13,10 @@ bench run makes) and every step is charged:
                          attention at --attention-tflops (default: the peak)
   attention_roofline_s   that serial roofline's attention part alone
 --quantization fp8 charges what the bench's FP8 rows run: FP8 weights and KV cache (one byte an
-element; the LM head stays bf16) and every FLOP at the FP8 GEMM's peak, 1338.1 TFLOP/s. Attention
-runs bf16 products there (cuDNN's dense causal calls: 514-622 TFLOP/s on an H200, BENCHMARKS.md),
-so --attention-tflops 595 gives the floor that the FP8 targets sit on.
+element; the LM head stays bf16) and every FLOP at the FP8 GEMM's peak, 1338.1 TFLOP/s. Prompt
+attention runs below that: the `fused` backend's bf16 products (cuDNN's dense causal calls, 514-622
+TFLOP/s on an H200, BENCHMARKS.md: --attention-tflops 595) or the `xqa` backend's FP8 products on
+FA3 (856 TFLOP/s on a causal square of 16,384 rows, ops/fa3_dense.py: --attention-tflops 856).
 The FLOP bound here is the policy's own work (its recomputed prefixes included); for batchllm it is
 the bench rows' flop_bound_s. Each *_over_flop_bound divides by the batchllm policy's FLOP bound of
 the workload, the bench rows' denominator.

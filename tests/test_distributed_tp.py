@@ -8,6 +8,7 @@ head and a vocabulary that does not divide by tp. The TP=2 engine must give TP=1
 from __future__ import annotations
 
 import dataclasses
+import socket
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 
 from batchllm.config import ParallelConfig, TensorParallelConfig, engine_config
 from batchllm.distributed.sharding import UnsupportedShardingError, empty_shard, fill_shard, shard_layout
-from batchllm.distributed.tp_engine import free_tcp_port
+from batchllm.distributed.tp_engine import bind_rendezvous
 from batchllm.engine.llm_engine import LLMEngine, PreparedRequest
 from batchllm.engine.run_options import RunOptions
 from batchllm.models.llama import LlamaForCausalLM
@@ -65,8 +66,8 @@ def _dense_causal_attention(num_heads: int, num_kv_heads: int):
     return attention
 
 
-def _shard_worker(rank: int, world_size: int, port: int) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+def _shard_worker(rank: int, world_size: int, store_path: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size)
     try:
         input_ids = torch.tensor([5, 17, 300, 2, 99, 508, 0, 41, 7, 250], dtype=torch.int64)
         positions = torch.arange(input_ids.numel())
@@ -90,8 +91,17 @@ def _shard_worker(rank: int, world_size: int, port: int) -> None:
         dist.destroy_process_group()
 
 
-def test_sharded_forward_equals_unsharded_logits():
-    mp.spawn(_shard_worker, args=(2, free_tcp_port()), nprocs=2, join=True)
+def test_sharded_forward_equals_unsharded_logits(tmp_path):
+    # A file rendezvous: a port found free and bound later can be taken in between by a test
+    # running beside this one (it failed so once, EADDRINUSE).
+    mp.spawn(_shard_worker, args=(2, str(tmp_path / "rendezvous")), nprocs=2, join=True)
+
+
+def test_rendezvous_port_is_held_before_any_worker_starts():
+    store = bind_rendezvous(None, 2, 30.0)
+    assert store.port > 0
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock, pytest.raises(OSError):
+        sock.bind(("127.0.0.1", store.port))
 
 
 def test_shard_layout_kv_heads_and_errors():

@@ -11,7 +11,6 @@ import datetime
 import itertools
 import os
 import queue
-import socket
 import sys
 import traceback
 import weakref
@@ -35,10 +34,12 @@ from batchllm.engine.loading import (
 )
 
 
-def free_tcp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def bind_rendezvous(port: int | None, world_size: int, timeout_s: float) -> dist.TCPStore:
+    """Rank 0's rendezvous store on 127.0.0.1, listening before any worker starts: on `port`, or on
+    one the OS picks (a port found free and bound only later can be taken in between: EADDRINUSE).
+    Its .port is the one the workers join."""
+    return dist.TCPStore("127.0.0.1", port or 0, world_size, is_master=True,
+                         timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
 
 
 def rank_device(config: EngineConfig, rank: int) -> torch.device:
@@ -63,16 +64,18 @@ class RankState:
     control_group: object  # None: the default group (gloo)
 
 
-def start_rank(config: EngineConfig, rank: int, port: int) -> RankState:
-    """Every rank, in the same order: join the group, load the shard, agree on the KV size."""
+def start_rank(config: EngineConfig, rank: int, port: int, store: dist.Store | None = None) -> RankState:
+    """Every rank, in the same order: join the group (through rank 0's store, bind_rendezvous; a
+    worker connects to its port), load the shard, agree on the KV size."""
     tp = config.parallel.tensor
     world_size = tp.size
     device = rank_device(config, rank)
     dtype = resolve_dtype(config.dtype, device)
     backend = tp.resolve_backend(device.type)
     timeout = datetime.timedelta(seconds=tp.timeout_s)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                            timeout=timeout)
+    if store is None:
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     control_group = None if backend == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
     shard = load_shard(config.model, dtype, device, rank, world_size, group=None)
     full, local = shard.layout.full, shard.layout.shard
@@ -175,7 +178,8 @@ class TPEngine(LLMEngine):
             raise RuntimeError("a torch.distributed process group already exists in this process: "
                                "one TPEngine per process")
         tp = config.parallel.tensor
-        port = tp.master_port or free_tcp_port()
+        store = bind_rendezvous(tp.master_port, tp.size, tp.timeout_s)
+        port = store.port
         context = mp.get_context("spawn")
         gate_words = new_shared_words(context)
         self._commands = [context.Queue() for _ in range(1, tp.size)]
@@ -184,7 +188,7 @@ class TPEngine(LLMEngine):
                          for rank, channel in enumerate(self._commands, start=1)]
         for process in self._workers:
             process.start()
-        state = start_rank(config, 0, port)
+        state = start_rank(config, 0, port, store)
         self.gate = StepGate(gate_words, leader=True, timeout_s=tp.timeout_s)
         super().__init__(config, engine_parts(state, make_runner(state, config, self.gate)))
         self._run_ids = itertools.count()

@@ -93,7 +93,7 @@ def _shard_worker(rank: int, world_size: int, store_path: str) -> None:
 
 def test_sharded_forward_equals_unsharded_logits(tmp_path):
     # A file rendezvous: a port found free and bound later can be taken in between by a test
-    # running beside this one (it failed so once, EADDRINUSE).
+    # running beside this one (EADDRINUSE).
     mp.spawn(_shard_worker, args=(2, str(tmp_path / "rendezvous")), nprocs=2, join=True)
 
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from batchllm.config import ParallelConfig, TensorParallelConfig, engine_config
 from batchllm.distributed.sharding import UnsupportedShardingError, empty_shard, fill_shard, shard_layout
-from batchllm.distributed.tp_engine import bind_rendezvous
+from batchllm.distributed.tp_engine import rendezvous_store
 from batchllm.engine.llm_engine import LLMEngine, PreparedRequest
 from batchllm.engine.run_options import RunOptions
 from batchllm.models.llama import LlamaForCausalLM
@@ -98,7 +98,7 @@ def test_sharded_forward_equals_unsharded_logits(tmp_path):
 
 
 def test_rendezvous_port_is_held_before_any_worker_starts():
-    store = bind_rendezvous(None, 2, 30.0)
+    store = rendezvous_store(0, None, 2, 30.0)
     assert store.port > 0
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock, pytest.raises(OSError):
         sock.bind(("127.0.0.1", store.port))

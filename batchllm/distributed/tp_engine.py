@@ -34,12 +34,15 @@ from batchllm.engine.loading import (
 )
 
 
-def bind_rendezvous(port: int | None, world_size: int, timeout_s: float) -> dist.TCPStore:
-    """Rank 0's rendezvous store on 127.0.0.1, listening before any worker starts: on `port`, or on
-    one the OS picks (a port found free and bound only later can be taken in between: EADDRINUSE).
-    Its .port is the one the workers join."""
-    return dist.TCPStore("127.0.0.1", port or 0, world_size, is_master=True,
-                         timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+def rendezvous_store(rank: int, port: int | None, world_size: int, timeout_s: float) -> dist.TCPStore:
+    """The group's store on 127.0.0.1. Rank 0's listens before any worker starts, on `port` or on
+    one the OS picks (a port found free and bound only later can be taken in between: EADDRINUSE);
+    its .port is the one the workers' stores connect to."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if rank == 0:
+        return dist.TCPStore("127.0.0.1", port or 0, world_size, is_master=True, timeout=timeout,
+                             wait_for_workers=False)
+    return dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
 
 
 def rank_device(config: EngineConfig, rank: int) -> torch.device:
@@ -64,17 +67,15 @@ class RankState:
     control_group: object  # None: the default group (gloo)
 
 
-def start_rank(config: EngineConfig, rank: int, port: int, store: dist.Store | None = None) -> RankState:
-    """Every rank, in the same order: join the group (through rank 0's store, bind_rendezvous; a
-    worker connects to its port), load the shard, agree on the KV size."""
+def start_rank(config: EngineConfig, rank: int, store: dist.Store) -> RankState:
+    """Every rank, in the same order: join the group through its store (rendezvous_store), load
+    the shard, agree on the KV size."""
     tp = config.parallel.tensor
     world_size = tp.size
     device = rank_device(config, rank)
     dtype = resolve_dtype(config.dtype, device)
     backend = tp.resolve_backend(device.type)
     timeout = datetime.timedelta(seconds=tp.timeout_s)
-    if store is None:
-        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     control_group = None if backend == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
     shard = load_shard(config.model, dtype, device, rank, world_size, group=None)
@@ -131,8 +132,8 @@ def _next_command(commands, poll_s: float = 1.0) -> RunCommand | None:
 
 def _worker_main(rank: int, port: int, config: EngineConfig, gate_words, commands) -> None:
     try:
-        state = start_rank(config, rank, port)
         timeout_s = config.parallel.tensor.timeout_s
+        state = start_rank(config, rank, rendezvous_store(rank, port, config.parallel.tensor.size, timeout_s))
         runner = make_runner(state, config, StepGate(gate_words, leader=False, timeout_s=timeout_s))
         engine = LLMEngine(config, engine_parts(state, runner))
         while (command := _next_command(commands)) is not None:
@@ -178,7 +179,7 @@ class TPEngine(LLMEngine):
             raise RuntimeError("a torch.distributed process group already exists in this process: "
                                "one TPEngine per process")
         tp = config.parallel.tensor
-        store = bind_rendezvous(tp.master_port, tp.size, tp.timeout_s)
+        store = rendezvous_store(0, tp.master_port, tp.size, tp.timeout_s)
         port = store.port
         context = mp.get_context("spawn")
         gate_words = new_shared_words(context)
@@ -188,7 +189,7 @@ class TPEngine(LLMEngine):
                          for rank, channel in enumerate(self._commands, start=1)]
         for process in self._workers:
             process.start()
-        state = start_rank(config, 0, port, store)
+        state = start_rank(config, 0, store)
         self.gate = StepGate(gate_words, leader=True, timeout_s=tp.timeout_s)
         super().__init__(config, engine_parts(state, make_runner(state, config, self.gate)))
         self._run_ids = itertools.count()

@@ -34,11 +34,14 @@ CATEGORIES = (  # (category, substrings of kernel names), first match wins
     # the fused work-list launch, its merge, and the dense calls' cuDNN kernels (whose names
     # also hold "sm90", so they must match before the GEMMs)
     ("attention", ("work_list_attention", "merge_partials", "sdpa", "fmha", "cudnn")),
+    # FlashInfer's FA3 prompt attention and TensorRT-LLM's XQA decode kernel (backend xqa)
+    ("fa3", ("prefillwithkvcache",)),
+    ("xqa", ("kernel_mha",)),
     # the dense calls' KV block gathers (index_select runs as vectorized_gather_kernel)
     ("attention_gather", ("indexselect", "index_select", "vectorized_gather")),
     ("kv_store", ("store_kv", "kv_store")),
     ("gemm", ("gemm", "cutlass", "xmma", "sm90", "cublas", "matmul", "nvjet")),
-    ("norm_rope_silu", ("rms", "rope", "silu", "quantize_rows")),
+    ("norm_rope_silu", ("rms", "rope", "silu", "quantize", "amax")),  # and FP8 quantization
     ("sampling", ("argmax", "softmax", "topk", "sort", "log_softmax")),
 )
 

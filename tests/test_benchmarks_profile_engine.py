@@ -15,10 +15,14 @@ def test_kernel_categories():
         "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_cga1x1": "attention",
         "work_list_attention_kernel": "attention",
         "merge_partials_kernel": "attention",
+        "void flashinfer::FP8PrefillWithKVCacheKernel<flashinfer::FP8CollectiveMainloop<RaggedParam": "fa3",
+        "kernel_mha(unsigned int, float, float const*, Vec<__nv_bfloat16, 128u>*, Vec<__nv_bfloat16": "xqa",
         "void at::native::vectorized_gather_kernel<16, int>(char*, char*, int*, int, long, long, lo": "attention_gather",
         "nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_TNT": "gemm",
         "_store_kv_kernel": "kv_store",
         "_rms_norm_kernel": "norm_rope_silu",
+        "_quantize_query_kernel": "norm_rope_silu",
+        "_query_amax_kernel": "norm_rope_silu",
         "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::Tenso": "other",
     }
     assert {name: profile_engine.kernel_category(name) for name in names} == names

@@ -31,6 +31,8 @@ def test_dry_run_writes_the_decode_rows(tmp_path, monkeypatch):
         assert row["big_launch_ms"] > 0 and row["small_launch_ms"] > 0
         assert row["big_launch_bytes"] == 2 * 40 * 8 * 128 * 2 * bytes_per_value
         assert row["small_launch_bytes"] == own * 8 * 128 * 2 * bytes_per_value
+        for launch in ("big", "small"):
+            assert row[f"{launch}_launch_tb_per_s"] == round(row[f"{launch}_launch_bytes"] / row[f"{launch}_launch_ms"] / 1e9, 2)
     assert not any("big_launch_ms" in row for row in rows[:2])  # plain decode has no BIG items
 
 

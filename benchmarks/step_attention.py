@@ -3,7 +3,8 @@
 --steps decode: the CUDA-graph steps' decode rows at the shapes of uniform 1000/1000, of one
 cache-full wave of uniform 20000/2000 (80 rows of about 21,000 positions) and of micro 2000/200
 sd16 (64 groups of 16 members over a 2000-token prefix, 200-280 own positions a row), as the
-graphs launch them (persistent, BIG and SMALL items apart): the bf16 row on a bf16 cache, the
+graphs launch them (persistent, BIG and SMALL items apart) and timed as replays of a CUDA graph
+that holds one layer's call: the bf16 row on a bf16 cache, the
 FP8 row on an FP8 cache, and on a Hopper GPU with FlashInfer installed the `xqa` backend's kernel
 (XQA) on the FP8 cache, which reads a group's prefix through each member's table (the engine's
 `xqa` runs it only on rows that share no prefix). The FP8 rows' outputs are checked
@@ -121,13 +122,24 @@ def one_launch(batch, plan, launch: str, k_cache, v_cache, scale: float, side):
     return lambda: prefix_shared_attention(batch.query, k_cache, v_cache, alone, scale, side_stream=side)
 
 
-def time_ms(fn, dry_run: bool) -> float:
+def time_ms(fn, dry_run: bool, graph: bool = False) -> float:
+    """GPU ms of one call of fn (the median of triton's do_bench); graph: of one replay of fn
+    captured in a CUDA graph, as the engine's decode steps run it. Eager, a decode step's host
+    work (argument checks, launch arguments, three launches) takes longer than its kernels on the
+    shared step, so a loop of eager calls would time the host."""
     if dry_run:
         started = time.perf_counter()
         fn()
         return (time.perf_counter() - started) * 1e3
     import triton.testing
 
+    if graph:
+        fn()  # compiles and plans outside the capture
+        torch.cuda.synchronize()
+        captured = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(captured):
+            fn()
+        fn = captured.replay
     return float(triton.testing.do_bench(fn, warmup=10, rep=200))
 
 
@@ -166,7 +178,7 @@ def measure(batch, shape: dict, device: torch.device, dry_run: bool) -> list[dic
         run = lambda: prefix_shared_attention(batch.query, k_cache, v_cache, plan, scale, side_stream=side)  # noqa: E731
         if name == "fp8_row":
             torch.testing.assert_close(run().float(), expected, atol=3e-3, rtol=3e-3)
-        ms = time_ms(run, dry_run)
+        ms = time_ms(run, dry_run, graph=True)
         bytes_per_position = NUM_KV_HEADS * HEAD_DIM * 2 * k_cache.element_size()
         cache_bytes = num_positions * bytes_per_position
         row = {"steps": "decode", **shape, "row": name, "cache_dtype": _cache_dtype(k_cache),
@@ -174,7 +186,7 @@ def measure(batch, shape: dict, device: torch.device, dry_run: bool) -> list[dic
                "cache_tb_per_s": round(cache_bytes / ms / 1e9, 2)}
         if num_prefix_positions:  # the BIG launch reads the prefixes, the SMALL one the rows' own positions
             for launch, positions in (("big", num_prefix_positions), ("small", num_positions - num_prefix_positions)):
-                ms = time_ms(one_launch(batch, plan, launch, k_cache, v_cache, scale, side), dry_run)
+                ms = time_ms(one_launch(batch, plan, launch, k_cache, v_cache, scale, side), dry_run, graph=True)
                 launch_bytes = positions * bytes_per_position
                 row.update({f"{launch}_launch_bytes": launch_bytes, f"{launch}_launch_ms": round(ms, 3),
                             f"{launch}_launch_tb_per_s": round(launch_bytes / ms / 1e9, 2)})
@@ -190,7 +202,7 @@ def measure(batch, shape: dict, device: torch.device, dry_run: bool) -> list[dic
         run = lambda: xqa(batch.query, k8, v8, batch.block_tables, batch.seq_lens, scale)  # noqa: E731
         # FP8 products (the query and the probabilities rounded to e4m3): a looser check
         torch.testing.assert_close(run().float(), expected, atol=5e-2, rtol=5e-2)
-        ms = time_ms(run, dry_run)
+        ms = time_ms(run, dry_run, graph=True)
         cache_bytes = num_positions * NUM_KV_HEADS * HEAD_DIM * 2
         rows.append({"steps": "decode", **shape, "row": "xqa",
                      "cache_dtype": _cache_dtype(k8), "cache_bytes": cache_bytes, "ms_per_layer": round(ms, 3),

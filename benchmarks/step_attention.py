@@ -4,13 +4,13 @@
 cache-full wave of uniform 20000/2000 (80 rows of about 21,000 positions) and of micro 2000/200
 sd16 (64 groups of 16 members over a 2000-token prefix, 200-280 own positions a row), as the
 graphs launch them (persistent, BIG and SMALL items apart) and timed as replays of a CUDA graph
-that holds one layer's call: the bf16 row on a bf16 cache, the
-FP8 row on an FP8 cache, and on a Hopper GPU with FlashInfer installed the `xqa` backend's kernel
-(XQA) on the FP8 cache, which reads a group's prefix through each member's table (the engine's
-`xqa` runs it only on rows that share no prefix). The FP8 rows' outputs are checked
-against the bf16 row run on the same cache converted to bf16 (every e4m3 value is a bf16 one)
-first. Reports ms a layer and the cache's bytes read per second (a group's prefix counted once);
-on the shared step also each launch alone: BIG (the prefixes) and SMALL (the rows' own positions).
+that holds one layer's call: the bf16 row on a bf16 cache, the FP8 row on an FP8 cache, and on a
+Hopper GPU with FlashInfer installed the `xqa` backend's kernel (XQA) on the FP8 cache, which
+reads a group's prefix through each member's table (the engine's `xqa` runs it only on rows that
+share no prefix). The FP8 rows' outputs are checked against the bf16 row run on the same cache
+converted to bf16 (every e4m3 value is a bf16 one) first. Reports ms a layer and the cache's
+bytes read per second (a group's prefix counted once); on the shared step also each launch alone:
+BIG (the prefixes) and SMALL (the rows' own positions).
 
 --steps prefill: steps with prefill chunks (eager launches) at the shapes of uniform 128/128 and
 2048/128 and of a shared-prefix step, with the default table's one fused launch ("fused") and with

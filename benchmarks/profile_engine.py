@@ -157,11 +157,16 @@ def _timed_run(llm, prompts, params) -> float:
     return round(time.perf_counter() - started, 3)
 
 
-def run_gpu(args, llm, prompts, params, result: dict) -> None:
-    # Warm on the whole workload: after a warm-up on 8 of its 1,024 requests, micro 2000/200 sd16's
-    # timed run took 20.1 s in FP8, where `batchllm bench` after its warm pass takes 8.5 s (decode
-    # graphs are captured per rows bucket and block-table width, which follow the workload's shapes)
+def _warm(llm, prompts, params) -> None:
+    """One untimed run of the whole workload: its CUDA-graph captures and kernel compiles follow
+    its shapes (decode graphs per rows bucket and block-table width). After a warm-up on 8 of its
+    1,024 requests, micro 2000/200 sd16's timed run took 20.1 s in FP8, where `batchllm bench`
+    after its warm pass takes 8.5 s."""
     llm.generate(prompts, params, use_tqdm=False)
+
+
+def run_gpu(args, llm, prompts, params, result: dict) -> None:
+    _warm(llm, prompts, params)
     result["seconds"] = _timed_run(llm, prompts, params)
     result["phases"] = launch_summary(llm.last_run_stats.step_records)
     windows = [tuple(int(x) for x in w.split(":")) for w in args.windows.split(",")]
@@ -171,7 +176,7 @@ def run_gpu(args, llm, prompts, params, result: dict) -> None:
 def run_host(args, llm, prompts, params, result: dict) -> None:
     from batchllm.perf.host_profile import HostProfiler
 
-    _timed_run(llm, prompts, params)  # warm: graph captures and compiles
+    _warm(llm, prompts, params)
     result["plain_run"] = {"seconds": _timed_run(llm, prompts, params),
                            **launch_summary(llm.last_run_stats.step_records)}
     profiler = HostProfiler()

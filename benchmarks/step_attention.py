@@ -99,8 +99,7 @@ def graph_plan(batch, tile: TileConfig, device: torch.device):
     plan = build_prefix_shared_plan(**batch.metadata_numpy(), block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS,
                                     num_heads=NUM_HEADS, head_dim=HEAD_DIM, tile=tile, num_sms=num_sms,
                                     programs_per_sm=tile.graph_programs_per_sm)
-    big, small = plan.class_lists()
-    counts = torch.tensor([big.shape[0], small.shape[0]], dtype=torch.int32, device=device)
+    counts = torch.from_numpy(plan.item_counts()).to(device)
     return dataclasses.replace(plan_to_device(plan, device), num_items=counts,
                                persistent_programs=num_sms * tile.graph_programs_per_sm)
 
@@ -115,8 +114,8 @@ def eager_plan(batch, tile: TileConfig, device: torch.device):
 def one_launch(batch, plan, launch: str, k_cache, v_cache, scale: float, side):
     """The step with only its BIG ("big") or SMALL ("small") items run, and no merge: the other
     persistent launch finds no items. What each class of the graph step costs on its own."""
-    big, small = (int(n) for n in plan.num_items.tolist())
-    counts = [big, 0] if launch == "big" else [0, small]
+    big, small, unpacked = (int(n) for n in plan.num_items.tolist())
+    counts = [big, 0, 0] if launch == "big" else [0, small, unpacked]
     alone = dataclasses.replace(plan, num_items=torch.tensor(counts, dtype=torch.int32, device=plan.num_items.device),
                                 merge_tokens=plan.merge_tokens[:0])
     return lambda: prefix_shared_attention(batch.query, k_cache, v_cache, alone, scale, side_stream=side)

@@ -64,17 +64,20 @@ def test_windowed_models_plan_without_dense_calls(monkeypatch):
 
 def test_prefill_table_splits_the_tile_classes_of_large_heads():
     """Steps with prefill chunks on heads of 128: BIG and SMALL launches apart, the SMALL one in
-    BLOCK_N 64 steps; an FP8 cache adds float16 MMAs, V converted by PTX, a 128-register cap.
-    Smaller heads keep the default table; the interpreter gets the split on its tiny tiles."""
+    BLOCK_N 64 steps; an FP8 cache adds float16 MMAs, V converted by PTX, a 128-register cap and,
+    for GQA groups of up to 4, SMALL items 4 to a program. Smaller heads keep the default table;
+    the interpreter gets the split on its tiny tiles, packed on an FP8 cache."""
     bf16 = prefill_tile_config(128, 4, interpret=False)
     fp8 = prefill_tile_config(128, 4, interpret=False, kv_fp8=True)
     default = default_tile_config(128, 4, interpret=False)
     assert bf16 == replace(default, split_classes=True, small_n=64, small_num_warps=4, small_num_stages=2)
-    assert fp8 == replace(bf16, small_max_registers=128, fp8_conversion="float16_ptx_v")
+    assert fp8 == replace(bf16, small_max_registers=128, fp8_conversion="float16_ptx_v", small_pack=4)
+    assert prefill_tile_config(128, 8, interpret=False, kv_fp8=True).small_pack == 1
     assert prefill_tile_config(64, 3, interpret=False, kv_fp8=True) == default_tile_config(64, 3, interpret=False)
     tiny = prefill_tile_config(32, 3, interpret=True, kv_fp8=True)
-    assert tiny == replace(default_tile_config(32, 3, interpret=True), split_classes=True,
-                           fp8_conversion="float16_ptx_v")
+    base = default_tile_config(32, 3, interpret=True)
+    assert tiny == replace(base, split_classes=True, fp8_conversion="float16_ptx_v", small_pack=4,
+                           small_n=4 * base.small_n)
 
 
 def test_cpu_backend_sizes_split_kv_for_its_stand_in_sm_count():

@@ -48,7 +48,7 @@ def test_decode_small_launch_keeps_its_programs_per_sm(kv_fp8):
                    block_size=16, dtype=torch.bfloat16, device="cuda")
     plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=8, num_heads=32, head_dim=128,
                                     tile=tile, num_sms=device_num_sms("cuda"))
-    plan = replace(plan_to_device(plan, "cuda"), num_items=torch.tensor([0, 12], dtype=torch.int32, device="cuda"),
+    plan = replace(plan_to_device(plan, "cuda"), num_items=torch.tensor([0, 12, 0], dtype=torch.int32, device="cuda"),
                    persistent_programs=device_num_sms("cuda") * tile.graph_programs_per_sm)
     caches = (b.k_cache.to(torch.float8_e4m3fn), b.v_cache.to(torch.float8_e4m3fn)) if kv_fp8 else (b.k_cache, b.v_cache)
     out, part = torch.empty_like(b.query), torch.empty(16, 32, 128, device="cuda")

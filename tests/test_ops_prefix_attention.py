@@ -231,7 +231,7 @@ def test_persistent_class_split_launches_match_reference(device, scenario):
         poison = items.copy()
         poison[:, F_KV_END] = poison[:, F_KV_START] + 1  # padding that would corrupt rows if run
         padded.append(torch.from_numpy(np.concatenate([items, poison, poison])).to(device))
-    counts = torch.tensor([big.shape[0], small.shape[0]], dtype=torch.int32, device=device)
+    counts = torch.from_numpy(plan.item_counts()).to(device)
     persistent = dataclasses.replace(plan_to_device(plan, device), work_big=padded[0], work_small=padded[1], num_items=counts,
                                      persistent_programs=2)
     out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, persistent, 64 ** -0.5)
@@ -630,3 +630,96 @@ def test_output_written_into_a_given_tensor(device, case):
     assert torch.equal(out, expected)
     with pytest.raises(ValueError, match="shaped like query"):
         prefix_shared_attention(b.query, b.k_cache, b.v_cache, device_plan, 64 ** -0.5, out=out[:, :1])
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+@pytest.mark.parametrize("pack,persistent,max_positions", [(2, False, 512), (4, True, 512), (4, False, 20),
+                                                           (4, True, 20)])
+def test_packed_small_launch_matches_reference(device, scenario, pack, persistent, max_positions):
+    """tile.small_pack: the SMALL launch runs its one-row items `pack` to a program under a
+    block-diagonal mask (GQA 3 in slots of 16 // pack rows, a padding row in each with pack 4),
+    but those over max_positions KV positions (first in the list) one to a program; segments of
+    several rows go to the BIG launch; the results are the reference's, persistent (padded
+    lists, counts on the device) or not."""
+    import dataclasses
+
+    from batchllm.attention_plan.tile_config import decode_tile_config
+    from batchllm.attention_plan.work_list import F_KV_END, F_KV_START, F_MASK_MODE, F_Q_COUNT, MASK_NONE
+
+    tile = dataclasses.replace(decode_tile_config(64, 3), small_pack=pack, small_n=16 * pack,
+                               small_pack_max_positions=max_positions)
+    b, plan, ref = _merge_case(SCENARIOS[scenario], HEADS["gqa3_d64"], torch.float32, device, tile, 64)
+    big, small = plan.class_lists()
+    assert (small[:, F_Q_COUNT] == 1).all() and (small[:, F_MASK_MODE] == MASK_NONE).all()
+    kv_len = small[:, F_KV_END] - small[:, F_KV_START]
+    num_unpacked = int(plan.item_counts()[2])
+    assert (kv_len[:num_unpacked] > max_positions).all() and (kv_len[num_unpacked:] <= max_positions).all()
+    device_plan = plan_to_device(plan, device)
+    if persistent:
+        padded = []
+        for items in (big, small):
+            poison = items.copy()
+            poison[:, F_KV_END] = poison[:, F_KV_START] + 1  # padding that would corrupt rows if run
+            padded.append(torch.from_numpy(np.concatenate([items, poison, poison])).to(device))
+        counts = torch.from_numpy(plan.item_counts()).to(device)
+        device_plan = dataclasses.replace(device_plan, work_big=padded[0], work_small=padded[1], num_items=counts,
+                                          persistent_programs=2)
+    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, device_plan, 64 ** -0.5)
+    torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)
+
+
+def test_packed_small_launch_on_an_fp8_cache_matches_unpacked(device):
+    """The packed SMALL launch on a float8_e4m3fn cache (float16 MMAs, the K and V scales) gives
+    the unpacked launch's output."""
+    import dataclasses
+
+    from batchllm.attention_plan.tile_config import decode_tile_config
+
+    seqs = SCENARIOS["decode_only"] + SCENARIOS["mixed_ragged"]
+    b = make_batch(seqs, num_heads=8, num_kv_heads=2, head_dim=32, block_size=16, dtype=torch.float16, device=device)
+    k8, v8 = (c.to(torch.float8_e4m3fn) for c in (b.k_cache, b.v_cache))
+    outs = []
+    for pack in (1, 4):
+        tile = dataclasses.replace(decode_tile_config(32, 4, kv_fp8=True), small_pack=pack, small_n=16 * pack)
+        plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=2, num_heads=8, head_dim=32,
+                                        kv_split_tokens=32, tile=tile, num_sms=device_num_sms(device))
+        outs.append(prefix_shared_attention(b.query, k8, v8, plan_to_device(plan, device), 32 ** -0.5,
+                                            k_scale=0.5, v_scale=2.0).float())
+    torch.testing.assert_close(outs[1], outs[0], atol=3e-3, rtol=3e-3)
+
+
+def test_small_pack_must_fit_the_query_heads(device):
+    from batchllm.attention_plan.tile_config import TileConfig, decode_tile_config
+    import dataclasses
+
+    for pack, split in ((4, False), (3, True)):  # no split classes; not a power of 2
+        with pytest.raises(ValueError, match="small_pack"):
+            TileConfig(small_m=16, small_n=48, big_m=32, big_n=16, num_warps=4, num_stages=1, min_kv_split_tokens=16,
+                       split_classes=split, small_pack=pack)
+    tile = dataclasses.replace(decode_tile_config(64, 3), small_pack=8, small_n=128)  # 16 rows hold 5 items of 3 heads
+    b = make_batch(SCENARIOS["decode_only"], num_heads=9, num_kv_heads=3, head_dim=64, block_size=16,
+                   dtype=torch.float32, device=device)
+    plan = build_prefix_shared_plan(**b.metadata_numpy(), block_size=16, num_kv_heads=3, num_heads=9, head_dim=64,
+                                    kv_split_tokens=16, tile=tile, num_sms=device_num_sms(device))
+    with pytest.raises(ValueError, match="small_pack 8"):
+        prefix_shared_attention(b.query, b.k_cache, b.v_cache, plan_to_device(plan, device), 0.125)
+
+
+def test_which_launches_pack_their_items(device):
+    """Only SMALL launches pack, never with a sliding window; an eager (not persistent) launch packs
+    only when none of its items is over small_pack_max_positions, a persistent one always (it runs
+    those first items one to a program)."""
+    import dataclasses
+
+    from batchllm.attention_plan.tile_config import decode_tile_config
+    from batchllm.ops.prefix_attention import small_pack
+
+    for max_positions, eager_pack in ((20, 1), (512, 4)):
+        tile = dataclasses.replace(decode_tile_config(64, 3), small_pack=4, small_n=64,
+                                   small_pack_max_positions=max_positions)
+        b, plan, ref = _merge_case(SCENARIOS["decode_only"], HEADS["gqa3_d64"], torch.float32, device, tile, 64)
+        device_plan = plan_to_device(plan, device)
+        assert device_plan.num_unpacked_small == plan.item_counts()[2] == (3 if max_positions == 20 else 0)
+        assert small_pack(device_plan, 1, None, persistent=False) == eager_pack
+        assert small_pack(device_plan, 1, None, persistent=True) == 4
+        assert small_pack(device_plan, 2, None, persistent=True) == small_pack(device_plan, 1, 8, persistent=True) == 1

@@ -221,7 +221,7 @@ def test_graph_layout_cuts_the_buffer_like_a_step_plan():
     assert list(views)[len(PLAN_ARRAYS):] == ["num_items", "work_small", "seq_lens"]
     assert views["work"].shape == (1088, 12) and views["block_tables"].shape == (16, 32)
     assert views["seq_lens"].shape == (16,)
-    assert views["merge_offsets"].shape == (17,) and views["num_items"].shape == (2,)
+    assert views["merge_offsets"].shape == (17,) and views["num_items"].shape == (3,)
     assert all(start % 4 == 0 for start in layout.starts)
     arrays = {"work": np.arange(36, dtype=np.int32).reshape(3, 12), "prefix_limit": np.arange(5, dtype=np.int32)}
     step = step_layout(arrays)

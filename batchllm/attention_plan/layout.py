@@ -61,7 +61,7 @@ def step_layout(arrays: dict) -> PlanBufferLayout:
 def graph_layout(num_rows: int, num_blocks: int, items_capacity: int, slots_capacity: int,
                  work_fields: int) -> PlanBufferLayout:
     """The static plan buffer of a decode CUDA graph: PLAN_ARRAYS at fixed capacities, the item
-    counts of its persistent launches ([2]: BIG then SMALL, or all items then none), and a second
+    counts of its persistent launches ([3]: PrefixSharedPlan.item_counts), and a second
     work list for the SMALL items of class-split launches (`work` then holds the BIG ones), and each
     row's KV positions (read by XQA decode graphs only: ops/xqa_decode.py)."""
     return PlanBufferLayout((
@@ -71,7 +71,7 @@ def graph_layout(num_rows: int, num_blocks: int, items_capacity: int, slots_capa
         ("merge_tokens", (num_rows,)),
         ("merge_offsets", (num_rows + 1,)),
         ("merge_slots", (slots_capacity,)),
-        ("num_items", (2,)),
+        ("num_items", (3,)),
         ("work_small", (items_capacity, work_fields)),
         ("seq_lens", (num_rows,)),
     ))

@@ -34,6 +34,14 @@ class TileConfig:
     # persistent grid of graph_programs_per_sm programs runs in one wave only if they all fit on
     # an SM at once (65536 registers: 128 each for 4 programs of 4 warps)
     small_max_registers: int | None = None
+    # With split_classes: the SMALL launch's items are one row each (segments of several rows get
+    # BIG tiles), this many to a program, each KV step reading small_n // small_pack positions of
+    # every one under a block-diagonal mask (ops/attention_kernels.py, _attend_packed); 1: one item
+    # a program, of up to small_m // group rows
+    small_pack: int = 1
+    # ... but SMALL items over this many KV positions still run one to a program (first in the
+    # list): packed, a step's few long items lose parallelism and gain no overlap
+    small_pack_max_positions: int = 512
     # How an FP8 cache's tiles reach the MMAs (ops/attention_kernels.py): "query", converted to the
     # query dtype; "float16", to float16 (FP8_AS_F16), by Triton's conversion, which Triton moves
     # after the tile's shared-memory load in the MMA operand layout (single-byte loads for V);
@@ -64,6 +72,10 @@ class TileConfig:
     def __post_init__(self) -> None:
         if self.fp8_conversion not in FP8_CONVERSIONS:
             raise ValueError(f"fp8_conversion must be one of {FP8_CONVERSIONS}, got {self.fp8_conversion!r}")
+        if self.small_pack > 1 and (not self.split_classes or self.small_pack & (self.small_pack - 1)
+                                    or self.small_n % self.small_pack):
+            raise ValueError(f"small_pack must be a power of 2 that divides small_n ({self.small_n}), with "
+                             f"split_classes; got {self.small_pack}")
 
     def causal_square_rows(self) -> int:
         """Least rows of a causal dense call (all its squares together); 0: none."""
@@ -106,8 +118,12 @@ def decode_tile_config(head_dim: int, group_size: int, interpret: bool | None = 
     kv_fp8: the row of a float8_e4m3fn cache (one byte a value), below."""
     # no dense calls in graphs
     base = replace(default_tile_config(head_dim, group_size, interpret), dense_min_rows=0, dense_causal_min_rows=0)
-    if base.small_n < 64:  # the interpreter's tiny config (CPU tests): only the split, and the FP8 row's MMAs
-        return replace(base, split_classes=True, fp8_conversion="float16_ptx_v" if kv_fp8 else "query")
+    if base.small_n < 64:  # the interpreter's tiny config (CPU tests): only the split, and the FP8 row's MMAs and packing
+        if not kv_fp8:
+            return replace(base, split_classes=True)
+        pack = _small_pack(base, group_size)
+        return replace(base, split_classes=True, fp8_conversion="float16_ptx_v", small_pack=pack,
+                       small_n=pack * base.small_n)
     bf16 = replace(base, split_classes=True, small_n=64, small_num_warps=4, small_num_stages=2)
     if not kv_fp8:
         return bf16
@@ -123,8 +139,17 @@ def decode_tile_config(head_dim: int, group_size: int, interpret: bool | None = 
     # BIG tiles (a group's prefix for its members) also step 128 positions (the bytes of the bf16
     # row's 64) over 3 stages: micro 2000/200 sd16's decode step (64 groups of 16 members over a
     # 2000-token prefix) 0.419 ms a layer against 0.464 with 64 and 2; no BIG items in plain decode.
-    return replace(bf16, small_n=128, min_kv_split_tokens=1024, small_max_registers=168, graph_programs_per_sm=3,
-                   small_num_stages=3, fp8_conversion="float16_ptx_v", big_n=128, num_stages=3)
+    fp8 = replace(bf16, small_n=128, min_kv_split_tokens=1024, small_max_registers=168, graph_programs_per_sm=3,
+                  small_num_stages=3, fp8_conversion="float16_ptx_v", big_n=128, num_stages=3)
+    if head_dim < 128 or _small_pack(fp8, group_size) == 1:
+        return fp8
+    # SMALL items of up to 512 positions 4 to a program (32 positions of each a step), 2 stages, 4
+    # programs of 128 registers an SM: on the H200, micro 2000/200 sd16's decode step (rows' own
+    # ranges of 200-280 positions) 0.361 ms a layer against 0.422, plain decode steps of 600 rows x
+    # 1,200 positions and 1,700 x 1,000 (their items one to a program) 0.538 and 1.230 against 0.547
+    # and 1.246; the SMALL launch alone on the shared step 0.220 against 0.277. On the bf16 cache the
+    # same packing gained at most 1% on the shared step and lost 2-4% on the plain ones.
+    return replace(fp8, small_pack=4, small_num_stages=2, graph_programs_per_sm=4, small_max_registers=128)
 
 
 def prefill_tile_config(head_dim: int, group_size: int, interpret: bool | None = None,
@@ -148,4 +173,15 @@ def prefill_tile_config(head_dim: int, group_size: int, interpret: bool | None =
                     dense_causal_min_rows=base.dense_causal_min_rows)
     if not kv_fp8:
         return split
-    return replace(split, small_max_registers=None if tiny else 128, fp8_conversion="float16_ptx_v")
+    # SMALL items 4 to a program when none is long (ops/prefix_attention.py, small_pack): on the H200
+    # the 128/128 step 1.14 ms against 1.33, the shared-prefix step 0.339 against 0.341; the 2048/128
+    # step's long decode rows keep the plain kernel. On the bf16 cache packing lost 18% on 128/128.
+    pack = _small_pack(split, group_size)
+    return replace(split, small_max_registers=None if tiny else 128, fp8_conversion="float16_ptx_v", small_pack=pack,
+                   small_n=pack * split.small_n if tiny else split.small_n)
+
+
+def _small_pack(tile: TileConfig, group_size: int) -> int:
+    """SMALL items to a program where a SMALL tile's rows hold 4 items' query heads (GQA groups of up
+    to 4 in 16 rows, as Llama-3.1-8B's), else 1: larger groups were not measured."""
+    return 4 if tile.small_m // group_size >= 4 else 1

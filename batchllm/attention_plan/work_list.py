@@ -99,6 +99,22 @@ class PrefixSharedPlan:
         big = self.work[:, F_SIZE_CLASS] == SIZE_BIG
         return self.work[big], self.work[~big]
 
+    def item_counts(self) -> np.ndarray:
+        """[3] int32, what persistent launches read on the device: the BIG items (all items
+        without split classes), the SMALL items (none), and the SMALL items that a packed launch
+        runs one to a program (num_unpacked_items)."""
+        big, small = self.class_lists()
+        return np.array([big.shape[0], small.shape[0], num_unpacked_items(small, self.tile)], np.int32)
+
+
+def num_unpacked_items(small: np.ndarray, tile: TileConfig) -> int:
+    """How many of a SMALL work list's first items a packed launch (tile.small_pack > 1) runs one to
+    a program: those over tile.small_pack_max_positions KV positions, which come first in the
+    list's cost order."""
+    if tile.small_pack == 1:
+        return 0
+    return int(((small[:, F_KV_END] - small[:, F_KV_START]) > tile.small_pack_max_positions).sum())
+
 
 @dataclass
 class _Tiles(Columns):
@@ -119,6 +135,8 @@ def _row_tiles(seg: Segments, prefix_limit: np.ndarray, tile: TileConfig, group_
     """Cut segments into row tiles; clip each tile's KV to what its rows see and drop the masks
     that no row needs."""
     small_rows, big_rows = max(1, tile.small_m // group_size), max(1, tile.big_m // group_size)
+    if tile.small_pack > 1:  # packed SMALL items are one row each
+        small_rows = 1
     rows_per_tile = np.where(seg.num_rows <= small_rows, small_rows, big_rows)
     segment, index = index_within(ceil_div(seg.num_rows, rows_per_tile))
     row_offset = index * rows_per_tile[segment]
@@ -140,7 +158,7 @@ def _row_tiles(seg: Segments, prefix_limit: np.ndarray, tile: TileConfig, group_
         tiles.kv_end[limited] = np.minimum(tiles.kv_end[limited], most)
         tiles.mask_mode[limited[least >= tiles.kv_end[limited]]] = MASK_NONE
     tiles = tiles.take(np.nonzero(tiles.kv_end > tiles.kv_start)[0])
-    tiles.size_class = np.where(tiles.num_rows * group_size <= tile.small_m, SIZE_SMALL, SIZE_BIG)
+    tiles.size_class = np.where(tiles.num_rows <= small_rows, SIZE_SMALL, SIZE_BIG)
     return tiles
 
 

@@ -197,6 +197,86 @@ def _attend_tile(
 
 
 @triton.jit
+def _attend_packed(
+    pack_id, num_items, work_ptr, q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr,
+    kv_head, qk_scale_log2, v_scale,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table,
+    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+    WORK_FIELDS: tl.constexpr, PACK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr, FP8_AS_F16: tl.constexpr, FP8_PTX: tl.constexpr,
+):
+    """PACK one-row, unmasked work items (items pack_id * PACK ...) x one KV head in one tile:
+    M holds BLOCK_M // PACK slots per item for its GQA heads (m -> item m // SLOT, head m % SLOT,
+    slots past GROUP padding), and each KV step reads BLOCK_N // PACK positions of every item
+    (n -> item n // SUB_N); a block-diagonal mask keeps each item's rows on its own positions.
+    The items' latency chains (work fields, table, first tiles) overlap in one pipelined loop
+    instead of running one after another."""
+    SUB_N: tl.constexpr = BLOCK_N // PACK
+    SLOT: tl.constexpr = BLOCK_M // PACK
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    item_m = pack_id * PACK + offs_m // SLOT
+    valid_m = (item_m < num_items) & (offs_m % SLOT < GROUP)
+    w_m = work_ptr + item_m.to(tl.int64) * WORK_FIELDS
+    token = tl.load(w_m + 0, mask=valid_m, other=0).to(tl.int64)
+    len_m = tl.load(w_m + 4, mask=valid_m, other=0) - tl.load(w_m + 3, mask=valid_m, other=0)
+    partial_base = tl.load(w_m + 9, mask=valid_m, other=-1)
+    head = kv_head * GROUP + tl.where(valid_m, offs_m % SLOT, 0)
+    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=valid_m[:, None], other=0.0)
+    if KV_FP8 and FP8_AS_F16:
+        q, qk_scale_log2 = _query_as_f16(q, qk_scale_log2)
+    # each KV column's item and its place among that item's positions of a step
+    item_n = pack_id * PACK + offs_n // SUB_N
+    valid_n = item_n < num_items
+    w_n = work_ptr + item_n.to(tl.int64) * WORK_FIELDS
+    table_n = (tables_ptr + tl.load(w_n + 2, mask=valid_n, other=0).to(tl.int64) * stride_table
+               + tl.load(w_n + 5, mask=valid_n, other=0))
+    start_n = tl.load(w_n + 3, mask=valid_n, other=0) + offs_n % SUB_N
+    end_n = tl.load(w_n + 4, mask=valid_n, other=0)
+    base_pos_n = tl.load(w_n + 6, mask=valid_n, other=0)
+    own = (offs_m // SLOT)[:, None] == (offs_n // SUB_N)[None, :]
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    head_off = kv_head * stride_ch
+    for step in range(0, tl.cdiv(tl.max(len_m, 0), SUB_N)):
+        pos = start_n + step * SUB_N
+        n_valid = pos < end_n
+        rel = pos - base_pos_n
+        block = tl.load(table_n + rel // PAGE, mask=n_valid, other=0).to(tl.int64)
+        kv_off = block * stride_cb + (rel % PAGE) * stride_cs + head_off
+        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)
+        if KV_FP8:
+            k = _from_e4m3(k, q.dtype, False)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
+        s = tl.where(own & n_valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)
+        if KV_FP8:
+            v = _from_e4m3(v, q.dtype, FP8_PTX)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    if KV_FP8:
+        o = (acc * v_scale) / l_safe[:, None]
+    else:
+        o = acc / l_safe[:, None]
+    direct = valid_m & (partial_base < 0)
+    tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=direct[:, None])
+    parted = valid_m & (partial_base >= 0)
+    slot = tl.where(parted, partial_base.to(tl.int64) * NUM_HEADS + head, 0)
+    tl.store(part_out_ptr + slot[:, None] * HEAD_DIM + offs_d[None, :], o, mask=parted[:, None])
+    tl.store(part_lse_ptr + slot, tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe)), mask=parted)
+
+
+@triton.jit
 def _lse_combine(m, l, acc, lse, part):
     """Fold one partial (normalised output `part`, base-2 LSE `lse`) into a running
     log-sum-exp merge (max m, weight sum l, weighted sum acc); -inf parts weigh nothing."""
@@ -252,11 +332,14 @@ def _work_item(
                      FP8_AS_F16, FP8_PTX, WINDOWED)
 
 
-# the block-table width changes from step to step: no recompiles on its divisibility by 16
-@triton.jit(do_not_specialize=["stride_table"])
+# the block-table width and the item count change from step to step: no recompiles on their
+# divisibility by 16
+@triton.jit(do_not_specialize=["stride_table", "num_work_items"])
 def work_list_attention_kernel(
     work_ptr,  # [num_items, WORK_FIELDS] int32
-    num_items_ptr,  # [1] int32: items of work_ptr to run (PERSISTENT; else never read)
+    num_items_ptr,  # [1] int32: items of work_ptr to run (PERSISTENT; else never read); [2] with
+    # SMALL_PACK: then how many of the first ones run one to a program
+    num_work_items,  # int: items of work_ptr (read only by a packed SMALL launch that is not PERSISTENT)
     q_ptr,  # [num_tokens, num_heads, head_dim]
     out_ptr,  # [num_tokens, num_heads, head_dim]
     part_out_ptr,  # [num_partial_slots, num_heads, head_dim] float32
@@ -274,6 +357,7 @@ def work_list_attention_kernel(
     SMALL_M: tl.constexpr, SMALL_N: tl.constexpr, BIG_M: tl.constexpr, BIG_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     CLASSES: tl.constexpr,  # 0: both tile classes (size_class per item); 1: SMALL only; 2: BIG only
+    SMALL_PACK: tl.constexpr,  # with CLASSES 1: one-row items this many to a program (_attend_packed)
     PERSISTENT: tl.constexpr,
     KV_FP8: tl.constexpr,  # the caches are float8_e4m3fn (dequantized in registers)
     FP8_AS_F16: tl.constexpr,  # with KV_FP8: float16 tiles and MMAs (else: the query dtype)
@@ -286,7 +370,36 @@ def work_list_attention_kernel(
     programs stride over the first *num_items_ptr items (CUDA graphs: the grid is frozen at
     capture, the item count is not, and a grid sized for the largest step would spend most of a
     small step launching no-op programs)."""
-    if PERSISTENT:
+    if CLASSES == 1 and SMALL_PACK > 1:
+        # the first num_unpacked items one to a program (_work_item), the rest SMALL_PACK to one;
+        # a launch that is not persistent packs them all
+        if PERSISTENT:
+            num_items = tl.load(num_items_ptr)
+            num_unpacked = tl.load(num_items_ptr + 1)
+        else:
+            num_items = num_work_items
+            num_unpacked = 0
+        GROUP: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
+        num_unpacked_programs = num_unpacked * NUM_KV_HEADS
+        num_programs = num_unpacked_programs + tl.cdiv(num_items - num_unpacked, SMALL_PACK) * NUM_KV_HEADS
+        first = tl.program_id(0)
+        step = tl.num_programs(0) if PERSISTENT else num_programs
+        for pid in tl.range(first, num_programs, step, num_stages=1):
+            if pid < num_unpacked_programs:
+                _work_item(pid, work_ptr, q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr,
+                           tables_ptr, limit_ptr, pos_ptr, qk_scale_log2, v_scale, window, stride_qt, stride_qh,
+                           stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table, NUM_KV_HEADS, NUM_HEADS,
+                           HEAD_DIM, PAGE, WORK_FIELDS, SMALL_M, SMALL_N, BIG_M, BIG_N, DOT_PRECISION, CLASSES, KV_FP8,
+                           FP8_AS_F16, FP8_PTX, WINDOWED)
+            else:
+                packed = pid - num_unpacked_programs
+                _attend_packed(packed // NUM_KV_HEADS, num_items - num_unpacked,
+                               work_ptr + num_unpacked.to(tl.int64) * WORK_FIELDS, q_ptr, out_ptr, part_out_ptr,
+                               part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, packed % NUM_KV_HEADS,
+                               qk_scale_log2, v_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_cb,
+                               stride_cs, stride_ch, stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, WORK_FIELDS,
+                               SMALL_PACK, SMALL_M, SMALL_N, DOT_PRECISION, KV_FP8, FP8_AS_F16, FP8_PTX)
+    elif PERSISTENT:
         num_programs = tl.load(num_items_ptr) * NUM_KV_HEADS
         for pid in tl.range(tl.program_id(0), num_programs, tl.num_programs(0), num_stages=1):
             _work_item(pid, work_ptr, q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr,

@@ -13,7 +13,7 @@ import torch
 from batchllm.attention_plan.layout import PLAN_ARRAYS, step_layout
 from batchllm.attention_plan.segments import ceil_div
 from batchllm.attention_plan.tile_config import TileConfig
-from batchllm.attention_plan.work_list import PrefixSharedPlan
+from batchllm.attention_plan.work_list import PrefixSharedPlan, num_unpacked_items
 from batchllm.ops.transfer import Upload, to_device
 
 
@@ -76,7 +76,7 @@ class PrefixSharedPlanOnDevice:
     # Persistent launch (CUDA graphs): a grid of `persistent_programs` programs runs the first
     # `num_items[0]` items of `work` (the rest is padding); with tile.split_classes, the first
     # num_items[0] of `work_big` and num_items[1] of `work_small`. 0: one program per item.
-    num_items: torch.Tensor | None = None  # [1] (split_classes: [2]) int32 on the device
+    num_items: torch.Tensor | None = None  # [3] int32 on the device (PrefixSharedPlan.item_counts)
     persistent_programs: int = 0
     # tile.split_classes: the BIG and the SMALL items of `work`, each in work order
     work_big: torch.Tensor | None = None
@@ -89,6 +89,9 @@ class PrefixSharedPlanOnDevice:
     lead_seq_lens: torch.Tensor | None = None
     # runs `dense` in place of the library kernel (prepared once per step), or None
     dense_runner: DenseCallRunner | None = None
+    # the items of work_small that a packed SMALL launch runs one to a program, the first ones
+    # (work_list.num_unpacked_items; a persistent launch reads them from num_items[2])
+    num_unpacked_small: int = 0
 
 
 def plan_to_device(plan: PrefixSharedPlan, device: torch.device | str,
@@ -97,8 +100,10 @@ def plan_to_device(plan: PrefixSharedPlan, device: torch.device | str,
     done once per step, used by every layer. upload: how the buffer travels (the runner's
     PinnedStaging.upload); None: a one-off pinned copy."""
     arrays = {name: np.asarray(getattr(plan, name), dtype=np.int32) for name in PLAN_ARRAYS}
+    num_unpacked_small = 0
     if plan.tile.split_classes:
         arrays["work_big"], arrays["work_small"] = plan.class_lists()
+        num_unpacked_small = num_unpacked_items(arrays["work_small"], plan.tile)
     if plan.lead_seq_lens.size:
         arrays["lead_seq_lens"] = plan.lead_seq_lens
     layout = step_layout(arrays)
@@ -109,7 +114,8 @@ def plan_to_device(plan: PrefixSharedPlan, device: torch.device | str,
     return PrefixSharedPlanOnDevice(
         **views, lead_seq_lens=lead_seq_lens, num_partial_slots=plan.num_partial_slots, num_tokens=plan.num_tokens,
         num_heads=plan.num_heads, num_kv_heads=plan.num_kv_heads, block_size=plan.block_size, tile=plan.tile,
-        dense=dense_calls_on(plan.dense, views["block_tables"], plan.block_size))
+        dense=dense_calls_on(plan.dense, views["block_tables"], plan.block_size),
+        num_unpacked_small=num_unpacked_small)
 
 
 def dense_calls_on(dense: np.ndarray, block_tables: torch.Tensor, block_size: int) -> tuple[DenseCall, ...]:

@@ -44,9 +44,24 @@ def _validate(query, k_cache, v_cache, plan: PrefixSharedPlanOnDevice, k_scale: 
           f"query/cache dtypes differ: {query.dtype} / {k_cache.dtype} (a cache is in the query dtype or "
           "float8_e4m3fn)")
     check_kv_scales(k_scale, v_scale, k_cache.dtype)
+    tile = plan.tile
+    check(tile.small_pack == 1 or tile.small_m // (num_heads // plan.num_kv_heads) >= tile.small_pack,
+          f"small_pack {tile.small_pack} needs small_m {tile.small_m} to hold that many items' "
+          f"{num_heads // plan.num_kv_heads} query heads")
     check(query.stride(-1) == 1 and k_cache.stride(-1) == 1, "query and caches must be contiguous in head_dim")
     check(k_cache.stride() == v_cache.stride(), "k_cache and v_cache must share strides")
     check(query.device == k_cache.device == plan.work.device, "query, caches and plan must be on one device")
+
+
+def small_pack(plan, classes: int, window: int | None, persistent: bool) -> int:
+    """Items to a program of a launch: tile.small_pack for a launch of SMALL items only (whose
+    items the plan made one row each, unmasked) without a sliding window, else 1. A launch that is
+    not persistent (an eager step's) packs only when none of its items is long: with some, its
+    long items run one to a program in the packed kernel, whose variant of that path ran the
+    decode rows of a 2048/128 step 4% slower than the plain kernel on the H200."""
+    if classes != 1 or window or (not persistent and plan.num_unpacked_small):
+        return 1
+    return plan.tile.small_pack
 
 
 def launch_arguments(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale, classes: int = 0,
@@ -69,7 +84,7 @@ def launch_arguments(work, query, k_cache, v_cache, plan, out, part_out, part_ls
     kv_fp8 = is_fp8(k_cache.dtype)
     args = (
         # without a persistent launch the item-count pointer is never read
-        work, num_items if persistent else work,
+        work, num_items if persistent else work, work.shape[0],
         query, out, part_out, part_lse, k_cache, v_cache, plan.block_tables, plan.prefix_limit,
         positions if window else plan.prefix_limit,  # without a window the positions are never read
         float(scale) * float(k_scale) * LOG2_E, float(v_scale), window or 0,
@@ -79,6 +94,7 @@ def launch_arguments(work, query, k_cache, v_cache, plan, out, part_out, part_ls
         NUM_KV_HEADS=plan.num_kv_heads, NUM_HEADS=plan.num_heads, HEAD_DIM=query.shape[2],
         PAGE=plan.block_size, WORK_FIELDS=WORK_FIELDS, SMALL_M=small[0], SMALL_N=small[1], BIG_M=big[0],
         BIG_N=big[1], DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", CLASSES=classes,
+        SMALL_PACK=small_pack(plan, classes, window, persistent),
         PERSISTENT=persistent, KV_FP8=kv_fp8, FP8_AS_F16=kv_fp8 and tile.fp8_conversion != "query",
         FP8_PTX=kv_fp8 and tile.fp8_conversion == "float16_ptx_v" and query.is_cuda,  # (the interpreter runs no PTX)
         WINDOWED=bool(window), num_warps=num_warps, num_stages=num_stages, maxnreg=max_registers,
@@ -90,7 +106,8 @@ def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, 
                   classes: int = 0, num_items=None, window: int | None = None, positions=None,
                   k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """One launch over `work`. classes: 0 both tile classes, 1 SMALL items only, 2 BIG only.
-    num_items: [1] int32 device count of the items of `work` to run, by a persistent launch of
+    num_items: [1] int32 device count of the items of `work` to run (a packed SMALL launch: [2], and
+    how many of the first ones run one to a program), by a persistent launch of
     plan.persistent_programs programs (CUDA graphs), fewer where an SM holds fewer of them at once
     (the rest would run as a second wave); None: one program per item of `work`.
     k_scale / v_scale: a float8_e4m3fn cache's scales (K's folds into the softmax scale)."""
@@ -99,7 +116,8 @@ def _launch_items(work, query, k_cache, v_cache, plan, out, part_out, part_lse, 
         return
     args, constants = launch_arguments(work, query, k_cache, v_cache, plan, out, part_out, part_lse, scale, classes,
                                        num_items, window, positions, k_scale, v_scale)
-    grid = (plan.persistent_programs if persistent else work.shape[0] * plan.num_kv_heads,)
+    num_programs = -(-work.shape[0] // constants["SMALL_PACK"]) * plan.num_kv_heads
+    grid = (plan.persistent_programs if persistent else num_programs,)
     if persistent and query.is_cuda:
         compiled = work_list_attention_kernel.warmup(*args, grid=grid, **constants)
         grid = (min(grid[0], device_num_sms(query.device) * kernel_programs_per_sm(compiled, query.device)),)
@@ -110,8 +128,8 @@ def _work_lists(plan) -> list[tuple]:
     """(work, classes, num_items) of each launch of `plan` (see _launch_items)."""
     persistent = plan.persistent_programs > 0 and plan.num_items is not None
     if plan.tile.split_classes and plan.work_big is not None:  # two class-specialised launches
-        if persistent:  # num_items holds [BIG count, SMALL count]
-            return [(plan.work_big, 2, plan.num_items[0:1]), (plan.work_small, 1, plan.num_items[1:2])]
+        if persistent:  # num_items holds [BIG count, SMALL count, SMALL items not packed]
+            return [(plan.work_big, 2, plan.num_items[0:1]), (plan.work_small, 1, plan.num_items[1:3])]
         return [(plan.work_big, 2, None), (plan.work_small, 1, None)]
     return [(plan.work, 0, plan.num_items[0:1] if persistent else None)]
 

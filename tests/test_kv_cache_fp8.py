@@ -335,18 +335,16 @@ def test_float16_mmas_scale_the_query_tile_into_range(device, magnitude):
 def test_fp8_decode_row_on_the_gpu_table():
     """A float8_e4m3fn cache's decode tiles: the bf16 row's, with SMALL steps of 128 positions
     (the bytes of the bf16 row's 64) and split-KV pieces of at least 1024, float16 MMAs with V
-    converted by PTX; on heads of 128 in GQA groups of up to 4, SMALL items of up to 512
-    positions 4 to a program over 2 stages and 4 programs of 128 registers per SM, else 3 stages
-    and 3 programs of 168 registers; BIG tiles in steps of 128 positions over 3 stages (values
-    written out)."""
+    converted by PTX, 3 programs per SM; on heads of 128 in GQA groups of up to 4, SMALL items of
+    up to 512 positions 4 to a program over 2 stages and 128 registers, else 3 stages and 168
+    registers; BIG tiles in steps of 128 positions over 3 stages (values written out)."""
     from batchllm.attention_plan.tile_config import decode_tile_config
 
     bf16 = decode_tile_config(128, 4, interpret=False)
     unpacked = replace(bf16, small_n=128, min_kv_split_tokens=1024, small_max_registers=168, graph_programs_per_sm=3,
                        small_num_stages=3, fp8_conversion="float16_ptx_v", big_n=128, num_stages=3)
     assert decode_tile_config(128, 4, interpret=False, kv_fp8=True) == replace(
-        unpacked, small_pack=4, small_pack_max_positions=512, small_num_stages=2, graph_programs_per_sm=4,
-        small_max_registers=128)
+        unpacked, small_pack=4, small_pack_max_positions=512, small_num_stages=2, small_max_registers=128)
     assert decode_tile_config(128, 8, interpret=False, kv_fp8=True) == replace(
         unpacked, small_m=16, big_m=64)  # Llama-3.1-70B's groups of 8: not packed
     assert decode_tile_config(64, 3, interpret=False, kv_fp8=True).small_pack == 1

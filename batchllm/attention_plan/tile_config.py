@@ -143,13 +143,14 @@ def decode_tile_config(head_dim: int, group_size: int, interpret: bool | None = 
                   small_num_stages=3, fp8_conversion="float16_ptx_v", big_n=128, num_stages=3)
     if head_dim < 128 or _small_pack(fp8, group_size) == 1:
         return fp8
-    # SMALL items of up to 512 positions 4 to a program (32 positions of each a step), 2 stages, 4
-    # programs of 128 registers an SM: on the H200, micro 2000/200 sd16's decode step (rows' own
-    # ranges of 200-280 positions) 0.361 ms a layer against 0.422, plain decode steps of 600 rows x
-    # 1,200 positions and 1,700 x 1,000 (their items one to a program) 0.538 and 1.230 against 0.547
-    # and 1.246; the SMALL launch alone on the shared step 0.220 against 0.277. On the bf16 cache the
-    # same packing gained at most 1% on the shared step and lost 2-4% on the plain ones.
-    return replace(fp8, small_pack=4, small_num_stages=2, graph_programs_per_sm=4, small_max_registers=128)
+    # SMALL items of up to 512 positions 4 to a program (32 positions of each a step), 2 stages, 128
+    # registers (3 programs an SM: shared memory holds no 4th): on the H200, micro 2000/200 sd16's
+    # decode step (rows' own ranges of 200-280 positions) 0.360 ms a layer against 0.422, plain decode
+    # steps of 600 rows x 1,200 positions and 1,700 x 1,000 (their items one to a program) 0.537 and
+    # 1.228 against 0.547 and 1.246; the SMALL launch alone on the shared step 0.217 against 0.277.
+    # On the bf16 cache the same packing gained at most 1% on the shared step and lost 2-4% on the
+    # plain ones.
+    return replace(fp8, small_pack=4, small_num_stages=2, small_max_registers=128)
 
 
 def prefill_tile_config(head_dim: int, group_size: int, interpret: bool | None = None,

@@ -215,27 +215,32 @@ def test_class_split_launches_match_reference(device, scenario):
 @pytest.mark.parametrize("scenario", ["prefix_with_first_chunk", "mixed_ragged"])
 def test_persistent_class_split_launches_match_reference(device, scenario):
     """The CUDA-graph decode path: BIG and SMALL items in two padded lists, their counts on the
-    device ([BIG, SMALL]), one persistent class-specialised launch each."""
-    import dataclasses
-
+    device, one persistent class-specialised launch each."""
     from batchllm.attention_plan.tile_config import decode_tile_config
-    from batchllm.attention_plan.work_list import F_KV_END, F_KV_START
 
     tile = decode_tile_config(64, 3)
     assert tile.split_classes
     b, plan, ref = _merge_case(SCENARIOS[scenario], HEADS["gqa3_d64"], torch.float32, device, tile, 16)
     big, small = plan.class_lists()
     assert big.shape[0] > 0 and small.shape[0] > 0
-    padded = []
-    for items in (big, small):
-        poison = items.copy()
-        poison[:, F_KV_END] = poison[:, F_KV_START] + 1  # padding that would corrupt rows if run
-        padded.append(torch.from_numpy(np.concatenate([items, poison, poison])).to(device))
-    counts = torch.from_numpy(plan.item_counts()).to(device)
-    persistent = dataclasses.replace(plan_to_device(plan, device), work_big=padded[0], work_small=padded[1], num_items=counts,
-                                     persistent_programs=2)
-    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, persistent, 64 ** -0.5)
+    out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, _persistent_split_plan(plan, device), 64 ** -0.5)
     torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)
+
+
+def _persistent_split_plan(plan, device):
+    """The plan's BIG and SMALL lists padded with items that would corrupt rows if they ran, their
+    counts on the device ([BIG, SMALL, SMALL not packed]), persistent launches of 2 programs."""
+    import dataclasses
+
+    from batchllm.attention_plan.work_list import F_KV_END, F_KV_START
+
+    padded = []
+    for items in plan.class_lists():
+        poison = items.copy()
+        poison[:, F_KV_END] = poison[:, F_KV_START] + 1  # one KV position instead of the item's range
+        padded.append(torch.from_numpy(np.concatenate([items, poison, poison])).to(device))
+    return dataclasses.replace(plan_to_device(plan, device), work_big=padded[0], work_small=padded[1],
+                               num_items=torch.from_numpy(plan.item_counts()).to(device), persistent_programs=2)
 
 
 @pytest.mark.gpu
@@ -649,21 +654,12 @@ def test_packed_small_launch_matches_reference(device, scenario, pack, persisten
     tile = dataclasses.replace(decode_tile_config(64, 3), small_pack=pack, small_n=16 * pack,
                                small_pack_max_positions=max_positions)
     b, plan, ref = _merge_case(SCENARIOS[scenario], HEADS["gqa3_d64"], torch.float32, device, tile, 64)
-    big, small = plan.class_lists()
+    _, small = plan.class_lists()
     assert (small[:, F_Q_COUNT] == 1).all() and (small[:, F_MASK_MODE] == MASK_NONE).all()
     kv_len = small[:, F_KV_END] - small[:, F_KV_START]
     num_unpacked = int(plan.item_counts()[2])
     assert (kv_len[:num_unpacked] > max_positions).all() and (kv_len[num_unpacked:] <= max_positions).all()
-    device_plan = plan_to_device(plan, device)
-    if persistent:
-        padded = []
-        for items in (big, small):
-            poison = items.copy()
-            poison[:, F_KV_END] = poison[:, F_KV_START] + 1  # padding that would corrupt rows if run
-            padded.append(torch.from_numpy(np.concatenate([items, poison, poison])).to(device))
-        counts = torch.from_numpy(plan.item_counts()).to(device)
-        device_plan = dataclasses.replace(device_plan, work_big=padded[0], work_small=padded[1], num_items=counts,
-                                          persistent_programs=2)
+    device_plan = _persistent_split_plan(plan, device) if persistent else plan_to_device(plan, device)
     out = prefix_shared_attention(b.query, b.k_cache, b.v_cache, device_plan, 64 ** -0.5)
     torch.testing.assert_close(out.float(), ref, atol=2e-5, rtol=2e-5)
 

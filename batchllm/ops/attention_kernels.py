@@ -370,43 +370,33 @@ def work_list_attention_kernel(
     programs stride over the first *num_items_ptr items (CUDA graphs: the grid is frozen at
     capture, the item count is not, and a grid sized for the largest step would spend most of a
     small step launching no-op programs)."""
-    if CLASSES == 1 and SMALL_PACK > 1:
-        # the first num_unpacked items one to a program (_work_item), the rest SMALL_PACK to one;
-        # a launch that is not persistent packs them all
-        if PERSISTENT:
-            num_items = tl.load(num_items_ptr)
-            num_unpacked = tl.load(num_items_ptr + 1)
-        else:
-            num_items = num_work_items
-            num_unpacked = 0
-        GROUP: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
+    PACKED: tl.constexpr = CLASSES == 1 and SMALL_PACK > 1
+    if PERSISTENT or PACKED:
+        # a packed launch runs its first num_unpacked items one to a program (_work_item), the rest
+        # SMALL_PACK to one; one that is not persistent packs them all
+        num_items = tl.load(num_items_ptr) if PERSISTENT else num_work_items
+        num_unpacked = num_items
+        if PACKED:
+            num_unpacked = tl.load(num_items_ptr + 1) if PERSISTENT else 0
         num_unpacked_programs = num_unpacked * NUM_KV_HEADS
         num_programs = num_unpacked_programs + tl.cdiv(num_items - num_unpacked, SMALL_PACK) * NUM_KV_HEADS
-        first = tl.program_id(0)
         step = tl.num_programs(0) if PERSISTENT else num_programs
-        for pid in tl.range(first, num_programs, step, num_stages=1):
+        for pid in tl.range(tl.program_id(0), num_programs, step, num_stages=1):
             if pid < num_unpacked_programs:
                 _work_item(pid, work_ptr, q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr,
                            tables_ptr, limit_ptr, pos_ptr, qk_scale_log2, v_scale, window, stride_qt, stride_qh,
                            stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table, NUM_KV_HEADS, NUM_HEADS,
                            HEAD_DIM, PAGE, WORK_FIELDS, SMALL_M, SMALL_N, BIG_M, BIG_N, DOT_PRECISION, CLASSES, KV_FP8,
                            FP8_AS_F16, FP8_PTX, WINDOWED)
-            else:
+            elif PACKED:
                 packed = pid - num_unpacked_programs
                 _attend_packed(packed // NUM_KV_HEADS, num_items - num_unpacked,
                                work_ptr + num_unpacked.to(tl.int64) * WORK_FIELDS, q_ptr, out_ptr, part_out_ptr,
                                part_lse_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, packed % NUM_KV_HEADS,
                                qk_scale_log2, v_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_cb,
-                               stride_cs, stride_ch, stride_table, NUM_HEADS, GROUP, HEAD_DIM, PAGE, WORK_FIELDS,
-                               SMALL_PACK, SMALL_M, SMALL_N, DOT_PRECISION, KV_FP8, FP8_AS_F16, FP8_PTX)
-    elif PERSISTENT:
-        num_programs = tl.load(num_items_ptr) * NUM_KV_HEADS
-        for pid in tl.range(tl.program_id(0), num_programs, tl.num_programs(0), num_stages=1):
-            _work_item(pid, work_ptr, q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr,
-                       tables_ptr, limit_ptr, pos_ptr, qk_scale_log2, v_scale, window, stride_qt, stride_qh,
-                       stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_table, NUM_KV_HEADS, NUM_HEADS,
-                       HEAD_DIM, PAGE, WORK_FIELDS, SMALL_M, SMALL_N, BIG_M, BIG_N, DOT_PRECISION, CLASSES, KV_FP8,
-                       FP8_AS_F16, FP8_PTX, WINDOWED)
+                               stride_cs, stride_ch, stride_table, NUM_HEADS, NUM_HEADS // NUM_KV_HEADS, HEAD_DIM,
+                               PAGE, WORK_FIELDS, SMALL_PACK, SMALL_M, SMALL_N, DOT_PRECISION, KV_FP8, FP8_AS_F16,
+                               FP8_PTX)
     else:
         _work_item(tl.program_id(0), work_ptr, q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr,
                    v_cache_ptr, tables_ptr, limit_ptr, pos_ptr, qk_scale_log2, v_scale, window, stride_qt,

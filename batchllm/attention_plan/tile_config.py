@@ -176,7 +176,7 @@ def prefill_tile_config(head_dim: int, group_size: int, interpret: bool | None =
         return split
     # SMALL items 4 to a program when none is long (ops/prefix_attention.py, small_pack): on the H200
     # the 128/128 step 1.14 ms against 1.33, the shared-prefix step 0.339 against 0.341; the 2048/128
-    # step's long decode rows keep the plain kernel. On the bf16 cache packing lost 18% on 128/128.
+    # step's long decode rows keep the plain kernel. On the bf16 cache packing lost 18-19% on 128/128.
     pack = _small_pack(split, group_size)
     return replace(split, small_max_registers=None if tiny else 128, fp8_conversion="float16_ptx_v", small_pack=pack,
                    small_n=pack * split.small_n if tiny else split.small_n)

@@ -75,7 +75,8 @@ class PrefixSharedPlanOnDevice:
     tile: TileConfig
     # Persistent launch (CUDA graphs): a grid of `persistent_programs` programs runs the first
     # `num_items[0]` items of `work` (the rest is padding); with tile.split_classes, the first
-    # num_items[0] of `work_big` and num_items[1] of `work_small`. 0: one program per item.
+    # num_items[0] of `work_big` and num_items[1] of `work_small`, of which a packed launch runs the
+    # first num_items[2] one to a program. 0: one program per item.
     num_items: torch.Tensor | None = None  # [3] int32 on the device (PrefixSharedPlan.item_counts)
     persistent_programs: int = 0
     # tile.split_classes: the BIG and the SMALL items of `work`, each in work order

@@ -345,8 +345,7 @@ def test_fp8_decode_row_on_the_gpu_table():
                        small_num_stages=3, fp8_conversion="float16_ptx_v", big_n=128, num_stages=3)
     assert decode_tile_config(128, 4, interpret=False, kv_fp8=True) == replace(
         unpacked, small_pack=4, small_pack_max_positions=512, small_num_stages=2, small_max_registers=128)
-    assert decode_tile_config(128, 8, interpret=False, kv_fp8=True) == replace(
-        unpacked, small_m=16, big_m=64)  # Llama-3.1-70B's groups of 8: not packed
+    assert decode_tile_config(128, 8, interpret=False, kv_fp8=True) == unpacked  # Llama-3.1-70B's groups of 8
     assert decode_tile_config(64, 3, interpret=False, kv_fp8=True).small_pack == 1
     assert (bf16.small_n, bf16.big_n, bf16.num_stages, bf16.small_max_registers, bf16.fp8_conversion,
             bf16.graph_programs_per_sm, bf16.small_pack) == (64, 64, 2, None, "query", 4, 1)

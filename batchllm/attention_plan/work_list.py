@@ -99,11 +99,11 @@ class PrefixSharedPlan:
         big = self.work[:, F_SIZE_CLASS] == SIZE_BIG
         return self.work[big], self.work[~big]
 
-    def item_counts(self) -> np.ndarray:
+    def item_counts(self, lists: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         """[3] int32, what persistent launches read on the device: the BIG items (all items
         without split classes), the SMALL items (none), and the SMALL items that a packed launch
-        runs one to a program (num_unpacked_items)."""
-        big, small = self.class_lists()
+        runs one to a program (num_unpacked_items). lists: class_lists(), where the caller has it."""
+        big, small = self.class_lists() if lists is None else lists
         return np.array([big.shape[0], small.shape[0], num_unpacked_items(small, self.tile)], np.int32)
 
 

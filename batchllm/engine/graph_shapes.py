@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from batchllm.attention_plan.work_list import PrefixSharedPlan, num_unpacked_items
+from batchllm.attention_plan.work_list import PrefixSharedPlan
 from batchllm.engine.step_inputs import StepInputs
 from batchllm.ops.transfer import PinnedStaging, Staged
 
@@ -112,7 +112,7 @@ def fill_decode_plan(host: dict[str, np.ndarray], plan: PrefixSharedPlan, lists:
     the real items), zero block tables and prefix limits past the step's, padded merges that
     write the spare last row, and the KV positions of the plan's lead rows (XQA's: every row of an
     XQA graph's step), 1 past them (a padded row reads position 0 of block 0)."""
-    host["num_items"][:] = (lists[0].shape[0], lists[1].shape[0], num_unpacked_items(lists[1], plan.tile))
+    host["num_items"][:] = plan.item_counts(lists)
     for name, items in (("work", lists[0]), ("work_small", lists[1])):
         host[name][:items.shape[0]] = items  # (the persistent launch never reads past num_items)
     tables = host["block_tables"]

@@ -49,6 +49,59 @@ def _from_e4m3(x, dtype: tl.constexpr, PTX: tl.constexpr):
 
 
 @triton.jit
+def _kv_offsets(blocks_ptr, rel, n_valid, head_off, stride_cb, stride_cs, PAGE: tl.constexpr, MASKED: tl.constexpr):
+    """Cache offsets of one KV step's positions, `rel` counted from the table entry at blocks_ptr;
+    MASKED: positions off n_valid read table entry 0."""
+    if MASKED:
+        block = tl.load(blocks_ptr + rel // PAGE, mask=n_valid, other=0).to(tl.int64)
+    else:
+        block = tl.load(blocks_ptr + rel // PAGE).to(tl.int64)
+    return block * stride_cb + (rel % PAGE) * stride_cs + head_off
+
+
+@triton.jit
+def _qk_scores(q, k_cache_ptr, kv_off, n_valid, qk_scale_log2, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+               KV_FP8: tl.constexpr, MASKED: tl.constexpr):
+    """Base-2 scores [BLOCK_M, BLOCK_N] of the query tile against the K tile at kv_off (MASKED:
+    positions off n_valid are not read)."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    if MASKED:
+        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)
+    else:
+        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :])
+    if KV_FP8:  # dequantize: the K scale is in qk_scale_log2
+        k = _from_e4m3(k, q.dtype, False)
+    return tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
+
+
+@triton.jit
+def _softmax_update(
+    s, m_i, l_i, acc, v_cache_ptr, kv_off, n_valid, dtype: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr, FP8_PTX: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """The online-softmax step of scores s (masked ones -inf) over the V tile at kv_off. MASKED:
+    positions off n_valid are not read, and a row that has seen no position keeps zero weight."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    if MASKED:
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_safe = m_new
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if MASKED:
+        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)
+    else:
+        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :])
+    if KV_FP8:  # dequantize: the V scale multiplies the output (_normalised)
+        v = _from_e4m3(v, dtype, FP8_PTX)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _kv_steps(
     q, m_i, l_i, acc, limit, first, k_cache_ptr, v_cache_ptr, table_row, head_off, base_block, base_pos,
     n_begin, n_end, kv_end, qk_scale_log2, stride_cb, stride_cs,
@@ -59,45 +112,36 @@ def _kv_steps(
     positions in [first, limit) (WINDOWED; else [0, limit), and `first` is never read).
     MASKED=False: every packed row sees every position of the range (no bounds or limit checks,
     no -inf guard)."""
-    offs_d = tl.arange(0, HEAD_DIM)
     for n0 in range(n_begin, n_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        rel = offs_n - base_pos  # position relative to the range's first block
-        if MASKED:
-            n_valid = offs_n < kv_end
-            block = tl.load(table_row + base_block + rel // PAGE, mask=n_valid, other=0).to(tl.int64)
-        else:
-            block = tl.load(table_row + base_block + rel // PAGE).to(tl.int64)
-        kv_off = block * stride_cb + (rel % PAGE) * stride_cs + head_off  # [BLOCK_N]
-        if MASKED:
-            k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)
-        else:
-            k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :])
-        if KV_FP8:  # dequantize: the K scale is in qk_scale_log2
-            k = _from_e4m3(k, q.dtype, False)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2  # [BLOCK_M, BLOCK_N]
+        n_valid = offs_n < kv_end  # read only when MASKED
+        kv_off = _kv_offsets(table_row + base_block, offs_n - base_pos, n_valid, head_off, stride_cb, stride_cs,
+                             PAGE, MASKED)
+        s = _qk_scores(q, k_cache_ptr, kv_off, n_valid, qk_scale_log2, HEAD_DIM, DOT_PRECISION, KV_FP8, MASKED)
         if MASKED:
             visible = offs_n[None, :] < limit[:, None]
             if WINDOWED:
                 visible = visible & (offs_n[None, :] >= first[:, None])
             s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = m_new
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if MASKED:
-            v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)
-        else:
-            v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :])
-        if KV_FP8:  # dequantize: the V scale multiplies the output (_attend_tile)
-            v = _from_e4m3(v, q.dtype, FP8_PTX)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _softmax_update(s, m_i, l_i, acc, v_cache_ptr, kv_off, n_valid, q.dtype, HEAD_DIM,
+                                        DOT_PRECISION, KV_FP8, FP8_PTX, MASKED)
     return m_i, l_i, acc
+
+
+@triton.jit
+def _normalised(acc, l_i, v_scale, KV_FP8: tl.constexpr):
+    """The rows' outputs, the V scale applied (zero for a row that saw no position)."""
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    if KV_FP8:
+        return (acc * v_scale) / l_safe[:, None]
+    else:
+        return acc / l_safe[:, None]
+
+
+@triton.jit
+def _lse2(m_i, l_i):
+    """The rows' base-2 log-sum-exp (-inf for a row that saw no position)."""
+    return tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(tl.where(l_i == 0.0, 1.0, l_i)))
 
 
 @triton.jit
@@ -181,19 +225,14 @@ def _attend_tile(
                               base_block, base_pos, full_end, hi, kv_end, qk_scale_log2, stride_cb, stride_cs,
                               HEAD_DIM, PAGE, BLOCK_N, DOT_PRECISION, KV_FP8, FP8_PTX, True, WINDOWED)
 
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    if KV_FP8:
-        o = (acc * v_scale) / l_safe[:, None]
-    else:
-        o = acc / l_safe[:, None]
+    o = _normalised(acc, l_i, v_scale, KV_FP8)
     if partial_base < 0:
         tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=m_valid[:, None])
     else:
         slot = (partial_base + row).to(tl.int64) * NUM_HEADS + head  # [BLOCK_M]
         tl.store(part_out_ptr + slot[:, None] * HEAD_DIM + offs_d[None, :], o, mask=m_valid[:, None])
-        lse2 = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
-        tl.store(part_lse_ptr + slot, lse2, mask=m_valid)
+        tl.store(part_lse_ptr + slot, _lse2(m_i, l_i), mask=m_valid)
 
 
 @triton.jit
@@ -244,36 +283,19 @@ def _attend_packed(
     for step in range(0, tl.cdiv(tl.max(len_m, 0), SUB_N)):
         pos = start_n + step * SUB_N
         n_valid = pos < end_n
-        rel = pos - base_pos_n
-        block = tl.load(table_n + rel // PAGE, mask=n_valid, other=0).to(tl.int64)
-        kv_off = block * stride_cb + (rel % PAGE) * stride_cs + head_off
-        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)
-        if KV_FP8:
-            k = _from_e4m3(k, q.dtype, False)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
+        kv_off = _kv_offsets(table_n, pos - base_pos_n, n_valid, head_off, stride_cb, stride_cs, PAGE, True)
+        s = _qk_scores(q, k_cache_ptr, kv_off, n_valid, qk_scale_log2, HEAD_DIM, DOT_PRECISION, KV_FP8, True)
         s = tl.where(own & n_valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)
-        if KV_FP8:
-            v = _from_e4m3(v, q.dtype, FP8_PTX)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    if KV_FP8:
-        o = (acc * v_scale) / l_safe[:, None]
-    else:
-        o = acc / l_safe[:, None]
+        m_i, l_i, acc = _softmax_update(s, m_i, l_i, acc, v_cache_ptr, kv_off, n_valid, q.dtype, HEAD_DIM,
+                                        DOT_PRECISION, KV_FP8, FP8_PTX, True)
+    o = _normalised(acc, l_i, v_scale, KV_FP8)
     direct = valid_m & (partial_base < 0)
     tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
              o.to(out_ptr.dtype.element_ty), mask=direct[:, None])
     parted = valid_m & (partial_base >= 0)
     slot = tl.where(parted, partial_base.to(tl.int64) * NUM_HEADS + head, 0)
     tl.store(part_out_ptr + slot[:, None] * HEAD_DIM + offs_d[None, :], o, mask=parted[:, None])
-    tl.store(part_lse_ptr + slot, tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe)), mask=parted)
+    tl.store(part_lse_ptr + slot, _lse2(m_i, l_i), mask=parted)
 
 
 @triton.jit

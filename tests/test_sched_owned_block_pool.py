@@ -45,3 +45,13 @@ def test_double_frees_are_refused():
     pool.free(held)
     with pytest.raises(ValueError, match="double free of KV block 2"):
         pool.free_many([[2], [0]])
+
+
+def test_a_block_named_twice_in_one_release_is_refused_and_nothing_is_freed():
+    pool = OwnedBlockPool(4, 1)
+    pool.allocate(3)
+    with pytest.raises(ValueError, match="double free of KV block 0"):
+        pool.free_many([[0, 2], [1, 0]])
+    assert pool.num_free_blocks == 1
+    pool.free_many([[0, 2], [1]])
+    assert pool.allocate(4) == [1, 0, 2, 3]

@@ -19,6 +19,9 @@ class OwnedBlockPool(PoolSize):
         self._free = np.arange(num_blocks - 1, -1, -1, dtype=np.int64)  # a stack, top at _num_free - 1
         self._num_free = num_blocks
         self._held = np.zeros(num_blocks, dtype=bool)
+        # For each block, the place of the last entry naming it in the latest release (finds a
+        # block released twice in one go without a Python set).
+        self._release_place = np.zeros(num_blocks, dtype=np.int64)
 
     @property
     def num_free_blocks(self) -> int:
@@ -56,7 +59,7 @@ class OwnedBlockPool(PoolSize):
     def _release(self, block_ids: list[int]) -> None:
         ids = np.asarray(block_ids, dtype=np.int64)
         held = self._held[ids]
-        if not held.all() or len(set(block_ids)) != len(block_ids):
+        if not held.all() or self._has_repeats(ids):
             seen: set[int] = set()
             for block_id, was_held in zip(block_ids, held.tolist()):
                 if not was_held or block_id in seen:
@@ -66,6 +69,12 @@ class OwnedBlockPool(PoolSize):
         top = self._num_free
         self._free[top:top + ids.shape[0]] = ids
         self._num_free = top + ids.shape[0]
+
+    def _has_repeats(self, ids: np.ndarray) -> bool:
+        """Whether a block id appears more than once in ids."""
+        places = np.arange(ids.shape[0])
+        self._release_place[ids] = places  # the last of equal ids wins
+        return bool((self._release_place[ids] != places).any())
 
     def ref_count(self, block_id: int) -> int:
         """1 while the block is held, else 0."""

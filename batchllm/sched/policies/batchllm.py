@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import islice, takewhile
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 import numpy as np
 
@@ -27,10 +27,20 @@ from batchllm.sched.seq_state import PolicyBase
 _LONE_RUN_WINDOW = 64  # pending groups _admit_lone_requests looks at in one go
 _NO_BLOCKS = np.zeros(0, dtype=np.int64)
 _is_lone = attrgetter("lone")
+_members_of = attrgetter("members")
+_first_item = itemgetter(0)
 
 
-def _first_member(group: Group) -> int:
-    return group.members[0]
+def _items(values: list, indices: list[int]) -> tuple:
+    """values[i] for each i of indices, in one call."""
+    if len(indices) == 1:
+        return (values[indices[0]],)
+    return itemgetter(*indices)(values) if indices else ()
+
+
+def _first_members(groups: list[Group]) -> np.ndarray:
+    """The first member slot of each group."""
+    return np.fromiter(map(_first_item, map(_members_of, groups)), dtype=np.int64, count=len(groups))
 
 
 def _compact_ids(token_ids: np.ndarray) -> np.ndarray:
@@ -315,7 +325,7 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
             return 0
         run = list(takewhile(_is_lone, islice(self.pending_groups, _LONE_RUN_WINDOW)))
         members, size = self.members, self.block_size
-        slots = np.fromiter(map(_first_member, run), dtype=np.int64, count=len(run))
+        slots = _first_members(run)
         num_outputs = members.num_outputs[slots]
         num_own = members.num_own_prompt_tokens[slots] + num_outputs
         reserved = np.maximum(num_outputs, members.reserved_decode_tokens[slots])
@@ -373,8 +383,8 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         if decoding.all():
             decoders = running
         else:
-            decoders, num_computed = running[decoding], num_computed[decoding]
-        chosen, num_computed = decoders[:step.budget], num_computed[:step.budget]
+            decoders, num_computed, num_outputs = running[decoding], num_computed[decoding], num_outputs[decoding]
+        chosen, num_computed, num_outputs = decoders[:step.budget], num_computed[:step.budget], num_outputs[:step.budget]
         need = num_computed // size + 1 - members.num_blocks[chosen]  # blocks for one more token
         np.maximum(need, 0, out=need)
         used = self.pool.num_used_blocks
@@ -393,8 +403,7 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
                 new_block_ids = self.pool.allocate_array(int(counts.sum()))
                 block_ids = new_block_ids.tolist()
                 if int(counts.max()) == 1:
-                    own = members.block_ids
-                    deque(map(list.append, [own[slot] for slot in slots.tolist()], block_ids), maxlen=0)
+                    deque(map(list.append, _items(members.block_ids, slots.tolist()), block_ids), maxlen=0)
                 else:
                     offset = 0
                     for slot, count in zip(slots.tolist(), counts.tolist()):
@@ -402,10 +411,13 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
                         offset += count
                 members.num_blocks[slots] += counts
                 self._promised_member_blocks += int((self._promised_array(slots) - promised_before).sum())
+            step.add_decodes(fast, num_computed[:num_fast], num_outputs[:num_fast], need, new_block_ids)
+        # Past the first decode that does not fit: the exact order, one at a time. Only this path
+        # preempts, so only it needs the stamps of the members scheduled so far in this step.
+        slow = decoders[num_fast:]
+        if slow.size and step.budget > 0:
             members.scheduled_stamp[fast] = step.stamp
-            step.add_decodes(fast, num_computed[:num_fast], need, new_block_ids)
-        # Past the first decode that does not fit: the exact order, one at a time.
-        for slot in decoders[num_fast:].tolist():
+        for slot in slow.tolist():
             if step.budget <= 0:
                 break
             if not members.running[slot]:
@@ -414,8 +426,8 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
             if self._grow_or_preempt(slot, step):
                 members.scheduled_stamp[slot] = step.stamp
                 grown = members.block_ids[slot][before:]
-                step.add_decodes(np.array([slot]), members.num_computed_tokens[[slot]], np.array([len(grown)]),
-                                 np.array(grown, dtype=np.int64))
+                step.add_decodes(np.array([slot]), members.num_computed_tokens[[slot]], members.num_outputs[[slot]],
+                                 np.array([len(grown)]), np.array(grown, dtype=np.int64))
 
     def _schedule_distinct(self, group: Group, step: "Step") -> None:
         members = self.members
@@ -564,9 +576,13 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
             slots = [slot_of.pop(seq_id) for seq_id in seq_ids]
             self._finish_members(np.array(slots, dtype=np.int64))
             own_block_ids: list[list[int]] = []  # freed in one go, as one at a time in chunk order
+            groups, info, finished_seq_ids = self.groups, self.members.info, self.finished_seq_ids
             for seq_id, slot in zip(seq_ids, slots):
-                self.finished_seq_ids.append(seq_id)
-                finished.append(FinishedRequest(seq_id, finish_reasons[seq_id], self._finish(slot, own_block_ids)))
+                finished_seq_ids.append(seq_id)  # before its group's prefix id, if this frees it
+                group = groups[info[slot][1]]
+                num_cached = self._finish_lone(slot, group, own_block_ids) if group.lone else \
+                    self._finish(slot, group, own_block_ids)
+                finished.append(FinishedRequest(seq_id, finish_reasons[seq_id], num_cached))
             self.pool.free_many(own_block_ids)
         self.step_index += 1
         return finished
@@ -589,12 +605,26 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
             getattr(members, name)[slots] = 0
         members.last_sampled[slots] = False
 
-    def _finish(self, slot: int, own_block_ids: list[list[int]]) -> int:
-        """The rest of finishing a member (after _finish_members): its blocks join own_block_ids
-        (the caller frees them), and its group's prefix is freed with the group's last member
-        (after the blocks listed before it); returns its prompt tokens reused."""
+    def _finish_lone(self, slot: int, group: Group, own_block_ids: list[list[int]]) -> int:
+        """_finish of the one member of a group that shares nothing: its group leaves the active
+        list, nothing else to free; returns 0 (no prompt token reused)."""
         members = self.members
-        group = self.groups[members.info[slot][1]]
+        own_block_ids.append(members.block_ids[slot])
+        members.block_ids[slot] = []
+        members.prompt_arrays[slot] = None
+        group.num_unfinished = 0
+        group.active = False
+        del self._active[group.rank]
+        if group.work:
+            self._with_work.pop(group.rank, None)
+            group.work = set()
+        return 0
+
+    def _finish(self, slot: int, group: Group, own_block_ids: list[list[int]]) -> int:
+        """The rest of finishing a member of `group` (after _finish_members): its blocks join
+        own_block_ids (the caller frees them), and its group's prefix is freed with the group's
+        last member (after the blocks listed before it); returns its prompt tokens reused."""
+        members = self.members
         own_block_ids.append(members.block_ids[slot])
         members.block_ids[slot] = []
         members.prompt_arrays[slot] = None

@@ -88,10 +88,10 @@ class StepChunks:
         members = self.members
         if len(step.decode_slots) == 1:
             slots, num_computed = step.decode_slots[0], step.decode_num_computed[0]
-            new_counts = step.decode_new_counts[0]
+            num_outputs, new_counts = step.decode_num_outputs[0], step.decode_new_counts[0]
         else:
-            slots, num_computed, new_counts = (np.concatenate(parts) for parts in (
-                step.decode_slots, step.decode_num_computed, step.decode_new_counts))
+            slots, num_computed, num_outputs, new_counts = (np.concatenate(parts) for parts in (
+                step.decode_slots, step.decode_num_computed, step.decode_num_outputs, step.decode_new_counts))
         # A decode row's runner row is up to date but for the blocks it grew in this step (its
         # previous chunk sent every block it had then).
         sent = members.num_table_blocks_sent[slots]
@@ -109,16 +109,18 @@ class StepChunks:
                                  token_ids, np.zeros(num_rows + 1, dtype=np.int64) if fed.all() else count_offsets(~fed),
                                  _join_block_ids(step.decode_new_block_ids), count_offsets(new_counts))
         members.num_computed_tokens[slots] = num_computed + 1
-        self._add_outputs(slots)
+        self._add_outputs(slots, num_outputs)
         members.last_sampled[slots] = True
         members.num_table_blocks_sent[slots] = sent + new_counts
         return chunks, slots
 
-    def _add_outputs(self, slots: np.ndarray) -> None:
+    def _add_outputs(self, slots: np.ndarray, num_outputs: np.ndarray | None = None) -> None:
         """One more output for each of slots (their chunks sample), and the blocks promised to
-        those whose reservation grows with their outputs."""
+        those whose reservation grows with their outputs. num_outputs: their outputs before, if
+        the caller has them."""
         members = self.members
-        num_outputs = members.num_outputs[slots]
+        if num_outputs is None:
+            num_outputs = members.num_outputs[slots]
         grows = num_outputs >= members.reserved_decode_tokens[slots]
         if grows.any():
             growing = slots[grows]
@@ -225,10 +227,11 @@ class Step:
 
     budget: int  # tokens left (N_chunk)
     stamp: int  # marks the members scheduled in this step (Members.scheduled_stamp)
-    # Decode rows, in running order: member slots, their computed tokens before the step, blocks
-    # each grew, the grown block ids (flat).
+    # Decode rows, in running order: member slots, their computed tokens and outputs before the
+    # step, blocks each grew, the grown block ids (flat).
     decode_slots: list[np.ndarray] = field(default_factory=list)
     decode_num_computed: list[np.ndarray] = field(default_factory=list)
+    decode_num_outputs: list[np.ndarray] = field(default_factory=list)
     decode_new_counts: list[np.ndarray] = field(default_factory=list)
     decode_new_block_ids: list[np.ndarray] = field(default_factory=list)
     # Every other chunk: the groups in the order the step reached them, their prefix and members' tokens.
@@ -237,10 +240,11 @@ class Step:
     prefix_tokens: dict[int, int] = field(default_factory=dict)
     preempted: list[int] = field(default_factory=list)
 
-    def add_decodes(self, slots: np.ndarray, num_computed: np.ndarray, new_counts: np.ndarray,
+    def add_decodes(self, slots: np.ndarray, num_computed: np.ndarray, num_outputs: np.ndarray, new_counts: np.ndarray,
                     new_block_ids: np.ndarray) -> None:
         self.decode_slots.append(slots)
         self.decode_num_computed.append(num_computed)
+        self.decode_num_outputs.append(num_outputs)
         self.decode_new_counts.append(new_counts)
         self.decode_new_block_ids.append(new_block_ids)
         self.budget -= slots.shape[0]

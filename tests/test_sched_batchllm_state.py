@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,7 +38,7 @@ def _recount(sched: BatchLLMScheduler) -> None:
                 continue
             running.add(slot)
             reserved = num_own - int(members.num_outputs[slot]) + int(members.reserved_decode_tokens[slot])
-            committed += max(0, -(-max(num_own, reserved) // size) - len(members.block_ids[slot]))
+            committed += max(0, -(-max(num_own, reserved) // size) - int(members.num_blocks[slot]))
             if pending > 0 and not decoding:
                 work.add(slot)
             assert int(members.key[slot]) == (group.rank << RANK_SHIFT) + int(members.index[slot])
@@ -48,7 +49,10 @@ def _recount(sched: BatchLLMScheduler) -> None:
     assert set(members.waiting[:members.size].nonzero()[0].tolist()) == waiting
     assert (sched._num_running, sched._num_waiting) == (len(running), len(waiting))
     assert sched._committed_blocks() == committed
-    assert [len(members.block_ids[s]) for s in range(members.size)] == members.num_blocks[:members.size].tolist()
+    regions = members.block_region_start[:members.size], members.block_region_size[:members.size]
+    assert (members.num_blocks[:members.size] <= regions[1]).all()
+    held = np.concatenate([members.own_blocks(s) for s in range(members.size)] + [np.zeros(0, dtype=np.int64)])
+    assert np.unique(held).shape == held.shape and sched.pool._held[held].all()
     order = sched._running_slots().tolist()
     assert order == sorted(running, key=lambda s: int(members.key[s]))
 
@@ -95,3 +99,23 @@ def test_running_totals_equal_a_recount(spec, block_size, budget, spare_blocks, 
         _recount(sched)
     assert not sched.has_unfinished()
     assert sched.pool.num_free_blocks == sched.pool.num_blocks
+
+
+def test_a_member_scheduled_past_its_full_length_moves_its_blocks_to_a_larger_region():
+    config = SchedulerConfig(policy="batchllm", num_kv_blocks=64, block_size=4, max_num_batched_tokens=64)
+    sched = make_scheduler(config)
+    requests = [SchedRequest(0, [1, 2, 3, 4, 5, 6], 2, share_prefix=False), SchedRequest(1, [7, 8], 1)]
+    sched.add_requests(requests)
+    slot = sched._slot_of[0]
+    region_size = int(sched.members.block_region_size[slot])
+    rows = []
+    for _ in range(8):  # its finish is never read: it keeps decoding past max_tokens
+        output = sched.schedule()
+        for seq_id in output.chunks.seq_ids[output.chunks.sample].tolist():
+            requests[seq_id].output_token_ids.append(9)
+        sched.update(output, {})
+        _recount(sched)
+        rows.append(sched.block_table(0))
+    assert int(sched.members.num_blocks[slot]) > region_size
+    assert all(row == rows[-1][:len(row)] for row in rows)  # blocks only appended, none lost in the moves
+    assert len(rows[-1]) == -(-(6 + 8) // 4)

@@ -1,6 +1,7 @@
 """The batchllm policy's pool of blocks held once: blocks handed out and taken back in the order
 BlockPool gives for blocks held once, lists freed in one go as one at a time, and double frees."""
 
+import numpy as np
 import pytest
 
 from batchllm.sched.block_pool import BlockPool, OutOfBlocksError
@@ -23,12 +24,12 @@ def test_hands_out_and_takes_back_blocks_as_the_reference_pool():
         owned.allocate(2)
 
 
-def test_free_many_frees_as_each_list_in_turn():
+def test_a_release_of_lists_reversed_frees_as_each_list_in_turn():
     lists = [[5, 1, 3], [0], [], [7, 2]]
     bulk, single = OwnedBlockPool(9, 1), OwnedBlockPool(9, 1)
     for pool in (bulk, single):
         pool.allocate(9)
-    bulk.free_many(lists)
+    bulk.release(np.array([block_id for block_ids in lists for block_id in reversed(block_ids)]))
     for block_ids in lists:
         single.free(block_ids)
     assert bulk.num_free_blocks == single.num_free_blocks == 6
@@ -44,14 +45,14 @@ def test_double_frees_are_refused():
         pool.free([1, 1])
     pool.free(held)
     with pytest.raises(ValueError, match="double free of KV block 2"):
-        pool.free_many([[2], [0]])
+        pool.release(np.array([2, 0]))
 
 
 def test_a_block_named_twice_in_one_release_is_refused_and_nothing_is_freed():
     pool = OwnedBlockPool(4, 1)
     pool.allocate(3)
     with pytest.raises(ValueError, match="double free of KV block 0"):
-        pool.free_many([[0, 2], [1, 0]])
+        pool.release(np.array([2, 0, 0, 1]))
     assert pool.num_free_blocks == 1
-    pool.free_many([[0, 2], [1]])
+    pool.release(np.array([2, 0, 1]))
     assert pool.allocate(4) == [1, 0, 2, 3]

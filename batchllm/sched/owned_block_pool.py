@@ -43,32 +43,27 @@ class OwnedBlockPool(PoolSize):
         self._held[block_ids] = True
         return block_ids
 
-    def free(self, block_ids: list[int]) -> None:
+    def free(self, block_ids: list[int] | np.ndarray) -> None:
         """Return the blocks, the last one first (the first one ends on top)."""
-        if block_ids:
-            self._release(block_ids[::-1])
+        if len(block_ids):
+            self.release(np.asarray(block_ids, dtype=np.int64)[::-1])
 
-    def free_many(self, block_id_lists: list[list[int]]) -> None:
-        """free() of each list, in order, in one go."""
-        flat: list[int] = []
-        for block_ids in block_id_lists:
-            flat.extend(reversed(block_ids))
-        if flat:
-            self._release(flat)
-
-    def _release(self, block_ids: list[int]) -> None:
-        ids = np.asarray(block_ids, dtype=np.int64)
-        held = self._held[ids]
-        if not held.all() or self._has_repeats(ids):
+    def release(self, block_ids: np.ndarray) -> None:
+        """Return the blocks in this order (the last one ends on top), in one go: free() of
+        several lists in turn is the release of each list reversed, one after the other."""
+        if not block_ids.shape[0]:
+            return
+        held = self._held[block_ids]
+        if not held.all() or self._has_repeats(block_ids):
             seen: set[int] = set()
-            for block_id, was_held in zip(block_ids, held.tolist()):
+            for block_id, was_held in zip(block_ids.tolist(), held.tolist()):
                 if not was_held or block_id in seen:
                     raise ValueError(f"double free of KV block {block_id}")
                 seen.add(block_id)
-        self._held[ids] = False
+        self._held[block_ids] = False
         top = self._num_free
-        self._free[top:top + ids.shape[0]] = ids
-        self._num_free = top + ids.shape[0]
+        self._free[top:top + block_ids.shape[0]] = block_ids
+        self._num_free = top + block_ids.shape[0]
 
     def _has_repeats(self, ids: np.ndarray) -> bool:
         """Whether a block id appears more than once in ids."""

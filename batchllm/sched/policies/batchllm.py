@@ -19,7 +19,6 @@ import numpy as np
 from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.owned_block_pool import OwnedBlockPool
 from batchllm.sched.interface import FinishedRequest, SchedRequest, SchedulerOutput
-from batchllm.sched.chunks import count_offsets
 from batchllm.sched.policies.batchllm_output import LoneRun, Step, StepChunks
 from batchllm.sched.policies.batchllm_state import RANK_SHIFT, Group, Members
 from batchllm.sched.seq_state import PolicyBase
@@ -29,13 +28,6 @@ _NO_BLOCKS = np.zeros(0, dtype=np.int64)
 _is_lone = attrgetter("lone")
 _members_of = attrgetter("members")
 _first_item = itemgetter(0)
-
-
-def _items(values: list, indices: list[int]) -> tuple:
-    """values[i] for each i of indices, in one call."""
-    if len(indices) == 1:
-        return (values[indices[0]],)
-    return itemgetter(*indices)(values) if indices else ()
 
 
 def _first_members(groups: list[Group]) -> np.ndarray:
@@ -100,7 +92,7 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
             return tuple(self.groups[-seq_id - 1].prefix_block_ids)
         slot = self._slot_of[seq_id]
         group = self.groups[int(self.members.group[slot])]
-        return tuple(group.prefix_block_ids) + tuple(self.members.block_ids[slot])
+        return tuple(group.prefix_block_ids) + tuple(self.members.own_blocks(slot).tolist())
 
     def add_requests(self, requests: list[SchedRequest]) -> None:
         """Plan prefix-sharing groups over this batch (BatchLLM 4.2) and queue them."""
@@ -136,7 +128,10 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
             for request_index in indices:
                 request = requests[request_index]
                 reserved = int(ratio * request.max_tokens + 0.999999)
-                slot = self.members.add(request, group, prefix_len, reserved, prompt_arrays[request_index])
+                num_region_blocks = self.pool.blocks_for_tokens(len(request.prompt_token_ids) - prefix_len
+                                                                + request.max_tokens)
+                slot = self.members.add(request, group, prefix_len, reserved, prompt_arrays[request_index],
+                                        num_region_blocks)
                 self._check_fits(group, slot)
                 group.members.append(slot)
                 self._slot_of[request.request_id] = slot
@@ -191,7 +186,7 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
 
     def _promised(self, slot: int) -> int:
         """A running member's share of the promised blocks."""
-        return max(0, self._need_blocks(slot) - len(self.members.block_ids[slot]))
+        return max(0, self._need_blocks(slot) - int(self.members.num_blocks[slot]))
 
     def _promised_array(self, slots: np.ndarray) -> np.ndarray:
         members = self.members
@@ -340,21 +335,17 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         num_tokens = np.minimum(pending, budget_before[:num])
         num_blocks = -(-num_tokens // size)
         new_block_ids = self.pool.allocate_array(int(num_blocks.sum()))
-        block_ids = new_block_ids.tolist()
-        offsets = count_offsets(num_blocks).tolist()
+        members.append_blocks(slots, num_blocks, new_block_ids)
         rank = self._next_rank
         self._next_rank += num
-        admitted_groups, pending_groups, own = run[:num], self.pending_groups, members.block_ids
-        for group_rank, group, slot, start, end in zip(range(rank, rank + num), admitted_groups, slots.tolist(),
-                                                        offsets, offsets[1:]):
+        admitted_groups, pending_groups = run[:num], self.pending_groups
+        for group_rank, group in zip(range(rank, rank + num), admitted_groups):
             pending_groups.popleft()
             group.active = True
             group.rank = group_rank
-            own[slot] = block_ids[start:end]
         self._active.update(zip(range(rank, rank + num), admitted_groups))
         members.key[slots] = ((rank + np.arange(num)) << RANK_SHIFT) + members.index[slots]
         members.running[slots] = True
-        members.num_blocks[slots] = num_blocks
         members.scheduled_stamp[slots] = step.stamp
         self._num_running += num
         self._started_running.extend(slots.tolist())
@@ -401,15 +392,7 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
                 slots, counts = fast[growing], need[growing]
                 promised_before = self._promised_array(slots)
                 new_block_ids = self.pool.allocate_array(int(counts.sum()))
-                block_ids = new_block_ids.tolist()
-                if int(counts.max()) == 1:
-                    deque(map(list.append, _items(members.block_ids, slots.tolist()), block_ids), maxlen=0)
-                else:
-                    offset = 0
-                    for slot, count in zip(slots.tolist(), counts.tolist()):
-                        members.block_ids[slot].extend(block_ids[offset:offset + count])
-                        offset += count
-                members.num_blocks[slots] += counts
+                members.append_blocks(slots, counts, new_block_ids)
                 self._promised_member_blocks += int((self._promised_array(slots) - promised_before).sum())
             step.add_decodes(fast, num_computed[:num_fast], num_outputs[:num_fast], need, new_block_ids)
         # Past the first decode that does not fit: the exact order, one at a time. Only this path
@@ -422,12 +405,12 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
                 break
             if not members.running[slot]:
                 continue  # preempted by an earlier decode of this step
-            before = len(members.block_ids[slot])
+            before = int(members.num_blocks[slot])
             if self._grow_or_preempt(slot, step):
                 members.scheduled_stamp[slot] = step.stamp
-                grown = members.block_ids[slot][before:]
+                grown = members.own_blocks(slot)[before:].copy()
                 step.add_decodes(np.array([slot]), members.num_computed_tokens[[slot]], members.num_outputs[[slot]],
-                                 np.array([len(grown)]), np.array(grown, dtype=np.int64))
+                                 np.array([grown.shape[0]]), grown)
 
     def _schedule_distinct(self, group: Group, step: "Step") -> None:
         members = self.members
@@ -447,7 +430,7 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
             pending = members.info[slot][3] + num_outputs - num_computed
             if pending <= 0 or (num_outputs > 0 and pending == 1):
                 continue  # nothing to compute, or decoding
-            room = self._room_tokens(len(members.block_ids[slot]), num_computed)
+            room = self._room_tokens(int(members.num_blocks[slot]), num_computed)
             num_tokens = min(pending, step.budget, room)
             if num_tokens <= 0:
                 return  # memory full for prefill this step (BatchLLM 4.3.3)
@@ -480,12 +463,10 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
 
     def _grow_member(self, slot: int, num_tokens: int) -> None:
         """Own blocks for num_tokens own tokens (a running member)."""
-        block_ids = self.members.block_ids[slot]
-        needed = self.pool.blocks_for_tokens(num_tokens) - len(block_ids)
+        needed = self.pool.blocks_for_tokens(num_tokens) - int(self.members.num_blocks[slot])
         if needed > 0:
             before = self._promised(slot)
-            block_ids.extend(self.pool.allocate(needed))
-            self.members.num_blocks[slot] = len(block_ids)
+            self.members.append_blocks(np.array([slot]), np.array([needed]), self.pool.allocate_array(needed))
             self._promised_member_blocks += self._promised(slot) - before
 
     def _grow_or_preempt(self, slot: int, step: "Step") -> bool:
@@ -493,7 +474,7 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         members = self.members
         while True:
             num_computed = int(members.num_computed_tokens[slot])
-            needed = self.pool.blocks_for_tokens(num_computed + 1) - len(members.block_ids[slot])
+            needed = self.pool.blocks_for_tokens(num_computed + 1) - int(members.num_blocks[slot])
             if needed <= 0 or self.pool.num_used_blocks + needed <= self.threshold_blocks:
                 self._grow_member(slot, num_computed + 1)
                 return True
@@ -531,8 +512,7 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         """The member's KV is gone (preempted or finished): its own blocks are freed, nothing is
         stored any more and the runner drops the row."""
         members = self.members
-        self.pool.free(members.block_ids[slot])
-        members.block_ids[slot] = []
+        self.pool.free(members.own_blocks(slot))
         members.num_blocks[slot] = 0
         members.num_computed_tokens[slot] = 0
         members.num_table_blocks_sent[slot] = 0
@@ -552,7 +532,7 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         for slot in group.members:
             if members.finished[slot]:
                 continue
-            if members.block_ids[slot] or members.running[slot]:
+            if members.num_blocks[slot] or members.running[slot]:
                 step.preempted.append(members.info[slot][0])
             if members.running[slot]:
                 self._stop_running(slot)
@@ -574,16 +554,29 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
             named = ~chunks.is_prefix & np.isin(chunks.seq_ids, np.fromiter(finish_reasons, dtype=np.int64))
             seq_ids = chunks.seq_ids[named].tolist()
             slots = [slot_of.pop(seq_id) for seq_id in seq_ids]
-            self._finish_members(np.array(slots, dtype=np.int64))
-            own_block_ids: list[list[int]] = []  # freed in one go, as one at a time in chunk order
+            slot_array = np.array(slots, dtype=np.int64)
+            # Their own blocks are freed in one go, as one member at a time in chunk order.
+            own_block_ids, own_block_offsets = self.members.release_order(slot_array)
+            self._finish_members(slot_array)
+            num_freed = 0  # of own_block_ids
             groups, info, finished_seq_ids = self.groups, self.members.info, self.finished_seq_ids
-            for seq_id, slot in zip(seq_ids, slots):
+            for index, (seq_id, slot) in enumerate(zip(seq_ids, slots)):
                 finished_seq_ids.append(seq_id)  # before its group's prefix id, if this frees it
                 group = groups[info[slot][1]]
-                num_cached = self._finish_lone(slot, group, own_block_ids) if group.lone else \
-                    self._finish(slot, group, own_block_ids)
+                if group.lone:
+                    num_cached = self._finish_lone(slot, group)
+                else:
+                    num_cached = self._finish(slot, group)
+                    if not group.num_unfinished:
+                        # BatchLLM 4.3.1: the prefix's memory is released as soon as its group is
+                        # done (after the own blocks of the members finished before).
+                        if group.prefix_block_ids:
+                            end = int(own_block_offsets[index + 1])
+                            self.pool.release(own_block_ids[num_freed:end])
+                            num_freed = end
+                        self._free_prefix(group)
                 finished.append(FinishedRequest(seq_id, finish_reasons[seq_id], num_cached))
-            self.pool.free_many(own_block_ids)
+            self.pool.release(own_block_ids[num_freed:])
         self.step_index += 1
         return finished
 
@@ -605,13 +598,10 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
             getattr(members, name)[slots] = 0
         members.last_sampled[slots] = False
 
-    def _finish_lone(self, slot: int, group: Group, own_block_ids: list[list[int]]) -> int:
+    def _finish_lone(self, slot: int, group: Group) -> int:
         """_finish of the one member of a group that shares nothing: its group leaves the active
-        list, nothing else to free; returns 0 (no prompt token reused)."""
-        members = self.members
-        own_block_ids.append(members.block_ids[slot])
-        members.block_ids[slot] = []
-        members.prompt_arrays[slot] = None
+        list; returns 0 (no prompt token reused)."""
+        self.members.prompt_arrays[slot] = None
         group.num_unfinished = 0
         group.active = False
         del self._active[group.rank]
@@ -620,26 +610,15 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
             group.work = set()
         return 0
 
-    def _finish(self, slot: int, group: Group, own_block_ids: list[list[int]]) -> int:
-        """The rest of finishing a member of `group` (after _finish_members): its blocks join
-        own_block_ids (the caller frees them), and its group's prefix is freed with the group's
-        last member (after the blocks listed before it); returns its prompt tokens reused."""
-        members = self.members
-        own_block_ids.append(members.block_ids[slot])
-        members.block_ids[slot] = []
-        members.prompt_arrays[slot] = None
+    def _finish(self, slot: int, group: Group) -> int:
+        """The rest of finishing a member of `group` (after _finish_members; the caller frees its
+        blocks, and its group's prefix once no member is left); returns its prompt tokens reused."""
+        self.members.prompt_arrays[slot] = None
         if slot in group.work:
             self._discard_work(group, slot)
         group.num_unfinished -= 1
         # Every member but the first reused the prefix KV instead of computing it.
-        num_cached = len(group.prefix_token_ids) if slot != group.members[0] else 0
-        if not group.num_unfinished:
-            # BatchLLM 4.3.1: the prefix's memory is released as soon as its group is done.
-            if group.prefix_block_ids:
-                self.pool.free_many(own_block_ids)
-                own_block_ids.clear()
-            self._free_prefix(group)
-        return num_cached
+        return len(group.prefix_token_ids) if slot != group.members[0] else 0
 
     def _free_prefix(self, group: Group) -> None:
         """The group leaves the active list and its prefix blocks are freed (the runner drops the row)."""

@@ -180,7 +180,7 @@ class StepChunks:
         num_computed = int(members.num_computed_tokens[slot])
         first = prompt_offset + num_computed
         blocks_sent = int(members.num_table_blocks_sent[slot])
-        prefix_block_ids, own_block_ids = group.prefix_block_ids, members.block_ids[slot]
+        prefix_block_ids, own_block_ids = group.prefix_block_ids, members.own_blocks(slot).tolist()
         num_prefix_blocks = len(prefix_block_ids)
         if blocks_sent >= num_prefix_blocks:
             new_block_ids = own_block_ids[blocks_sent - num_prefix_blocks:]

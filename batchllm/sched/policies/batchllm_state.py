@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from batchllm.sched.chunks import count_offsets
 from batchllm.sched.interface import SchedRequest
 
 # Order of running members: by their group's admission rank, then their place in the group.
@@ -50,7 +51,8 @@ class Group:
 
 _INT_FIELDS = ("request_id", "group", "index", "prompt_offset", "num_own_prompt_tokens", "max_tokens",
                "reserved_decode_tokens", "num_computed_tokens", "num_outputs", "num_table_blocks_sent",
-               "num_row_prefix_blocks", "num_blocks", "key", "scheduled_stamp", "chunk_group_id")
+               "num_row_prefix_blocks", "num_blocks", "key", "scheduled_stamp", "chunk_group_id",
+               "block_region_start", "block_region_size")
 _BOOL_FIELDS = ("last_sampled", "waiting", "finished", "running")
 
 
@@ -63,7 +65,9 @@ class Members:
     request's output_token_ids once read. num_table_blocks_sent: leading entries of the runner's
     row (prefix blocks, then own blocks) that are up to date; num_row_prefix_blocks: the prefix
     blocks of that row. last_sampled: the one pending token is the one this row's previous chunk
-    sampled (a decode row fed on the device). A member is running when its group is active and it
+    sampled (a decode row fed on the device). A member's own blocks are the first num_blocks
+    entries of its region of own_block_ids (sized at its full length when added, moved should it
+    outgrow it): a step's growth is one scatter, a finish one ranged gather. A member is running when its group is active and it
     is neither waiting nor finished; key orders running members (group rank, place in group);
     scheduled_stamp marks the members scheduled in the current step."""
 
@@ -73,7 +77,8 @@ class Members:
             setattr(self, name, np.zeros(0, dtype=np.int64))
         for name in _BOOL_FIELDS:
             setattr(self, name, np.zeros(0, dtype=bool))
-        self.block_ids: list[list[int]] = []  # own KV blocks per member
+        self.own_block_ids = np.zeros(0, dtype=np.int64)  # every member's region of own KV blocks
+        self.num_region_blocks = 0  # entries of own_block_ids given to regions
         self.requests: list[SchedRequest] = []
         # Each unfinished member's prompt as an integer array (the one the planner read): a chunk's
         # input ids are slices of it (a list of Python ints costs ~35 ns a token to convert).
@@ -84,9 +89,10 @@ class Members:
         self.info: list[tuple[int, int, int, int, int, int]] = []
 
     def add(self, request: SchedRequest, group: Group, prompt_offset: int, reserved_decode_tokens: int,
-            prompt_array: np.ndarray) -> int:
+            prompt_array: np.ndarray, num_region_blocks: int) -> int:
         """A new member of group (not yet running); returns its slot. prompt_array: the request's
-        prompt_token_ids as a 1-D integer array."""
+        prompt_token_ids as a 1-D integer array; num_region_blocks: own blocks it may hold (at
+        its full length)."""
         slot = self.size
         if slot == self.request_id.shape[0]:
             self._grow(max(16, 2 * slot))
@@ -100,7 +106,8 @@ class Members:
         self.reserved_decode_tokens[slot] = reserved_decode_tokens
         self.scheduled_stamp[slot] = -1
         self.chunk_group_id[slot] = group.chunk_group_id
-        self.block_ids.append([])
+        self.block_region_start[slot] = self._new_region(num_region_blocks)
+        self.block_region_size[slot] = num_region_blocks
         self.requests.append(request)
         self.prompt_arrays.append(prompt_array)
         self.info.append((request.request_id, group.group_id, prompt_offset,
@@ -113,6 +120,50 @@ class Members:
             grown = np.zeros(capacity, dtype=old.dtype)
             grown[:old.shape[0]] = old
             setattr(self, name, grown)
+
+    def _new_region(self, num_blocks: int) -> int:
+        """The start of num_blocks fresh entries of own_block_ids."""
+        start = self.num_region_blocks
+        self.num_region_blocks += num_blocks
+        if self.num_region_blocks > self.own_block_ids.shape[0]:
+            grown = np.zeros(max(1024, 2 * self.num_region_blocks), dtype=np.int64)
+            grown[:start] = self.own_block_ids[:start]
+            self.own_block_ids = grown
+        return start
+
+    def own_blocks(self, slot: int) -> np.ndarray:
+        """The member's own block ids (a view)."""
+        start = int(self.block_region_start[slot])
+        return self.own_block_ids[start:start + int(self.num_blocks[slot])]
+
+    def append_blocks(self, slots: np.ndarray, counts: np.ndarray, block_ids: np.ndarray) -> None:
+        """Each of slots (distinct) takes the next counts of block_ids (flat) after its own blocks."""
+        ends = self.num_blocks[slots] + counts
+        for i in np.flatnonzero(ends > self.block_region_size[slots]).tolist():
+            self._move_region(int(slots[i]), 2 * int(ends[i]))
+        places = self.block_region_start[slots] + self.num_blocks[slots]
+        if block_ids.shape[0] != slots.shape[0]:  # some take more than one: each its run of places
+            places = np.repeat(places - count_offsets(counts)[:-1], counts) + np.arange(block_ids.shape[0])
+        self.own_block_ids[places] = block_ids
+        self.num_blocks[slots] = ends
+
+    def _move_region(self, slot: int, num_blocks: int) -> None:
+        """A fresh region for num_blocks own blocks, past the member's full length (a step
+        scheduled before its finish was read), its blocks copied into it."""
+        block_ids = self.own_blocks(slot).copy()
+        start = self._new_region(num_blocks)
+        self.own_block_ids[start:start + block_ids.shape[0]] = block_ids
+        self.block_region_start[slot], self.block_region_size[slot] = start, num_blocks
+
+    def release_order(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The own blocks of each of slots, each member's last one first, member after member
+        (the order in which freeing each member's blocks in turn returns them), and where each
+        member's blocks start in it, then the end."""
+        counts = self.num_blocks[slots]
+        offsets = count_offsets(counts)
+        lasts = self.block_region_start[slots] + counts - 1
+        places = np.repeat(lasts + offsets[:-1], counts) - np.arange(int(offsets[-1]))
+        return self.own_block_ids[places], offsets
 
     def num_pending_tokens(self, slot: int) -> int:
         """Own tokens (prompt after the prefix, then outputs) whose KV no scheduled step stores."""

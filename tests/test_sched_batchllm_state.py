@@ -23,7 +23,6 @@ def _recount(sched: BatchLLMScheduler) -> None:
     members, pool, size = sched.members, sched.pool, sched.block_size
     running, waiting, committed = set(), set(), pool.num_used_blocks
     for group in sched.active_groups:
-        assert group.active
         committed += pool.blocks_for_tokens(len(group.prefix_token_ids)) - len(group.prefix_block_ids)
         work = set()
         for slot in group.members:

@@ -58,9 +58,8 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         self.groups: list[Group] = []  # by group id
         self.pending_groups: deque[Group] = deque()  # not admitted, best R_group first
         self._slot_of: dict[int, int] = {}  # unfinished request id -> member slot
-        # Admitted groups by rank (dicts keep admission order): all of them, those whose prefix is
-        # not stored yet, those with a prefix, and those with members with prompt work.
-        self._active: dict[int, Group] = {}
+        # Admitted groups by rank (dicts keep admission order): those whose prefix is not stored
+        # yet, those with a prefix, and those with members with prompt work.
         self._prefix_pending: dict[int, Group] = {}
         self._with_prefix: dict[int, Group] = {}
         self._with_work: dict[int, Group] = {}
@@ -79,8 +78,11 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
 
     @property
     def active_groups(self) -> list[Group]:
-        """Admitted groups, in admission order."""
-        return list(self._active.values())
+        """Admitted groups (those with a member running or waiting), in admission order."""
+        members = self.members
+        admitted = members.running[:members.size] | members.waiting[:members.size]
+        group_ids = np.unique(members.group[:members.size][admitted]).tolist()
+        return sorted((self.groups[group_id] for group_id in group_ids), key=lambda group: group.rank)
 
     def has_unfinished(self) -> bool:
         return bool(self._slot_of)
@@ -139,6 +141,7 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
                 prefill += len(request.prompt_token_ids) - prefix_len
             group.num_unfinished = len(group.members)
             group.lone = len(group.members) == 1 and not prefix_len
+            self.members.lone[group.members[0]] = group.lone
             group.r_group = max_tokens / (prefix_len + prefill)  # Eq. 3 per group
             groups.append(group)
         # BatchLLM 4.3.2: larger R_group first (decode-heavy groups early, so that later long
@@ -282,10 +285,8 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         first_need = self._need_blocks(first)
         if room < first_need and not force:
             return False
-        group.active = True
         group.rank = rank = self._next_rank
         self._next_rank += 1
-        self._active[rank] = group
         if group.prefix_token_ids:
             self._with_prefix[rank] = group
         if not group.prefix_done:
@@ -341,9 +342,7 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         admitted_groups, pending_groups = run[:num], self.pending_groups
         for group_rank, group in zip(range(rank, rank + num), admitted_groups):
             pending_groups.popleft()
-            group.active = True
             group.rank = group_rank
-        self._active.update(zip(range(rank, rank + num), admitted_groups))
         members.key[slots] = ((rank + np.arange(num)) << RANK_SHIFT) + members.index[slots]
         members.running[slots] = True
         members.scheduled_stamp[slots] = step.stamp
@@ -550,35 +549,49 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         """Scheduler.update (interface.py): the named requests finish, in chunk order."""
         finished: list[FinishedRequest] = []
         if finish_reasons:
-            chunks, slot_of = output.chunks, self._slot_of
+            chunks, slot_of, members = output.chunks, self._slot_of, self.members
             named = ~chunks.is_prefix & np.isin(chunks.seq_ids, np.fromiter(finish_reasons, dtype=np.int64))
             seq_ids = chunks.seq_ids[named].tolist()
-            slots = [slot_of.pop(seq_id) for seq_id in seq_ids]
-            slot_array = np.array(slots, dtype=np.int64)
+            slots = np.array([slot_of.pop(seq_id) for seq_id in seq_ids], dtype=np.int64)
             # Their own blocks are freed in one go, as one member at a time in chunk order.
-            own_block_ids, own_block_offsets = self.members.release_order(slot_array)
-            self._finish_members(slot_array)
-            num_freed = 0  # of own_block_ids
-            groups, info, finished_seq_ids = self.groups, self.members.info, self.finished_seq_ids
-            for index, (seq_id, slot) in enumerate(zip(seq_ids, slots)):
-                finished_seq_ids.append(seq_id)  # before its group's prefix id, if this frees it
-                group = groups[info[slot][1]]
-                if group.lone:
-                    num_cached = self._finish_lone(slot, group)
-                else:
-                    num_cached = self._finish(slot, group)
-                    if not group.num_unfinished:
-                        # BatchLLM 4.3.1: the prefix's memory is released as soon as its group is
-                        # done (after the own blocks of the members finished before).
-                        if group.prefix_block_ids:
-                            end = int(own_block_offsets[index + 1])
-                            self.pool.release(own_block_ids[num_freed:end])
-                            num_freed = end
-                        self._free_prefix(group)
-                finished.append(FinishedRequest(seq_id, finish_reasons[seq_id], num_cached))
-            self.pool.release(own_block_ids[num_freed:])
+            own_block_ids, own_block_offsets = members.release_order(slots)
+            self._finish_members(slots)
+            lone = members.lone[slots]
+            self._finish_lone(slots[lone])
+            if lone.all():
+                self.finished_seq_ids.extend(seq_ids)
+                self.pool.release(own_block_ids)
+                num_cached = [0] * len(seq_ids)  # no prompt token reused
+            else:
+                num_cached = self._finish_sharing(seq_ids, slots.tolist(), lone.tolist(), own_block_ids,
+                                                  own_block_offsets)
+            finished = list(map(FinishedRequest, seq_ids, map(finish_reasons.__getitem__, seq_ids), num_cached))
         self.step_index += 1
         return finished
+
+    def _finish_sharing(self, seq_ids: list[int], slots: list[int], lone: list[bool], own_block_ids: np.ndarray,
+                        own_block_offsets: np.ndarray) -> list[int]:
+        """The finish of members that are not lone (in chunk order, among lone ones already
+        finished): their groups' prefixes are freed with their last members, each after the own
+        blocks listed before it; returns each member's prompt tokens reused."""
+        num_cached, num_freed = [], 0  # of own_block_ids
+        groups, info, finished_seq_ids = self.groups, self.members.info, self.finished_seq_ids
+        for index, (seq_id, slot, is_lone) in enumerate(zip(seq_ids, slots, lone)):
+            finished_seq_ids.append(seq_id)  # before its group's prefix id, if this frees it
+            if is_lone:
+                num_cached.append(0)
+                continue
+            group = groups[info[slot][1]]
+            num_cached.append(self._finish(slot, group))
+            if not group.num_unfinished:
+                # BatchLLM 4.3.1: the prefix's memory is released as soon as its group is done.
+                if group.prefix_block_ids:
+                    end = int(own_block_offsets[index + 1])
+                    self.pool.release(own_block_ids[num_freed:end])
+                    num_freed = end
+                self._free_prefix(group)
+        self.pool.release(own_block_ids[num_freed:])
+        return num_cached
 
     def _finish_members(self, slots: np.ndarray) -> None:
         """The array part of finishing members: they stop running or waiting, store nothing."""
@@ -598,17 +611,19 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
             getattr(members, name)[slots] = 0
         members.last_sampled[slots] = False
 
-    def _finish_lone(self, slot: int, group: Group) -> int:
-        """_finish of the one member of a group that shares nothing: its group leaves the active
-        list; returns 0 (no prompt token reused)."""
-        self.members.prompt_arrays[slot] = None
-        group.num_unfinished = 0
-        group.active = False
-        del self._active[group.rank]
-        if group.work:
-            self._with_work.pop(group.rank, None)
-            group.work = set()
-        return 0
+    def _finish_lone(self, slots: np.ndarray) -> None:
+        """The rest of finishing members that are groups of their own sharing nothing (after
+        _finish_members): no prefix to free; their groups leave the lists of groups with work."""
+        members, groups = self.members, self.groups
+        prompt_arrays = members.prompt_arrays
+        for slot in slots.tolist():
+            prompt_arrays[slot] = None
+        for group_id in members.group[slots].tolist():
+            group = groups[group_id]
+            group.num_unfinished = 0
+            if group.work:
+                self._with_work.pop(group.rank, None)
+                group.work = set()
 
     def _finish(self, slot: int, group: Group) -> int:
         """The rest of finishing a member of `group` (after _finish_members; the caller frees its
@@ -622,9 +637,7 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
 
     def _free_prefix(self, group: Group) -> None:
         """The group leaves the active list and its prefix blocks are freed (the runner drops the row)."""
-        group.active = False
         if not group.prefix_token_ids:  # shares nothing: no prefix blocks, no row
-            self._active.pop(group.rank, None)
             if group.work:
                 self._with_work.pop(group.rank, None)
                 group.work = set()
@@ -636,6 +649,6 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         if group.num_prefix_blocks_sent:
             self.finished_seq_ids.append(group.prefix_id)
             group.num_prefix_blocks_sent = 0
-        for groups in (self._active, self._prefix_pending, self._with_prefix, self._with_work):
+        for groups in (self._prefix_pending, self._with_prefix, self._with_work):
             groups.pop(group.rank, None)
         group.work = set()

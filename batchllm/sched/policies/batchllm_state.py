@@ -27,7 +27,6 @@ class Group:
     prefix_num_computed: int = 0
     num_prefix_blocks_sent: int = 0  # leading entries of the runner's prefix row that are up to date
     r_group: float = 0.0  # BatchLLM Eq. 3-4
-    active: bool = False  # admitted (its prefix blocks are, or are being, stored)
     rank: int = -1  # admission order (a group admitted again gets a new one)
     num_unfinished: int = 0  # members not finished
     lone: bool = False  # one request that shares no prefix (set once its members are added)
@@ -53,7 +52,7 @@ _INT_FIELDS = ("request_id", "group", "index", "prompt_offset", "num_own_prompt_
                "reserved_decode_tokens", "num_computed_tokens", "num_outputs", "num_table_blocks_sent",
                "num_row_prefix_blocks", "num_blocks", "key", "scheduled_stamp", "chunk_group_id",
                "block_region_start", "block_region_size")
-_BOOL_FIELDS = ("last_sampled", "waiting", "finished", "running")
+_BOOL_FIELDS = ("last_sampled", "waiting", "finished", "running", "lone")
 
 
 class Members:
@@ -67,8 +66,9 @@ class Members:
     blocks of that row. last_sampled: the one pending token is the one this row's previous chunk
     sampled (a decode row fed on the device). A member's own blocks are the first num_blocks
     entries of its region of own_block_ids (sized at its full length when added, moved should it
-    outgrow it): a step's growth is one scatter, a finish one ranged gather. A member is running when its group is active and it
-    is neither waiting nor finished; key orders running members (group rank, place in group);
+    outgrow it): a step's growth is one scatter, a finish one ranged gather. A member is running
+    when its group is admitted and it is neither waiting nor finished; lone: its group is it
+    alone and shares nothing (Group.lone); key orders running members (group rank, place in group);
     scheduled_stamp marks the members scheduled in the current step."""
 
     def __init__(self) -> None:
@@ -138,10 +138,13 @@ class Members:
 
     def append_blocks(self, slots: np.ndarray, counts: np.ndarray, block_ids: np.ndarray) -> None:
         """Each of slots (distinct) takes the next counts of block_ids (flat) after its own blocks."""
-        ends = self.num_blocks[slots] + counts
-        for i in np.flatnonzero(ends > self.block_region_size[slots]).tolist():
-            self._move_region(int(slots[i]), 2 * int(ends[i]))
-        places = self.block_region_start[slots] + self.num_blocks[slots]
+        before = self.num_blocks[slots]
+        ends = before + counts
+        outgrown = ends > self.block_region_size[slots]
+        if outgrown.any():
+            for i in np.flatnonzero(outgrown).tolist():
+                self._move_region(int(slots[i]), 2 * int(ends[i]))
+        places = self.block_region_start[slots] + before
         if block_ids.shape[0] != slots.shape[0]:  # some take more than one: each its run of places
             places = np.repeat(places - count_offsets(counts)[:-1], counts) + np.arange(block_ids.shape[0])
         self.own_block_ids[places] = block_ids

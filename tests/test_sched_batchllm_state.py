@@ -48,6 +48,8 @@ def _recount(sched: BatchLLMScheduler) -> None:
     assert set(members.waiting[:members.size].nonzero()[0].tolist()) == waiting
     assert (sched._num_running, sched._num_waiting) == (len(running), len(waiting))
     assert sched._committed_blocks() == committed
+    num_blocks = members.num_blocks[:members.size]
+    assert (num_blocks == -(-members.num_computed_tokens[:members.size] // size)).all()
     regions = members.block_region_start[:members.size], members.block_region_size[:members.size]
     assert (members.num_blocks[:members.size] <= regions[1]).all()
     held = np.concatenate([members.own_blocks(s) for s in range(members.size)] + [np.zeros(0, dtype=np.int64)])

@@ -375,25 +375,27 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         else:
             decoders, num_computed, num_outputs = running[decoding], num_computed[decoding], num_outputs[decoding]
         chosen, num_computed, num_outputs = decoders[:step.budget], num_computed[:step.budget], num_outputs[:step.budget]
-        need = num_computed // size + 1 - members.num_blocks[chosen]  # blocks for one more token
-        np.maximum(need, 0, out=need)
+        # A member's blocks hold exactly its computed tokens (Members), so one more token takes a
+        # block where they fill their last one.
+        growing = num_computed % size == 0
         used = self.pool.num_used_blocks
-        if used + int(need.sum()) <= self.threshold_blocks:
+        if used + int(np.count_nonzero(growing)) <= self.threshold_blocks:
             num_fast = chosen.shape[0]
         else:
-            fits = used + np.cumsum(need) <= self.threshold_blocks
+            fits = used + np.cumsum(growing) <= self.threshold_blocks
             num_fast = int(np.argmin(fits))
-        fast, need = chosen[:num_fast], need[:num_fast]
+        fast, growing = chosen[:num_fast], growing[:num_fast]
         if num_fast:
-            growing = need > 0
             new_block_ids = _NO_BLOCKS
-            if growing.any():
-                slots, counts = fast[growing], need[growing]
+            slots = fast[growing]
+            if slots.size:
+                # a block taken within the reservation was promised: one fewer promised
                 promised_before = self._promised_array(slots)
-                new_block_ids = self.pool.allocate_array(int(counts.sum()))
-                members.append_blocks(slots, counts, new_block_ids)
-                self._promised_member_blocks += int((self._promised_array(slots) - promised_before).sum())
-            step.add_decodes(fast, num_computed[:num_fast], num_outputs[:num_fast], need, new_block_ids)
+                new_block_ids = self.pool.allocate_array(slots.shape[0])
+                members.append_blocks(slots, np.ones(slots.shape[0], dtype=np.int64), new_block_ids)
+                self._promised_member_blocks -= int(np.count_nonzero(promised_before))
+            step.add_decodes(fast, num_computed[:num_fast], num_outputs[:num_fast], growing.astype(np.int64),
+                             new_block_ids)
         # Past the first decode that does not fit: the exact order, one at a time. Only this path
         # preempts, so only it needs the stamps of the members scheduled so far in this step.
         slow = decoders[num_fast:]

@@ -64,8 +64,9 @@ class Members:
     request's output_token_ids once read. num_table_blocks_sent: leading entries of the runner's
     row (prefix blocks, then own blocks) that are up to date; num_row_prefix_blocks: the prefix
     blocks of that row. last_sampled: the one pending token is the one this row's previous chunk
-    sampled (a decode row fed on the device). A member's own blocks are the first num_blocks
-    entries of its region of own_block_ids (sized at its full length when added, moved should it
+    sampled (a decode row fed on the device). A member's own blocks (num_blocks of them) hold
+    exactly its computed own tokens, ceil(num_computed_tokens / block size); they are the first
+    num_blocks entries of its region of own_block_ids (sized at its full length when added, moved should it
     outgrow it): a step's growth is one scatter, a finish one ranged gather. A member is running
     when its group is admitted and it is neither waiting nor finished; lone: its group is it
     alone and shares nothing (Group.lone); key orders running members (group rank, place in group);

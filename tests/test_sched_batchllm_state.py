@@ -120,3 +120,23 @@ def test_a_member_scheduled_past_its_full_length_moves_its_blocks_to_a_larger_re
     assert int(sched.members.num_blocks[slot]) > region_size
     assert all(row == rows[-1][:len(row)] for row in rows)  # blocks only appended, none lost in the moves
     assert len(rows[-1]) == -(-(6 + 8) // 4)
+
+
+def test_a_long_output_grows_its_region_from_the_first_outputs_and_keeps_every_block():
+    config = SchedulerConfig(policy="batchllm", num_kv_blocks=8192, block_size=16, max_num_batched_tokens=64)
+    sched = make_scheduler(config)
+    requests = [SchedRequest(0, [1, 2, 3, 4, 5, 6], 100_000, share_prefix=False)]
+    sched.add_requests(requests)
+    slot = sched._slot_of[0]
+    # the prompt's and 1024 outputs' 65 blocks, not max_tokens' 6,251
+    assert int(sched.members.block_region_size[slot]) == -(-(6 + 1024) // 16)
+    rows = []
+    for _ in range(1500):
+        output = sched.schedule()
+        for seq_id in output.chunks.seq_ids[output.chunks.sample].tolist():
+            requests[seq_id].output_token_ids.append(9)
+        sched.update(output, {})
+        rows.append(sched.block_table(0))
+    assert int(sched.members.block_region_size[slot]) > -(-(6 + 1024) // 16)
+    assert all(row == rows[-1][:len(row)] for row in rows)  # blocks only appended, none lost in the move
+    assert len(rows[-1]) == -(-(6 + 1500) // 16)

@@ -23,6 +23,10 @@ from batchllm.sched.policies.batchllm_output import LoneRun, Step, StepChunks
 from batchllm.sched.policies.batchllm_state import RANK_SHIFT, Group, Members
 from batchllm.sched.seq_state import PolicyBase
 
+# A member's region of own block ids holds its prompt and up to this many outputs at first (then
+# doubles as it outgrows it): sized at max_tokens, a request left to the context length (128k tokens
+# on Llama-3.1) would hold 64 KiB of block ids from the start.
+_REGION_DECODE_TOKENS = 1024
 _LONE_RUN_WINDOW = 128  # pending groups _admit_lone_requests looks at in one go (64 took ~2.5 calls a step)
 _NO_BLOCKS = np.zeros(0, dtype=np.int64)
 _is_lone = attrgetter("lone")
@@ -131,7 +135,7 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
                 request = requests[request_index]
                 reserved = int(ratio * request.max_tokens + 0.999999)
                 num_region_blocks = self.pool.blocks_for_tokens(len(request.prompt_token_ids) - prefix_len
-                                                                + request.max_tokens)
+                                                                + min(request.max_tokens, _REGION_DECODE_TOKENS))
                 slot = self.members.add(request, group, prefix_len, reserved, prompt_arrays[request_index],
                                         num_region_blocks)
                 self._check_fits(group, slot)

@@ -66,8 +66,8 @@ class Members:
     blocks of that row. last_sampled: the one pending token is the one this row's previous chunk
     sampled (a decode row fed on the device). A member's own blocks (num_blocks of them) hold
     exactly its computed own tokens, ceil(num_computed_tokens / block size); they are the first
-    num_blocks entries of its region of own_block_ids (sized at its full length when added, moved should it
-    outgrow it): a step's growth is one scatter, a finish one ranged gather. A member is running
+    num_blocks entries of its region of own_block_ids (sized by the policy when added, moved to one
+    twice the size should it outgrow it): a step's growth is one scatter, a finish one ranged gather. A member is running
     when its group is admitted and it is neither waiting nor finished; lone: its group is it
     alone and shares nothing (Group.lone); key orders running members (group rank, place in group);
     scheduled_stamp marks the members scheduled in the current step."""
@@ -152,8 +152,8 @@ class Members:
         self.num_blocks[slots] = ends
 
     def _move_region(self, slot: int, num_blocks: int) -> None:
-        """A fresh region for num_blocks own blocks, past the member's full length (a step
-        scheduled before its finish was read), its blocks copied into it."""
+        """A fresh region for num_blocks own blocks, the member's blocks copied into it (the old
+        region is not reused: moves double a region, so they at most double the entries)."""
         block_ids = self.own_blocks(slot).copy()
         start = self._new_region(num_blocks)
         self.own_block_ids[start:start + block_ids.shape[0]] = block_ids

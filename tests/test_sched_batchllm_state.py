@@ -50,8 +50,7 @@ def _recount(sched: BatchLLMScheduler) -> None:
     assert sched._committed_blocks() == committed
     num_blocks = members.num_blocks[:members.size]
     assert (num_blocks == -(-members.num_computed_tokens[:members.size] // size)).all()
-    regions = members.block_region_start[:members.size], members.block_region_size[:members.size]
-    assert (members.num_blocks[:members.size] <= regions[1]).all()
+    assert (num_blocks <= members.block_region_size[:members.size]).all()
     held = np.concatenate([members.own_blocks(s) for s in range(members.size)] + [np.zeros(0, dtype=np.int64)])
     assert np.unique(held).shape == held.shape and sched.pool._held[held].all()
     order = sched._running_slots().tolist()
@@ -102,6 +101,21 @@ def test_running_totals_equal_a_recount(spec, block_size, budget, spare_blocks, 
     assert sched.pool.num_free_blocks == sched.pool.num_blocks
 
 
+def _decode_steps(sched: BatchLLMScheduler, requests: list[SchedRequest], num_steps: int, recount: bool) -> list:
+    """Steps whose finishes are never read (every request keeps decoding past max_tokens); request
+    0's block table after each."""
+    rows = []
+    for _ in range(num_steps):
+        output = sched.schedule()
+        for seq_id in output.chunks.seq_ids[output.chunks.sample].tolist():
+            requests[seq_id].output_token_ids.append(9)
+        sched.update(output, {})
+        if recount:
+            _recount(sched)
+        rows.append(sched.block_table(0))
+    return rows
+
+
 def test_a_member_scheduled_past_its_full_length_moves_its_blocks_to_a_larger_region():
     config = SchedulerConfig(policy="batchllm", num_kv_blocks=64, block_size=4, max_num_batched_tokens=64)
     sched = make_scheduler(config)
@@ -109,14 +123,7 @@ def test_a_member_scheduled_past_its_full_length_moves_its_blocks_to_a_larger_re
     sched.add_requests(requests)
     slot = sched._slot_of[0]
     region_size = int(sched.members.block_region_size[slot])
-    rows = []
-    for _ in range(8):  # its finish is never read: it keeps decoding past max_tokens
-        output = sched.schedule()
-        for seq_id in output.chunks.seq_ids[output.chunks.sample].tolist():
-            requests[seq_id].output_token_ids.append(9)
-        sched.update(output, {})
-        _recount(sched)
-        rows.append(sched.block_table(0))
+    rows = _decode_steps(sched, requests, 8, recount=True)
     assert int(sched.members.num_blocks[slot]) > region_size
     assert all(row == rows[-1][:len(row)] for row in rows)  # blocks only appended, none lost in the moves
     assert len(rows[-1]) == -(-(6 + 8) // 4)
@@ -130,13 +137,7 @@ def test_a_long_output_grows_its_region_from_the_first_outputs_and_keeps_every_b
     slot = sched._slot_of[0]
     # the prompt's and 1024 outputs' 65 blocks, not max_tokens' 6,251
     assert int(sched.members.block_region_size[slot]) == -(-(6 + 1024) // 16)
-    rows = []
-    for _ in range(1500):
-        output = sched.schedule()
-        for seq_id in output.chunks.seq_ids[output.chunks.sample].tolist():
-            requests[seq_id].output_token_ids.append(9)
-        sched.update(output, {})
-        rows.append(sched.block_table(0))
+    rows = _decode_steps(sched, requests, 1500, recount=False)
     assert int(sched.members.block_region_size[slot]) > -(-(6 + 1024) // 16)
     assert all(row == rows[-1][:len(row)] for row in rows)  # blocks only appended, none lost in the move
     assert len(rows[-1]) == -(-(6 + 1500) // 16)

@@ -236,6 +236,12 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         if not group.work:
             self._with_work.pop(group.rank, None)
 
+    def _drop_work(self, group: Group) -> None:
+        """No member of the group has prompt work any more."""
+        if group.work:
+            self._with_work.pop(group.rank, None)
+            group.work = set()
+
     def _running_slots(self) -> np.ndarray:
         """The running members by key (group rank, place in group)."""
         if not (self._stopped_running or self._started_running):
@@ -627,9 +633,7 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         for group_id in members.group[slots].tolist():
             group = groups[group_id]
             group.num_unfinished = 0
-            if group.work:
-                self._with_work.pop(group.rank, None)
-                group.work = set()
+            self._drop_work(group)
 
     def _finish(self, slot: int, group: Group) -> int:
         """The rest of finishing a member of `group` (after _finish_members; the caller frees its
@@ -642,11 +646,10 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
         return len(group.prefix_token_ids) if slot != group.members[0] else 0
 
     def _free_prefix(self, group: Group) -> None:
-        """The group leaves the active list and its prefix blocks are freed (the runner drops the row)."""
+        """The group leaves the lists of admitted groups and its prefix blocks are freed (the runner
+        drops the row)."""
         if not group.prefix_token_ids:  # shares nothing: no prefix blocks, no row
-            if group.work:
-                self._with_work.pop(group.rank, None)
-                group.work = set()
+            self._drop_work(group)
             return
         self._promised_prefix_blocks -= (self.pool.blocks_for_tokens(len(group.prefix_token_ids))
                                          - len(group.prefix_block_ids))

@@ -15,7 +15,7 @@ from fuzz import examples
 from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.factory import make_scheduler
 from batchllm.sched.interface import SchedRequest
-from batchllm.sched.policies.batchllm import BatchLLMScheduler
+from batchllm.sched.policies.batchllm import BatchLLMScheduler, _fills_blocks
 from batchllm.sched.policies.batchllm_state import RANK_SHIFT
 
 
@@ -71,7 +71,7 @@ def _workloads(draw):
 
 
 @settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(spec=_workloads(), block_size=st.sampled_from([1, 4]), budget=st.integers(2, 40),
+@given(spec=_workloads(), block_size=st.sampled_from([1, 3, 4]), budget=st.integers(2, 40),
        spare_blocks=st.integers(0, 12), reserve=st.sampled_from([0.0, 0.5, 1.0]), stop_mod=st.sampled_from([None, 4]))
 def test_running_totals_equal_a_recount(spec, block_size, budget, spare_blocks, reserve, stop_mod):
     need = max(-(-(len(p) + m) // block_size) for p, m in spec) + 2
@@ -114,6 +114,12 @@ def _decode_steps(sched: BatchLLMScheduler, requests: list[SchedRequest], num_st
             _recount(sched)
         rows.append(sched.block_table(0))
     return rows
+
+
+def test_fills_blocks_for_any_block_size():
+    num_tokens = np.arange(200, dtype=np.int64)
+    for block_size in range(1, 40):
+        assert (_fills_blocks(num_tokens, block_size) == (num_tokens % block_size == 0)).all(), block_size
 
 
 def test_a_member_scheduled_past_its_full_length_moves_its_blocks_to_a_larger_region():

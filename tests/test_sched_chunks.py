@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from batchllm.sched.chunks import ChunksBuilder, ScheduledChunk, ScheduledChunks
+from batchllm.sched.chunks import ChunkColumns, ChunksBuilder, ScheduledChunk, ScheduledChunks
 from batchllm.sched.interface import SchedulerOutput
 
 CHUNKS = (
@@ -49,6 +49,31 @@ def test_take_concat_and_insert_keep_each_chunks_ids_and_blocks():
     assert tuple(base.insert(np.array([1, 1]), extra)) == (CHUNKS[0], CHUNKS[2], CHUNKS[3], CHUNKS[1])
     assert tuple(base.insert(np.array([0, 2]), extra)) == (CHUNKS[2], CHUNKS[0], CHUNKS[1], CHUNKS[3])
     assert tuple(ScheduledChunks.empty().insert(np.array([0, 0]), extra)) == CHUNKS[2:]
+
+
+def test_chunk_columns_written_in_parts_equal_the_built_chunks():
+    columns = ChunkColumns(len(CHUNKS))
+    c = CHUNKS[0]
+    columns.add(c.seq_id, np.array(c.token_ids), c.start_position, c.num_tokens, list(c.new_block_ids),
+                c.block_ids_start, c.shared_kv_len, c.is_prefix, c.sample, c.group_id, c.is_decode)
+    part = ScheduledChunks.from_chunks(CHUNKS[1:])
+    rows = columns.next_rows(3, part.token_ids, part.new_block_ids)
+    for name in ("seq_ids", "start_positions", "num_tokens", "block_ids_start", "shared_kv_lens", "group_ids",
+                 "is_prefix", "sample", "is_decode", "num_token_ids", "num_new_block_ids"):
+        getattr(columns, name)[rows] = getattr(part, name)
+    assert columns.build() == CHUNKS
+    unfinished = ChunkColumns(2)
+    unfinished.add(1, (), 0, 1, ())
+    with pytest.raises(AssertionError, match="1 of 2 chunks written"):
+        unfinished.build()
+
+
+def test_move_tail_places_the_last_chunks_before_the_given_ones():
+    chunks = ScheduledChunks.from_chunks(CHUNKS)
+    assert tuple(chunks.move_tail(np.array([0, 1]))) == (CHUNKS[2], CHUNKS[0], CHUNKS[3], CHUNKS[1])
+    assert tuple(chunks.move_tail(np.array([2]))) == (CHUNKS[0], CHUNKS[1], CHUNKS[3], CHUNKS[2])
+    assert tuple(chunks.move_tail(np.array([3]))) == CHUNKS  # after the last of the others
+    assert tuple(chunks.move_tail(np.zeros(0, dtype=np.int64))) == CHUNKS
 
 
 def test_builder_and_scheduler_output_counts():

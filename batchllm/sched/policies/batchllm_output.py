@@ -1,7 +1,8 @@
 """How the batchllm policy turns a scheduled step into its chunk columns: the decode rows and the
-lone requests' prompt chunks as arrays, every other chunk through a ChunksBuilder, laid out group
-by group (BatchLLM section 5); and what a step has taken while it is scheduled. A part of
-BatchLLMScheduler (policies/batchllm.py), kept apart by what it does. Torch-free."""
+lone requests' prompt chunks as arrays, every other chunk one at a time, all written into one
+ChunkColumns, laid out group by group (BatchLLM section 5); and what a step has taken while it is
+scheduled. A part of BatchLLMScheduler (policies/batchllm.py), kept apart by what it does.
+Torch-free."""
 
 from __future__ import annotations
 
@@ -9,15 +10,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from batchllm.sched.chunks import count_offsets
-from batchllm.sched.interface import ChunksBuilder, SchedulerOutput, ScheduledChunks
+from batchllm.sched.chunks import ChunkColumns
+from batchllm.sched.interface import SchedulerOutput
 from batchllm.sched.policies.batchllm_state import RANK_SHIFT, Group
 
 _NO_IDS = np.zeros(0, dtype=np.int64)
 
 
-def _join_block_ids(parts: list[np.ndarray]) -> np.ndarray:
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+def _join(parts: list[np.ndarray]) -> np.ndarray:
+    """The parts (int64 arrays) as one array."""
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else _NO_IDS
+
+
+def _gather(values: np.ndarray, slots: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """values[slots] written into out; returns out. mode="clip" (slots are in range): the default
+    mode buffers the output, one more copy."""
+    return np.take(values, slots, out=out, mode="clip")
 
 
 class StepChunks:
@@ -29,90 +39,86 @@ class StepChunks:
         # decode rows come first, in running order (group rank, place in group); a group's other
         # chunks follow its decode rows; the groups without decode rows come last, in the order
         # the step reached them.
-        decodes, decode_slots = self._decode_chunks(step)
-        chunks = decodes
-        num_decode = num_prefix = num_distinct = 0
-        if step.group_order:
-            members = self.members
-            last_rank = int(members.key[decode_slots[-1]]) >> RANK_SHIFT if decode_slots.size else -1
-            ranks = None
-            with_decodes: list[tuple[int, Group]] = []
-            others: list[Group | LoneRun] = []
-            for group in step.group_order:
-                # an earlier group (not admitted in this step) may have decode rows
-                if not isinstance(group, LoneRun) and group.rank <= last_rank:
-                    if ranks is None:
-                        ranks = members.key[decode_slots] >> RANK_SHIFT
-                    end = int(np.searchsorted(ranks, group.rank, side="right"))
-                    if end and ranks[end - 1] == group.rank:
-                        with_decodes.append((end, group))
-                        continue
-                others.append(group)
-            with_decodes.sort(key=lambda item: item[0])
-            parts = []
-            if with_decodes:
-                builder = ChunksBuilder()
-                positions: list[int] = []
-                for end, group in with_decodes:
-                    positions.extend([end] * self._group_chunks(builder, group, step))
-                parts.append(builder.build())
-                chunks = decodes.insert(np.array(positions, dtype=np.int64), parts[0])
-            num_inserted = len(parts)
-            builder = ChunksBuilder()
-            for group in others:
-                if isinstance(group, LoneRun):
-                    if len(builder):
-                        parts.append(builder.build())
-                        builder = ChunksBuilder()
-                    parts.append(self._lone_chunks(group))
-                else:
-                    self._group_chunks(builder, group, step)
-            if len(builder):
-                parts.append(builder.build())
-            chunks = ScheduledChunks.concat([chunks, *parts[num_inserted:]])
-            for part in parts:
-                num_tokens = part.num_tokens
-                part_decode = int(num_tokens[part.is_decode].sum())
-                part_prefix = int(num_tokens[part.is_prefix & ~part.is_decode].sum())
-                num_decode, num_prefix = num_decode + part_decode, num_prefix + part_prefix
-                num_distinct += int(num_tokens.sum()) - part_decode - part_prefix
+        slots = _join(step.decode_slots)
+        num_decode = slots.shape[0]
+        columns = ChunkColumns(num_decode + step.num_other_chunks)
+        if num_decode:
+            self._decode_chunks(columns, step, slots)
+        with_decodes, others = self._split_by_decodes(step.group_order, slots)
+        for group in others:
+            if isinstance(group, LoneRun):
+                self._lone_chunks(columns, group)
+            else:
+                self._group_chunks(columns, group, step)
+        # Rows are written in turn: the chunks of groups with decode rows last, then moved after those.
+        positions: list[int] = []
+        for end, group in with_decodes:
+            positions.extend([end] * self._group_chunks(columns, group, step))
+        num_tokens, is_decode = columns.num_tokens[num_decode:], columns.is_decode[num_decode:]
+        num_other_decode = int(num_tokens[is_decode].sum())
+        num_prefix = int(num_tokens[columns.is_prefix[num_decode:] & ~is_decode].sum())
+        num_distinct = int(num_tokens.sum()) - num_other_decode - num_prefix
+        chunks = columns.build()
+        if positions:
+            chunks = chunks.move_tail(np.array(positions, dtype=np.int64))
         finished, self.finished_seq_ids = self.finished_seq_ids, []
-        return SchedulerOutput(self.step_index, chunks, num_decode + decode_slots.shape[0], num_distinct, num_prefix,
+        return SchedulerOutput(self.step_index, chunks, num_decode + num_other_decode, num_distinct, num_prefix,
                                self._num_running, self.pool.num_used_blocks, tuple(step.preempted), tuple(finished))
 
-    def _decode_chunks(self, step: "Step") -> tuple[ScheduledChunks, np.ndarray]:
-        """The step's decode rows (one token each, sampled) as columns, counted as run; and their
-        member slots."""
-        if not step.decode_slots:
-            return ScheduledChunks.empty(), np.zeros(0, dtype=np.int64)
+    def _split_by_decodes(self, group_order: list[Group | LoneRun], decode_slots: np.ndarray
+                          ) -> tuple[list[tuple[int, Group]], list[Group | LoneRun]]:
+        """The groups of group_order with decode rows in this step, each with the end of its decode
+        rows, by that end; and the others, in their order."""
+        with_decodes: list[tuple[int, Group]] = []
+        others: list[Group | LoneRun] = []
+        if not group_order:
+            return with_decodes, others
         members = self.members
-        if len(step.decode_slots) == 1:
-            slots, num_computed = step.decode_slots[0], step.decode_num_computed[0]
-            num_outputs, new_counts = step.decode_num_outputs[0], step.decode_new_counts[0]
-        else:
-            slots, num_computed, num_outputs, new_counts = (np.concatenate(parts) for parts in (
-                step.decode_slots, step.decode_num_computed, step.decode_num_outputs, step.decode_new_counts))
-        # A decode row's runner row is up to date but for the blocks it grew in this step (its
-        # previous chunk sent every block it had then).
-        sent = members.num_table_blocks_sent[slots]
-        prompt_offset = members.prompt_offset[slots]
-        starts = prompt_offset + num_computed
+        last_rank = int(members.key[decode_slots[-1]]) >> RANK_SHIFT if decode_slots.size else -1
+        ranks = None
+        for group in group_order:
+            # an earlier group (not admitted in this step) may have decode rows
+            if not isinstance(group, LoneRun) and group.rank <= last_rank:
+                if ranks is None:
+                    ranks = members.key[decode_slots] >> RANK_SHIFT
+                end = int(np.searchsorted(ranks, group.rank, side="right"))
+                if end and ranks[end - 1] == group.rank:
+                    with_decodes.append((end, group))
+                    continue
+            others.append(group)
+        with_decodes.sort(key=lambda item: item[0])
+        return with_decodes, others
+
+    def _decode_chunks(self, columns: ChunkColumns, step: "Step", slots: np.ndarray) -> None:
+        """The step's decode rows (one token each, sampled) into the next rows of columns, counted
+        as run; slots: their member slots."""
+        members = self.members
+        num_computed, num_outputs, new_counts = (_join(parts) for parts in (
+            step.decode_num_computed, step.decode_num_outputs, step.decode_new_counts))
+        num_rows = slots.shape[0]
         fed = members.last_sampled[slots]
+        all_fed = bool(fed.all())
         token_ids = _NO_IDS
-        if not fed.all():  # a recomputed token right before the newest output: its id is read
+        if not all_fed:  # a recomputed token right before the newest output: its id is read
+            starts = members.prompt_offset[slots] + num_computed
             token_ids = np.concatenate([members.token_ids(slot, start, start + 1)
                                         for slot, start in zip(slots[~fed].tolist(), starts[~fed].tolist())])
-        num_rows = slots.shape[0]
-        true = np.ones(num_rows, dtype=bool)
-        chunks = ScheduledChunks(members.request_id[slots], starts, np.ones(num_rows, dtype=np.int64), sent,
-                                 prompt_offset, members.chunk_group_id[slots], ~true, true, true,
-                                 token_ids, np.zeros(num_rows + 1, dtype=np.int64) if fed.all() else count_offsets(~fed),
-                                 _join_block_ids(step.decode_new_block_ids), count_offsets(new_counts))
+        rows = columns.next_rows(num_rows, token_ids, _join(step.decode_new_block_ids))
+        # A decode row's runner row is up to date but for the blocks it grew in this step (its
+        # previous chunk sent every block it had then).
+        sent = _gather(members.num_table_blocks_sent, slots, columns.block_ids_start[rows])
+        prompt_offset = _gather(members.prompt_offset, slots, columns.shared_kv_lens[rows])
+        np.add(prompt_offset, num_computed, out=columns.start_positions[rows])
+        _gather(members.request_id, slots, columns.seq_ids[rows])
+        _gather(members.chunk_group_id, slots, columns.group_ids[rows])
+        columns.num_tokens[rows] = 1
+        columns.is_prefix[rows], columns.sample[rows], columns.is_decode[rows] = False, True, True
+        columns.num_token_ids[rows] = 0 if all_fed else ~fed
+        columns.num_new_block_ids[rows] = new_counts
         members.num_computed_tokens[slots] = num_computed + 1
         self._add_outputs(slots, num_outputs)
         members.last_sampled[slots] = True
         members.num_table_blocks_sent[slots] = sent + new_counts
-        return chunks, slots
 
     def _add_outputs(self, slots: np.ndarray, num_outputs: np.ndarray | None = None) -> None:
         """One more output for each of slots (their chunks sample), and the blocks promised to
@@ -130,30 +136,33 @@ class StepChunks:
         else:
             members.num_outputs[slots] = num_outputs + 1
 
-    def _lone_chunks(self, run: "LoneRun") -> ScheduledChunks:
-        """The prompt chunks of requests admitted by _admit_lone_requests (as _member_chunk makes
-        them: every own block is new to the runner, the ids are the prompt's, then outputs read)."""
+    def _lone_chunks(self, columns: ChunkColumns, run: "LoneRun") -> None:
+        """The prompt chunks of requests admitted by _admit_lone_requests into the next rows of
+        columns (as _member_chunk makes them: every own block is new to the runner, the ids are the
+        prompt's, then outputs read)."""
         members = self.members
         slots, num_tokens = run.slots, run.num_tokens
         prompt_arrays = members.prompt_arrays
         if (num_tokens <= members.prompt_offset[slots] + members.num_own_prompt_tokens[slots]).all():
-            pieces = [prompt_arrays[slot][:count] for slot, count in zip(slots.tolist(), num_tokens.tolist())]
+            token_ids = np.concatenate([prompt_arrays[slot][:count]
+                                        for slot, count in zip(slots.tolist(), num_tokens.tolist())])
         else:  # a recompute: the outputs read so far follow the prompt
-            pieces = [members.token_ids(slot, 0, count) for slot, count in zip(slots.tolist(), num_tokens.tolist())]
-        num = slots.shape[0]
-        zeros, false = np.zeros(num, dtype=np.int64), np.zeros(num, dtype=bool)
-        chunks = ScheduledChunks(members.request_id[slots], zeros, num_tokens, zeros, zeros,
-                                 members.chunk_group_id[slots], false, run.sample, false,
-                                 np.concatenate(pieces), count_offsets(num_tokens),
-                                 run.block_ids, count_offsets(members.num_blocks[slots]))
+            token_ids = np.concatenate([members.token_ids(slot, 0, count)
+                                        for slot, count in zip(slots.tolist(), num_tokens.tolist())])
+        rows = columns.next_rows(slots.shape[0], token_ids, run.block_ids)
+        _gather(members.request_id, slots, columns.seq_ids[rows])
+        _gather(members.chunk_group_id, slots, columns.group_ids[rows])
+        num_blocks = _gather(members.num_blocks, slots, columns.num_new_block_ids[rows])
+        columns.num_tokens[rows] = columns.num_token_ids[rows] = num_tokens
+        columns.start_positions[rows] = columns.block_ids_start[rows] = columns.shared_kv_lens[rows] = 0
+        columns.is_prefix[rows], columns.sample[rows], columns.is_decode[rows] = False, run.sample, False
         members.num_computed_tokens[slots] = num_tokens
         self._add_outputs(slots[run.sample])
         members.last_sampled[slots] = run.sample
-        members.num_table_blocks_sent[slots] = members.num_blocks[slots]
+        members.num_table_blocks_sent[slots] = num_blocks
         members.num_row_prefix_blocks[slots] = 0
-        return chunks
 
-    def _group_chunks(self, builder: ChunksBuilder, group: Group, step: "Step") -> int:
+    def _group_chunks(self, columns: ChunkColumns, group: Group, step: "Step") -> int:
         """Add a group's prefix chunk, then its members' chunks (not decode rows); returns how many."""
         num_chunks = 0
         prefix_tokens = step.prefix_tokens.get(group.group_id, 0)
@@ -161,18 +170,18 @@ class StepChunks:
             start = group.prefix_num_computed
             blocks_sent = group.num_prefix_blocks_sent
             group.num_prefix_blocks_sent = len(group.prefix_block_ids)
-            builder.add(group.prefix_id, group.prefix_token_ids[start:start + prefix_tokens], start, prefix_tokens,
+            columns.add(group.prefix_id, group.prefix_token_ids[start:start + prefix_tokens], start, prefix_tokens,
                         group.prefix_block_ids[blocks_sent:], blocks_sent, 0, True, False, group.group_id)
             group.prefix_num_computed += prefix_tokens  # counted as stored from this step on
             if group.prefix_done:
                 self._prefix_pending.pop(group.rank, None)
             num_chunks += 1
         for slot, num_tokens in step.member_tokens.get(group.group_id, ()):
-            self._member_chunk(builder, group, slot, num_tokens)
+            self._member_chunk(columns, group, slot, num_tokens)
             num_chunks += 1
         return num_chunks
 
-    def _member_chunk(self, builder: ChunksBuilder, group: Group, slot: int, num_tokens: int) -> None:
+    def _member_chunk(self, columns: ChunkColumns, group: Group, slot: int, num_tokens: int) -> None:
         """The member's next num_tokens own tokens as a chunk, with the change that brings the
         runner's row (prefix blocks, then own blocks) up to date (docs/design.md); counted as run."""
         members = self.members
@@ -193,7 +202,7 @@ class StepChunks:
         sample = num_computed + num_tokens == num_own
         is_decode = num_outputs > 0 and num_own - num_computed == 1
         token_ids = () if members.last_sampled[slot] else members.token_ids(slot, first, first + num_tokens)
-        builder.add(request_id, token_ids, first, num_tokens, new_block_ids, blocks_sent, prompt_offset, False, sample,
+        columns.add(request_id, token_ids, first, num_tokens, new_block_ids, blocks_sent, prompt_offset, False, sample,
                     chunk_group_id, is_decode)
         num_computed += num_tokens
         members.num_computed_tokens[slot] = num_computed
@@ -239,6 +248,7 @@ class Step:
     member_tokens: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     prefix_tokens: dict[int, int] = field(default_factory=dict)
     preempted: list[int] = field(default_factory=list)
+    num_other_chunks: int = 0  # chunks that are not in the decode rows
 
     def add_decodes(self, slots: np.ndarray, num_computed: np.ndarray, num_outputs: np.ndarray, new_counts: np.ndarray,
                     new_block_ids: np.ndarray) -> None:
@@ -251,6 +261,7 @@ class Step:
 
     def add_lone_run(self, run: LoneRun) -> None:
         self.group_order.append(run)
+        self.num_other_chunks += run.slots.shape[0]
         self.budget -= int(run.num_tokens.sum())
 
     def _touch(self, group: Group) -> None:
@@ -261,9 +272,11 @@ class Step:
     def add_member(self, group: Group, slot: int, num_tokens: int) -> None:
         self._touch(group)
         self.member_tokens[group.group_id].append((slot, num_tokens))
+        self.num_other_chunks += 1
         self.budget -= num_tokens
 
     def add_prefix(self, group: Group, num_tokens: int) -> None:
         self._touch(group)
         self.prefix_tokens[group.group_id] = num_tokens
+        self.num_other_chunks += 1
         self.budget -= num_tokens

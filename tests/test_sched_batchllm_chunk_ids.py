@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
+
 from batchllm.sched.config import SchedulerConfig
 from batchllm.sched.factory import make_scheduler
 from batchllm.sched.interface import SchedRequest
+from batchllm.sched.policies.batchllm_output import _prompt_heads
 from batchllm.sched.simulator import fake_token
 
 
@@ -55,3 +58,10 @@ def test_chunk_ids_are_the_requests_positions_under_preemption():
             scheduler.update(output, reasons)
         assert num_checked > len(requests)
         assert num_preempted > 0 or reserve == 1.0
+
+
+def test_prompt_heads_take_whole_prompts_and_cut_the_short_ones():
+    prompts = [np.arange(10 * i, 10 * i + 5, dtype=np.int32) for i in range(4)]
+    heads = _prompt_heads(prompts, np.array([2, 0, 3]), np.array([5, 2, 5]), np.array([5, 5, 5]))
+    assert heads.dtype == np.int64 and heads.tolist() == [20, 21, 22, 23, 24, 0, 1, 30, 31, 32, 33, 34]
+    assert _prompt_heads(prompts, np.array([1]), np.array([3]), np.array([5])).tolist() == [10, 11, 12]

@@ -7,6 +7,7 @@ Torch-free."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 
@@ -28,6 +29,17 @@ def _gather(values: np.ndarray, slots: np.ndarray, out: np.ndarray) -> np.ndarra
     """values[slots] written into out; returns out. mode="clip" (slots are in range): the default
     mode buffers the output, one more copy."""
     return np.take(values, slots, out=out, mode="clip")
+
+
+def _prompt_heads(prompt_arrays: list, slots: np.ndarray, num_tokens: np.ndarray,
+                  num_prompt_tokens: np.ndarray) -> np.ndarray:
+    """The first num_tokens ids of each slot's prompt, joined as int64. Whole prompts are taken as
+    they are, only the cut ones sliced: half the time of slicing each (80 prompts), and of a
+    gather from one flat array of every prompt."""
+    pieces = list(itemgetter(*slots.tolist())(prompt_arrays)) if slots.shape[0] > 1 else [prompt_arrays[slots[0]]]
+    for i in np.flatnonzero(num_tokens < num_prompt_tokens).tolist():
+        pieces[i] = pieces[i][:num_tokens[i]]
+    return np.concatenate(pieces, dtype=np.int64)
 
 
 class StepChunks:
@@ -142,10 +154,9 @@ class StepChunks:
         prompt's, then outputs read)."""
         members = self.members
         slots, num_tokens = run.slots, run.num_tokens
-        prompt_arrays = members.prompt_arrays
-        if (num_tokens <= members.prompt_offset[slots] + members.num_own_prompt_tokens[slots]).all():
-            token_ids = np.concatenate([prompt_arrays[slot][:count]
-                                        for slot, count in zip(slots.tolist(), num_tokens.tolist())])
+        num_prompt_tokens = members.prompt_offset[slots] + members.num_own_prompt_tokens[slots]
+        if (num_tokens <= num_prompt_tokens).all():
+            token_ids = _prompt_heads(members.prompt_arrays, slots, num_tokens, num_prompt_tokens)
         else:  # a recompute: the outputs read so far follow the prompt
             token_ids = np.concatenate([members.token_ids(slot, 0, count)
                                         for slot, count in zip(slots.tolist(), num_tokens.tolist())])

@@ -38,17 +38,11 @@ def test_columns_round_trip_to_chunk_objects():
     assert len(ScheduledChunks.empty()) == 0 and tuple(ScheduledChunks.empty()) == ()
 
 
-def test_take_concat_and_insert_keep_each_chunks_ids_and_blocks():
+def test_take_keeps_each_chunks_ids_and_blocks():
     chunks = ScheduledChunks.from_chunks(CHUNKS)
     assert tuple(chunks.take(np.array([3, 0, 2]))) == (CHUNKS[3], CHUNKS[0], CHUNKS[2])
-    assert tuple(ScheduledChunks.concat([chunks.take(np.array([1])), ScheduledChunks.empty(), chunks])) == (
-        CHUNKS[1], *CHUNKS)
-    base = ScheduledChunks.from_chunks(CHUNKS[:2])
-    extra = ScheduledChunks.from_chunks(CHUNKS[2:])
-    # extras at one place keep their order; len(base) appends
-    assert tuple(base.insert(np.array([1, 1]), extra)) == (CHUNKS[0], CHUNKS[2], CHUNKS[3], CHUNKS[1])
-    assert tuple(base.insert(np.array([0, 2]), extra)) == (CHUNKS[2], CHUNKS[0], CHUNKS[1], CHUNKS[3])
-    assert tuple(ScheduledChunks.empty().insert(np.array([0, 0]), extra)) == CHUNKS[2:]
+    assert tuple(chunks.take(np.array([1, 1]))) == (CHUNKS[1], CHUNKS[1])
+    assert tuple(chunks.take(np.zeros(0, dtype=np.int64))) == ()
 
 
 def test_chunk_columns_written_in_parts_equal_the_built_chunks():

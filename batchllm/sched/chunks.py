@@ -143,31 +143,6 @@ class ScheduledChunks(Sequence[ScheduledChunk]):
         columns = [getattr(self, name)[order] for name in (*_INT_COLUMNS, *_BOOL_COLUMNS)]
         return ScheduledChunks(*columns, token_ids, token_offsets, block_ids, block_offsets)
 
-    @staticmethod
-    def concat(parts: Sequence["ScheduledChunks"]) -> "ScheduledChunks":
-        """The chunks of every part, in order."""
-        parts = [p for p in parts if len(p)] or list(parts[:1]) or [ScheduledChunks.empty()]
-        if len(parts) == 1:
-            return parts[0]
-        columns = [np.concatenate([getattr(p, name) for p in parts]) for name in (*_INT_COLUMNS, *_BOOL_COLUMNS)]
-        flats = []
-        for values, offsets in (("token_ids", "token_id_offsets"), ("new_block_ids", "new_block_offsets")):
-            flats.append(np.concatenate([getattr(p, values) for p in parts]))
-            # each part's offsets past the first shifted by the values before it
-            shifted, base = [getattr(parts[0], offsets)], 0
-            for previous, part in zip(parts, parts[1:]):
-                base += getattr(previous, offsets)[-1]
-                shifted.append(getattr(part, offsets)[1:] + base)
-            flats.append(np.concatenate(shifted))
-        return ScheduledChunks(*columns, *flats)
-
-    def insert(self, positions: np.ndarray, extra: "ScheduledChunks") -> "ScheduledChunks":
-        """These chunks with extra's chunk j placed before chunk positions[j] (positions
-        non-decreasing, len(self) places after the last); extras at one position keep their order."""
-        if not len(extra):
-            return self
-        return ScheduledChunks.concat([self, extra]).move_tail(positions)
-
     def move_tail(self, positions: np.ndarray) -> "ScheduledChunks":
         """These chunks with the last len(positions) ones (the tail) moved: tail chunk j before
         chunk positions[j] of the others (positions non-decreasing; their count places after the

@@ -223,14 +223,14 @@ class ChunksBuilder:
         int_columns = [np.array(c, dtype=np.int64) for c in self._columns[:len(_INT_COLUMNS)]]
         bool_columns = [np.array(c, dtype=bool) for c in self._columns[len(_INT_COLUMNS):]]
         return ScheduledChunks(*int_columns, *bool_columns,
-                               _join_ids(self._token_pieces),
+                               join_ids(self._token_pieces),
                                count_offsets(np.array(self._token_counts, dtype=np.int64)),
                                np.array(self._block_ids, dtype=np.int64),
                                count_offsets(np.array(self._block_counts, dtype=np.int64)))
 
 
-def _join_ids(pieces: list) -> np.ndarray:
-    """The pieces (integer arrays or sequences of ints: ids) as one int64 array."""
+def join_ids(pieces: list) -> np.ndarray:
+    """The pieces (integer arrays or sequences of ints) as one int64 array."""
     if not pieces:
         return np.zeros(0, dtype=np.int64)
     if len(pieces) == 1:
@@ -290,5 +290,5 @@ class ChunkColumns:
         if self.num_written != self.seq_ids.shape[0]:
             raise AssertionError(f"{self.num_written} of {self.seq_ids.shape[0]} chunks written")
         return ScheduledChunks(*(getattr(self, name) for name in (*_INT_COLUMNS, *_BOOL_COLUMNS)),
-                               _join_ids(self._token_pieces), count_offsets(self.num_token_ids),
-                               _join_ids(self._block_pieces), count_offsets(self.num_new_block_ids))
+                               join_ids(self._token_pieces), count_offsets(self.num_token_ids),
+                               join_ids(self._block_pieces), count_offsets(self.num_new_block_ids))

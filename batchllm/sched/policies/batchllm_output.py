@@ -11,18 +11,11 @@ from operator import itemgetter
 
 import numpy as np
 
-from batchllm.sched.chunks import ChunkColumns
+from batchllm.sched.chunks import ChunkColumns, join_ids
 from batchllm.sched.interface import SchedulerOutput
 from batchllm.sched.policies.batchllm_state import RANK_SHIFT, Group
 
 _NO_IDS = np.zeros(0, dtype=np.int64)
-
-
-def _join(parts: list[np.ndarray]) -> np.ndarray:
-    """The parts (int64 arrays) as one array."""
-    if len(parts) == 1:
-        return parts[0]
-    return np.concatenate(parts) if parts else _NO_IDS
 
 
 def _gather(values: np.ndarray, slots: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -51,7 +44,7 @@ class StepChunks:
         # decode rows come first, in running order (group rank, place in group); a group's other
         # chunks follow its decode rows; the groups without decode rows come last, in the order
         # the step reached them.
-        slots = _join(step.decode_slots)
+        slots = join_ids(step.decode_slots)
         num_decode = slots.shape[0]
         columns = ChunkColumns(num_decode + step.num_other_chunks)
         if num_decode:
@@ -105,7 +98,7 @@ class StepChunks:
         """The step's decode rows (one token each, sampled) into the next rows of columns, counted
         as run; slots: their member slots."""
         members = self.members
-        num_computed, num_outputs, new_counts = (_join(parts) for parts in (
+        num_computed, num_outputs, new_counts = (join_ids(parts) for parts in (
             step.decode_num_computed, step.decode_num_outputs, step.decode_new_counts))
         num_rows = slots.shape[0]
         fed = members.last_sampled[slots]
@@ -115,7 +108,7 @@ class StepChunks:
             starts = members.prompt_offset[slots] + num_computed
             token_ids = np.concatenate([members.token_ids(slot, start, start + 1)
                                         for slot, start in zip(slots[~fed].tolist(), starts[~fed].tolist())])
-        rows = columns.next_rows(num_rows, token_ids, _join(step.decode_new_block_ids))
+        rows = columns.next_rows(num_rows, token_ids, join_ids(step.decode_new_block_ids))
         # A decode row's runner row is up to date but for the blocks it grew in this step (its
         # previous chunk sent every block it had then).
         sent = _gather(members.num_table_blocks_sent, slots, columns.block_ids_start[rows])

@@ -72,3 +72,25 @@ def test_bfloat16_one_layer_8b_shape_is_finite():
     hidden = model(torch.tensor([1, 2, 3]), torch.tensor([0, 1, 2]), DenseCausalAttention())
     logits = model.compute_logits(hidden)
     assert logits.dtype == torch.float32 and logits.shape == (3, 512) and torch.isfinite(logits).all()
+
+
+def test_fused_forward_hands_attention_a_dense_query(device):
+    # XQA reads its query densely: the fused RoPE writes every layer's query into one dense buffer,
+    # rather than leaving a strided view of the QKV rows that the attention would have to copy.
+    model = load_model("random:tiny?num_layers=2", device=device).model
+    input_ids = torch.tensor([1, 5, 9, 200, 3], device=device)
+    positions = torch.arange(5, device=device)
+    seen = []
+
+    class Recording(DenseCausalAttention):
+        def __call__(self, layer_index, query, key, value):
+            seen.append((query.is_contiguous(), query.data_ptr()))
+            return super().__call__(layer_index, query, key, value)
+
+    with torch.no_grad():
+        plain = model(input_ids, positions, DenseCausalAttention())
+        model.fused_kernels = True
+        fused = model(input_ids, positions, Recording())
+    assert [dense for dense, _ in seen] == [True, True]
+    assert seen[0][1] == seen[1][1]  # one buffer for every layer
+    torch.testing.assert_close(fused, plain, atol=1e-5, rtol=1e-5)

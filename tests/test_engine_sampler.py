@@ -94,3 +94,20 @@ def test_a_token_of_probability_zero_is_never_sampled_when_its_noise_rounds_to_o
     logits[0, 7] = 5.0  # the one token top_k=1 keeps
     out = sample(logits, SamplingBatch.build([_row(top_k=1, seed=seed)], torch.device("cpu"))).token_ids
     assert out.tolist() == [7]
+
+
+def test_model_dtype_logits_sample_as_their_float32_widening():
+    # The runner hands the LM head's bf16 logits to the sampler: plain greedy rows take their argmax
+    # as they are, every other batch is widened first, so each matches the float32 path exactly.
+    logits = (torch.randn(6, 50, generator=torch.Generator().manual_seed(3)) * 4).to(torch.bfloat16)
+    logits[0, 7] = logits[0, 9] = logits[0].max() + 1  # a tie: the first index wins either way
+    device = torch.device("cpu")
+    batches = [[_row(temperature=0.0)] * 6, [_row(temperature=0.0, logprobs=3)] * 6,
+               [_row(seed=s) for s in range(6)], [_row(top_k=3, top_p=0.8, seed=s) for s in range(6)]]
+    for rows in batches:
+        narrow = sample(logits, SamplingBatch.build(rows, device))
+        wide = sample(logits.float(), SamplingBatch.build(rows, device))
+        assert narrow.token_ids.dtype == torch.int64
+        assert torch.equal(narrow.token_ids, wide.token_ids)
+        assert narrow.logprobs is None or torch.equal(narrow.logprobs, wide.logprobs)
+    assert sample(logits, SamplingBatch.build(batches[0], device)).token_ids[0] == 7

@@ -62,10 +62,12 @@ class TensorParallelLlama(LlamaForCausalLM):
             layer.self_attn.o_proj = RowParallelLinear(shard_config.q_size, shard_config.hidden_size, group)
             layer.mlp.down_proj = RowParallelLinear(shard_config.intermediate_size, shard_config.hidden_size, group)
 
-    def compute_logits(self, hidden: Tensor) -> Tensor:
-        """hidden [N, hidden_size] -> logits [N, full_vocab_size] float32 on every rank."""
+    def compute_logits(self, hidden: Tensor, float32: bool = True) -> Tensor:
+        """hidden [N, hidden_size] -> logits [N, full_vocab_size] on every rank, float32 (float32=False:
+        the model dtype)."""
         local = F.linear(hidden, self.output_weight())  # [N, vocab_per_rank], model dtype
         parts = [torch.empty_like(local) for _ in range(self.world_size)]
         dist.all_gather(parts, local.contiguous(), group=self.group)
         # Rounding to float32 after the gather gives the unsharded model's values exactly.
-        return torch.cat(parts, dim=-1)[:, : self.full_vocab_size].float()
+        logits = torch.cat(parts, dim=-1)[:, : self.full_vocab_size]
+        return logits.float() if float32 else logits

@@ -176,7 +176,7 @@ class ModelRunner:
         hidden = self._forward(inputs, allow_graph, _fed_rows(inputs, indices))
         scored = self._prompt_logprobs(hidden, prompt_rows, prompt_logprobs)
         # Only the rows that sample (and the prompt rows asked for, above) pay for the LM head.
-        logits = self.model.compute_logits(hidden[indices["sample_rows"]])
+        logits = self.model.compute_logits(hidden[indices["sample_rows"]], float32=False)
         bitmask = constraint.token_bitmask(logits.shape[-1], self.staging) if constraint is not None else None
         sampled = sample(logits, batch, bitmask, self.penalty_table)
         self.last_tokens.store(indices["sample_batch_rows"], sampled.token_ids)

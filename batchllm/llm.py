@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from batchllm.config import DEFAULT_GPU_MEMORY_UTILIZATION, engine_config
 from batchllm.engine.engine_protocol import Engine
 from batchllm.engine.request_limits import NoTokenizerError
@@ -76,7 +78,7 @@ class LLM:
             if isinstance(prompt, dict):
                 if "prompt_token_ids" in prompt:
                     texts.append(prompt.get("prompt"))
-                    token_lists.append(list(prompt["prompt_token_ids"]))
+                    token_lists.append(_token_list(prompt["prompt_token_ids"]))
                     continue
                 prompt = prompt["prompt"]
             if isinstance(prompt, str):
@@ -84,7 +86,7 @@ class LLM:
                 token_lists.append(self._tokenizer_or_error().encode_prompt(prompt))
             else:
                 texts.append(None)
-                token_lists.append(list(prompt))
+                token_lists.append(_token_list(prompt))
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
@@ -94,8 +96,9 @@ class LLM:
             if len(params_list) != len(token_lists):
                 raise ValueError(f"got {len(params_list)} SamplingParams for {len(token_lists)} prompts")
         limits = self.engine.limits
-        requests = [PreparedRequest(index, tokens, limits.check(tokens, params))
-                    for index, (tokens, params) in enumerate(zip(token_lists, params_list))]
+        arrays = [_token_array(tokens) for tokens in token_lists]
+        requests = [PreparedRequest(index, tokens, limits.check(tokens if array is None else array, params), array)
+                    for index, (tokens, array, params) in enumerate(zip(token_lists, arrays, params_list))]
         for request in requests:  # a bad schema, regex or grammar raises here; good ones start compiling
             self.engine.check_structured_outputs(request.params)
         # SamplingParams(n=k): k engine requests sharing the prompt (batchllm.engine.samples)
@@ -148,6 +151,23 @@ class LLM:
         if self.engine.tokenizer is None:
             raise NoTokenizerError(f"model {self.engine.model_name} has no tokenizer: pass prompt token ids")
         return self.engine.tokenizer
+
+
+def _token_list(prompt) -> list:
+    """A prompt's token ids as a list of its own (Python ints for a numpy array)."""
+    return prompt.tolist() if isinstance(prompt, np.ndarray) else list(prompt)
+
+
+def _token_array(tokens: list) -> np.ndarray | None:
+    """The ids as one integer numpy array, converted once for the limits and the prefix planner;
+    None where they are not a non-empty list of integers (RequestLimits.check then judges the list)."""
+    if not tokens:
+        return None
+    try:
+        array = np.asarray(tokens)
+    except (OverflowError, ValueError):
+        return None
+    return array if array.ndim == 1 and array.dtype.kind in "iu" else None
 
 
 def _to_request_output(request_id: str, prompt: str | None, samples: list[FinishedOutput]) -> RequestOutput:

@@ -26,3 +26,52 @@ def test_logit_bias_and_stop_token_ids_outside_the_vocabulary_are_refused():
         limits.check([5], SamplingParams(logit_bias={"512": 5}))
     with pytest.raises(InvalidTokenIdError, match=r"stop_token_ids names token id 600, outside the vocabulary"):
         limits.check([5], SamplingParams(stop_token_ids=[600]))
+
+
+def test_a_numpy_prompt_is_judged_as_its_list():
+    import numpy as np
+    import pytest
+
+    from batchllm.engine.request_limits import InvalidTokenIdError, PromptTooLongError, RequestLimits
+
+    limits = RequestLimits(max_model_len=64, num_kv_blocks=8, block_size=16, vocab_size=512)
+    params = SamplingParams(max_tokens=100)
+    for prompt in ([5, 511, 0], list(range(40))):
+        assert limits.check(np.asarray(prompt), params) == limits.check(prompt, params)
+    for prompt, error in (([5, 512], r"token id 512, outside"), ([-1, 5], r"token id -1, outside"),
+                          (list(range(64)), "prompt has 64 tokens")):
+        with pytest.raises(InvalidTokenIdError if "token id" in error else PromptTooLongError, match=error):
+            limits.check(np.asarray(prompt, dtype=np.int64), params)
+        with pytest.raises(InvalidTokenIdError if "token id" in error else PromptTooLongError, match=error):
+            limits.check(prompt, params)
+
+
+def test_generate_converts_each_prompt_once_and_hands_the_array_to_the_planner(monkeypatch):
+    import numpy as np
+
+    from batchllm.prefix import planner
+
+    llm = LLM(model="random:tiny?vocab_size=512", device="cpu", kv_cache_tokens=512, dtype="float32")
+    planned = []
+    original = planner.plan_prefix_token_arrays
+
+    def spy(prompts):
+        planned.append(list(prompts))
+        return original(prompts)
+
+    # the policy imports the planner's function when it plans, so the spy sees every call
+    monkeypatch.setattr(planner, "plan_prefix_token_arrays", spy)
+    prefix = list(range(10, 30))
+    as_lists = [prefix + [100 + i, 7] for i in range(3)] + [[40, 41, 42]]
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    from_lists = llm.generate(as_lists, params, use_tqdm=False)
+    from_arrays = llm.generate([np.asarray(p, dtype=np.int32) for p in as_lists], params, use_tqdm=False)
+    # every prompt reached the planner as one integer array holding its ids
+    assert len(planned) == 2
+    for prompts in planned:
+        assert [type(p) for p in prompts] == [np.ndarray] * 4
+        assert [p.tolist() for p in prompts] == as_lists
+    # numpy prompts come back as lists of Python ints, with the same outputs
+    for a, b in zip(from_lists, from_arrays):
+        assert b.prompt_token_ids == a.prompt_token_ids and type(b.prompt_token_ids[0]) is int
+        assert b.outputs[0].token_ids == a.outputs[0].token_ids

@@ -55,6 +55,25 @@ def test_sorted_keys_and_lcp_match_python():
         assert keys.lcp_num_tokens[i] == n
 
 
+def test_lcp_of_long_keys_with_wide_token_ids():
+    """Keys of 2- 4- and 8-byte ids (the largest id picks the width), long shared prefixes, a key
+    that is another's prefix, identical keys and an empty key: LCPs equal a token-by-token count."""
+    rng = np.random.default_rng(1)
+    for high in (300, 70_000, 5_000_000_000):
+        shared = rng.integers(0, high, 1500).tolist()
+        prompts = [shared[:int(rng.integers(0, 1500))] + rng.integers(0, high, int(rng.integers(1, 40))).tolist()
+                   for _ in range(200)]
+        prompts += [shared + [1], shared + [2], shared[:700] + [3], [high - 1]]
+        keys, _ = sort_keys(prompts)
+        for i in range(1, len(prompts)):
+            a, b = prompts[keys.order[i - 1]][:-1], prompts[keys.order[i]][:-1]
+            n = 0
+            while n < min(len(a), len(b)) and a[n] == b[n]:
+                n += 1
+            assert keys.lcp_num_tokens[i] == n
+        assert keys.lcp_num_tokens[0] == 0 and keys.lcp_num_tokens.max() == 1500
+
+
 @settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=10), min_size=1, max_size=30))
 def test_tree_invariants(prompts):

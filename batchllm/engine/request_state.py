@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
 from batchllm.engine.sampler import sampling_row
 from batchllm.engine.stop_checker import StopChecker
 from batchllm.sampling_params import SamplingParams
@@ -27,6 +28,9 @@ class PreparedRequest:
     request_id: int
     prompt_token_ids: list[int]
     params: SamplingParams
+    # the same ids as a 1-D integer numpy array, where the caller made one (LLM.generate): the limits
+    # and the prefix planner read it instead of converting the list again
+    prompt_array: np.ndarray | None = None
 
 
 @dataclass
@@ -83,8 +87,11 @@ class RequestState:
         """The request as the scheduler sees it, sharing output_token_ids. A request that asks for
         prompt logprobs shares no prefix: every prompt position's logits must be computed for it."""
         request = self.request
-        return SchedRequest(request.request_id, list(request.prompt_token_ids), request.params.max_tokens,
-                            self.output_token_ids, share_prefix=request.params.prompt_logprobs is None)
+        prompt = request.prompt_token_ids  # never written by the scheduler: shared, not copied
+        return SchedRequest(request.request_id, prompt if isinstance(prompt, list) else list(prompt),
+                            request.params.max_tokens,
+                            self.output_token_ids, share_prefix=request.params.prompt_logprobs is None,
+                            prompt_array=request.prompt_array)
 
     def output_index(self, num_positions: int) -> int:
         """The output index of the token sampled after the first num_positions positions (a sampling

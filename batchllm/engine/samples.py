@@ -44,7 +44,8 @@ class SampleSplit:
             # the prompt's logprobs are sample 0's: the others skip them (a request that asks for
             # them shares no prefix)
             samples.append(PreparedRequest(sample_id, request.prompt_token_ids,
-                                           replace(params, n=1, seed=sample_seed(seed, index), prompt_logprobs=None)))
+                                           replace(params, n=1, seed=sample_seed(seed, index), prompt_logprobs=None),
+                                           request.prompt_array))
         return samples
 
     def gather(self, done: FinishedOutput) -> tuple[int, list[FinishedOutput]] | None:

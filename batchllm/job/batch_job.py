@@ -366,7 +366,7 @@ class _JobRun:
             self._run_window(pending)
 
     def _run_window(self, pending: list[_Runnable]) -> None:
-        prepared = [PreparedRequest(request.line_number, ids.tolist(), params)
+        prepared = [PreparedRequest(request.line_number, ids.tolist(), params, ids)
                     for request, ids, params in pending]
         requests = {request.line_number: request for request, _, _ in pending}
         pending.clear()

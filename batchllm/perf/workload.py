@@ -58,7 +58,7 @@ def prepared_requests(workload: Workload) -> list:
     from batchllm.sampling_params import SamplingParams
 
     return [PreparedRequest(index, prompt.tolist(), SamplingParams(temperature=0, max_tokens=int(max_tokens),
-                                                                  ignore_eos=True))
+                                                                  ignore_eos=True), prompt)
             for index, (prompt, max_tokens) in enumerate(zip(workload.prompts, workload.max_tokens))]
 
 

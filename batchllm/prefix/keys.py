@@ -11,6 +11,8 @@ import numpy as np
 # Prompts validated / encoded per chunk, so the temporary flat array stays small (1M x 300).
 _CHUNK_NUM_PROMPTS = 65536
 _LCP_CHUNK_NUM_TOKENS = 1 << 22
+# keys at least this long on average find neighbour LCPs by binary search (_neighbour_lcp)
+_SEARCH_MIN_MEAN_TOKENS = 48
 
 
 class PromptError(ValueError):
@@ -76,12 +78,37 @@ def encode_keys(arrays: list[np.ndarray], dtype: np.dtype) -> list[bytes]:
     return keys
 
 
+def _pair_lcp(left: bytes, right: bytes, width: int) -> int:
+    """LCP in tokens of two keys: a binary search over equal-length prefixes, each compared by
+    bytes equality (memcmp), about 12 comparisons for keys of thousands of tokens."""
+    num_tokens = min(len(left), len(right)) // width
+    if left[:num_tokens * width] == right[:num_tokens * width]:
+        return num_tokens
+    equal, differs = 0, num_tokens  # left[:equal] == right[:equal]; the first `differs` tokens do not match
+    while differs - equal > 1:
+        middle = (equal + differs) // 2
+        if left[:middle * width] == right[:middle * width]:
+            equal = middle
+        else:
+            differs = middle
+    return equal
+
+
 def _neighbour_lcp(sorted_keys: list[bytes], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """(lcp, key_num_tokens): lcp[i] = LCP in tokens of keys i-1 and i, lcp[0] = 0. Chunked numpy."""
+    """(lcp, key_num_tokens): lcp[i] = LCP in tokens of keys i-1 and i, lcp[0] = 0. Keys of
+    _SEARCH_MIN_MEAN_TOKENS tokens or more on average: a binary search per pair; shorter: numpy
+    over every token position (on a 2-core CPU, 1,024 keys of 2,000 tokens in 10 ms against 130
+    ms, 50,000 of 128 in 0.15 s against 0.42; 50,000 of 40 in 0.12 s against 0.08)."""
     num_keys = len(sorted_keys)
     width = dtype.itemsize
-    lcp = np.zeros(num_keys, dtype=np.int64)
     key_num_tokens = np.fromiter((len(k) for k in sorted_keys), dtype=np.int64, count=num_keys) // width
+    lcp = np.zeros(num_keys, dtype=np.int64)
+    if num_keys < 2:
+        return lcp, key_num_tokens
+    if key_num_tokens.mean() >= _SEARCH_MIN_MEAN_TOKENS:
+        lcp[1:] = np.fromiter((_pair_lcp(sorted_keys[i - 1], sorted_keys[i], width) for i in range(1, num_keys)),
+                              dtype=np.int64, count=num_keys - 1)
+        return lcp, key_num_tokens
     first = 0  # the chunk covers keys first..last-1 and the pairs (first, first+1) ...
     while first < num_keys - 1:
         budget = np.cumsum(key_num_tokens[first:])

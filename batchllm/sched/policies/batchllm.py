@@ -46,6 +46,11 @@ def _fills_blocks(num_tokens: np.ndarray, block_size: int) -> np.ndarray:
     return num_tokens % block_size == 0
 
 
+def _prompt_ids(request: SchedRequest):
+    """The request's prompt as the array its caller made, else its list (converted by the planner)."""
+    return request.prompt_array if request.prompt_array is not None else request.prompt_token_ids
+
+
 def _compact_ids(token_ids: np.ndarray) -> np.ndarray:
     """The ids as int32 where they fit (every vocabulary does): kept until the request finishes,
     at 4 bytes a token beside the request's own list."""
@@ -117,7 +122,7 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
             if request.request_id < 0 or request.request_id in self._slot_of:
                 raise ValueError(f"request ids must be unique and >= 0, got {request.request_id}")
         sharing = [i for i, r in enumerate(requests) if r.share_prefix]
-        plan, sharing_arrays = plan_prefix_token_arrays([requests[i].prompt_token_ids for i in sharing])
+        plan, sharing_arrays = plan_prefix_token_arrays([_prompt_ids(requests[i]) for i in sharing])
         prompt_arrays: list = [None] * len(requests)
         if plan.max_token_id < 1 << 31:  # the planner checked every id is >= 0
             sharing_arrays = [array.astype(np.int32) for array in sharing_arrays]
@@ -125,7 +130,7 @@ class BatchLLMScheduler(StepChunks, PolicyBase):
             prompt_arrays[i] = array
         for i, request in enumerate(requests):
             if prompt_arrays[i] is None:
-                prompt_arrays[i] = _compact_ids(np.asarray(request.prompt_token_ids, dtype=np.int64))
+                prompt_arrays[i] = _compact_ids(np.asarray(_prompt_ids(request), dtype=np.int64))
         starts = plan.group_start.tolist()
         request_indices = [sharing[i] for i in plan.member_request_index.tolist()]
         # (members, prefix length) per group; a request that shares no prefix is a group of its own

@@ -75,3 +75,13 @@ def test_generate_converts_each_prompt_once_and_hands_the_array_to_the_planner(m
     for a, b in zip(from_lists, from_arrays):
         assert b.prompt_token_ids == a.prompt_token_ids and type(b.prompt_token_ids[0]) is int
         assert b.outputs[0].token_ids == a.outputs[0].token_ids
+
+
+def test_a_prompt_of_floats_is_refused_not_truncated():
+    import pytest
+
+    from batchllm.prefix.keys import PromptError
+
+    llm = LLM(model="random:tiny?vocab_size=512", device="cpu", kv_cache_tokens=512, dtype="float32")
+    with pytest.raises(PromptError, match="token ids must be integers"):
+        llm.generate([[5, 6.5, 7]], SamplingParams(max_tokens=2), use_tqdm=False)

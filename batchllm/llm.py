@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import array
 from collections.abc import Sequence
 
 import numpy as np
 
 from batchllm.config import DEFAULT_GPU_MEMORY_UTILIZATION, engine_config
 from batchllm.engine.engine_protocol import Engine
-from batchllm.engine.request_limits import NoTokenizerError
+from batchllm.engine.request_limits import NoTokenizerError, token_id_array
 from batchllm.engine.request_state import FinishedOutput, PreparedRequest, RunStats
 from batchllm.engine.run_options import RunOptions
 from batchllm.engine.samples import SampleSplit
@@ -97,7 +96,7 @@ class LLM:
             if len(params_list) != len(token_lists):
                 raise ValueError(f"got {len(params_list)} SamplingParams for {len(token_lists)} prompts")
         limits = self.engine.limits
-        arrays = [_token_array(tokens) for tokens in token_lists]
+        arrays = [token_id_array(tokens) for tokens in token_lists]
         requests = [PreparedRequest(index, tokens, limits.check(tokens if array is None else array, params), array)
                     for index, (tokens, array, params) in enumerate(zip(token_lists, arrays, params_list))]
         for request in requests:  # a bad schema, regex or grammar raises here; good ones start compiling
@@ -157,19 +156,6 @@ class LLM:
 def _token_list(prompt) -> list:
     """A prompt's token ids as a list of its own (Python ints for a numpy array)."""
     return prompt.tolist() if isinstance(prompt, np.ndarray) else list(prompt)
-
-
-def _token_array(tokens: list) -> np.ndarray | None:
-    """The ids as one int64 numpy array, converted once for the limits and the prefix planner;
-    None where they are not a non-empty list of integers (RequestLimits.check then judges the
-    list). Through array.array, which refuses a float rather than truncating it: 2,000 ids in 52
-    us against 70 by np.asarray."""
-    if not tokens:
-        return None
-    try:
-        return np.frombuffer(array.array("q", tokens), dtype=np.int64)
-    except (OverflowError, TypeError, ValueError):
-        return None
 
 
 def _to_request_output(request_id: str, prompt: str | None, samples: list[FinishedOutput]) -> RequestOutput:

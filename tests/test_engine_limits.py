@@ -85,3 +85,15 @@ def test_a_prompt_of_floats_is_refused_not_truncated():
     llm = LLM(model="random:tiny?vocab_size=512", device="cpu", kv_cache_tokens=512, dtype="float32")
     with pytest.raises(PromptError, match="token ids must be integers"):
         llm.generate([[5, 6.5, 7]], SamplingParams(max_tokens=2), use_tqdm=False)
+
+
+def test_token_id_array_holds_integer_ids_and_refuses_the_rest():
+    import numpy as np
+
+    from batchllm.engine.request_limits import token_id_array
+
+    ids = token_id_array([5, 0, 2**40, True])
+    assert ids.dtype == np.int64 and ids.tolist() == [5, 0, 2**40, 1]
+    assert token_id_array(np.asarray([3, 4], dtype=np.int32)).tolist() == [3, 4]
+    for refused in ([], [1.5, 2], [2**70], ["7"], [None]):
+        assert token_id_array(refused) is None

@@ -28,7 +28,7 @@ from batchllm.io.output_check import OutputCheckError
 from batchllm.job.job_identity import check_engine_settings, engine_settings, held_limits, job_header
 from batchllm.job.progress import Progress
 from batchllm.engine.request_limits import (EmptyPromptError, InvalidRequestError, NoTokenizerError, PromptTooLongError,
-                                            RequestLimits)
+                                            RequestLimits, token_id_array)
 from batchllm.sampling_params import SamplingParams
 from batchllm.structured.errors import StructuredOutputError
 
@@ -161,9 +161,11 @@ def prepare_request(engine: LLMEngine, request: BatchRequest, limits: RequestLim
     except Exception as error:  # a tokenizer or chat template failing on one line's content
         return error_line(request.custom_id, "tokenization_failed", f"{type(error).__name__}: {error}",
                           request.line_number)
+    ids = token_id_array(token_ids)
     try:
         # clamps max_tokens (README); a text prompt's tokenizing stops past the limit (cut)
-        params = limits.check(token_ids, request.sampling, cut=request.prompt_token_ids is None)
+        params = limits.check(token_ids if ids is None else ids, request.sampling,
+                              cut=request.prompt_token_ids is None)
     except InvalidRequestError as error:
         code = _ERROR_CODES.get(type(error), "invalid_request")
         return error_line(request.custom_id, code, str(error), request.line_number)
@@ -171,6 +173,8 @@ def prepare_request(engine: LLMEngine, request: BatchRequest, limits: RequestLim
         engine.check_structured_outputs(params)
     except StructuredOutputError as error:
         return error_line(request.custom_id, "invalid_request", str(error), request.line_number)
+    if ids is not None and int(ids.max()) < 1 << 31:
+        return ids.astype(np.int32), params
     return np.asarray(token_ids, dtype=np.int32), params
 
 

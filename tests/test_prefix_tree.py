@@ -41,18 +41,23 @@ def test_identical_and_nested_keys_end_at_internal_nodes():
     assert tree.parent[node_of[2]] == node_of[0]
 
 
-def test_sorted_keys_and_lcp_match_python():
-    rng = np.random.default_rng(0)
-    prompts = [rng.integers(0, 3, rng.integers(1, 30)).tolist() for _ in range(3000)]
-    keys, _ = sort_keys(prompts)
-    python_sorted = sorted(range(len(prompts)), key=lambda i: prompts[i][:-1])
-    assert [prompts[i][:-1] for i in keys.order] == [prompts[i][:-1] for i in python_sorted]
+def _assert_lcps_by_counting(prompts, keys):
+    """Each neighbour LCP equals a token-by-token count over the two keys."""
     for i in range(1, len(prompts)):
         a, b = prompts[keys.order[i - 1]][:-1], prompts[keys.order[i]][:-1]
         n = 0
         while n < min(len(a), len(b)) and a[n] == b[n]:
             n += 1
         assert keys.lcp_num_tokens[i] == n
+
+
+def test_sorted_keys_and_lcp_match_python():
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 3, rng.integers(1, 30)).tolist() for _ in range(3000)]
+    keys, _ = sort_keys(prompts)
+    python_sorted = sorted(range(len(prompts)), key=lambda i: prompts[i][:-1])
+    assert [prompts[i][:-1] for i in keys.order] == [prompts[i][:-1] for i in python_sorted]
+    _assert_lcps_by_counting(prompts, keys)
 
 
 def test_lcp_of_long_keys_with_wide_token_ids():
@@ -65,12 +70,7 @@ def test_lcp_of_long_keys_with_wide_token_ids():
                    for _ in range(200)]
         prompts += [shared + [1], shared + [2], shared[:700] + [3], [high - 1]]
         keys, _ = sort_keys(prompts)
-        for i in range(1, len(prompts)):
-            a, b = prompts[keys.order[i - 1]][:-1], prompts[keys.order[i]][:-1]
-            n = 0
-            while n < min(len(a), len(b)) and a[n] == b[n]:
-                n += 1
-            assert keys.lcp_num_tokens[i] == n
+        _assert_lcps_by_counting(prompts, keys)
         assert keys.lcp_num_tokens[0] == 0 and keys.lcp_num_tokens.max() == 1500
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
+
 from batchllm.engine.sampler import sampling_row
 from batchllm.engine.stop_checker import StopChecker
 from batchllm.sampling_params import SamplingParams
@@ -28,8 +29,8 @@ class PreparedRequest:
     request_id: int
     prompt_token_ids: list[int]
     params: SamplingParams
-    # the same ids as a 1-D integer numpy array, where the caller made one (LLM.generate): the limits
-    # and the prefix planner read it instead of converting the list again
+    # the same ids as a 1-D integer numpy array, where the caller made one (LLM.generate, the job
+    # path): the prefix planner reads it instead of converting the list again
     prompt_array: np.ndarray | None = None
 
 

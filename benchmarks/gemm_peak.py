@@ -1,4 +1,5 @@
-"""Matmul peaks of the GPU: an M=N=K=8192 bf16 matmul and the same in FP8 through torch._scaled_mm.
+"""Matmul peaks of the GPU: an M=N=K=8192 bf16 matmul and the same in FP8 through torch._scaled_mm;
+with --decode-rows, the FP8 linear layers of a decode step instead.
 
 FP8: float8_e4m3fn operands, the second one column-major (b.t() of a row-major [N, K] tensor),
 float32 row-wise scales (scale_a [M, 1], scale_b [1, N]), bf16 output; measured with
@@ -9,6 +10,14 @@ FP8 peak (batchllm/perf/flop_bound.py). Runs on torch 2.11 and later.
 
     PYTHONPATH=. python3 benchmarks/gemm_peak.py --out gemm_peak.json
     PYTHONPATH=. python3 benchmarks/gemm_peak.py --dry-run   # small shapes on the CPU: checks the code only
+
+--decode-rows 16,64,128: each linear layer of Llama-3.1-8B (or --layers llama-3.1-70b) at those rows,
+as the FP8 model runs it (models/fp8_linear.Fp8Linear: the skinny GEMM where ops/fp8.skinny_config
+picks it) beside torch._scaled_mm on the same operands, both timed as CUDA-graph replays over
+copies of the weights that together exceed twice the L2 cache (a decode step reads every layer's
+weights from HBM once).
+
+    PYTHONPATH=. python3 benchmarks/gemm_peak.py --decode-rows 16,64,128 --out gemm_decode.json
 """
 
 from __future__ import annotations
@@ -24,7 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
-from batchllm.models.fp8_linear import fp8_unsupported_reason
+from batchllm.models.fp8_linear import Fp8Linear, fp8_unsupported_reason
+from batchllm.ops.fp8 import fp8_linear, quantize_rows_reference
 
 FP8_DTYPE = torch.float8_e4m3fn
 
@@ -117,6 +127,77 @@ def run(size: int, device: torch.device, timing: TimingOptions, log: Callable[[s
     return result
 
 
+LAYER_SHAPES = {  # name: (N, K) of the FP8 linear layers, qkv and gate_up fused
+    "llama-3.1-8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)},
+    "llama-3.1-70b": {"qkv": (10240, 8192), "o": (8192, 8192), "gate_up": (57344, 8192), "down": (8192, 28672)},
+}
+DRY_RUN_SHAPES = {"qkv": (384, 256), "down": (256, 512)}
+
+
+def graph_seconds(fn: Callable[[], object], device: torch.device, timing: TimingOptions) -> float:
+    """Median seconds per fn() over the repeats: replays of one CUDA graph of fn on a GPU (a call
+    of a few microseconds would otherwise time its launch), eager calls elsewhere."""
+    if device.type != "cuda":
+        return statistics.median(time_per_call_s(fn, device, timing.iters) for _ in range(timing.repeats))
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        fn()  # compiles, and allocates what the graph then keeps
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(timing.warmup):
+        graph.replay()
+    return statistics.median(time_per_call_s(graph.replay, device, timing.iters) for _ in range(timing.repeats))
+
+
+def _fp8_layers(n: int, k: int, copies: int, device: torch.device, generator: torch.Generator) -> list[Fp8Linear]:
+    layers = []
+    for _ in range(copies):
+        layer = Fp8Linear(k, n, False, torch.bfloat16).to(device)
+        layer.weight.copy_((0.05 * torch.randn(n, k, device=device, generator=generator)).to(FP8_DTYPE))
+        layer.weight_scale.copy_(torch.rand(n, device=device, generator=generator) + 0.5)
+        layers.append(layer)
+    return layers
+
+
+def run_decode(rows_list: list[int], shapes: dict[str, tuple[int, int]], device: torch.device,
+               timing: TimingOptions, log: Callable[[str], None] = print) -> dict:
+    """Milliseconds per call of each FP8 linear layer at each row count: Fp8Linear and _scaled_mm."""
+    generator = torch.Generator(device=device).manual_seed(0)
+    l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 0
+    rows_out: list[dict] = []
+    for name, (n, k) in shapes.items():
+        copies = max(2, -(-2 * l2_bytes // (n * k)))
+        layers = _fp8_layers(n, k, copies, device, generator)
+        for num_rows in rows_list:
+            x = quantize_rows_reference(torch.randn(num_rows, k, device=device, generator=generator))
+            layer_s = graph_seconds(lambda: [layer(x) for layer in layers], device, timing) / copies
+            cublas_s = graph_seconds(lambda: [fp8_linear(x, layer.weight, layer.weight_scale, None, torch.bfloat16)
+                                              for layer in layers], device, timing) / copies
+            config = layers[0].skinny_config(num_rows) if device.type == "cuda" else None
+            row = {"layer": name, "n": n, "k": k, "rows": num_rows, "fp8_linear_ms": round(layer_s * 1e3, 4),
+                   "scaled_mm_ms": round(cublas_s * 1e3, 4),
+                   "fp8_linear_weight_tb_per_s": round(n * k / layer_s / 1e12, 2),
+                   "scaled_mm_weight_tb_per_s": round(n * k / cublas_s / 1e12, 2),
+                   "kernel": "skinny" if config else "scaled_mm", "tiles": config.__dict__ if config else None}
+            rows_out.append(row)
+            log(f"{name} [{n}, {k}] x {num_rows} rows: Fp8Linear {row['fp8_linear_ms']:.4f} ms ({row['kernel']}), "
+                f"_scaled_mm {row['scaled_mm_ms']:.4f} ms")
+        del layers
+    totals = {}
+    for num_rows in rows_list:
+        mine = [r for r in rows_out if r["rows"] == num_rows]
+        totals[str(num_rows)] = {"fp8_linear_ms": round(sum(r["fp8_linear_ms"] for r in mine), 4),
+                                 "scaled_mm_ms": round(sum(r["scaled_mm_ms"] for r in mine), 4)}
+        log(f"a decoder layer's linears at {num_rows} rows: Fp8Linear {totals[str(num_rows)]['fp8_linear_ms']:.4f} ms, "
+            f"_scaled_mm {totals[str(num_rows)]['scaled_mm_ms']:.4f} ms")
+    return {"torch": torch.__version__,
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
+            "repeats": timing.repeats, "iters_per_repeat": timing.iters, "layers": rows_out, "per_decoder_layer": totals}
+
+
 def _line(label: str, figures: dict) -> str:
     return (f"{label}: {figures['tflop_per_s_median']:,.1f} TFLOP/s median "
             f"(min {figures['tflop_per_s_min']:,.1f}, max {figures['tflop_per_s_max']:,.1f}, "
@@ -132,9 +213,14 @@ def main(argv=None) -> int:
     parser.add_argument("--iters", type=int, default=50, help="products per repeat (default 50)")
     parser.add_argument("--warmup", type=int, default=20, help="untimed products first (default 20)")
     parser.add_argument("--device", default="cuda", help="cuda, cuda:1 ... (default cuda)")
+    parser.add_argument("--decode-rows", metavar="ROWS,...",
+                        help="time the FP8 linear layers at these row counts instead (e.g. 16,64,128)")
+    parser.add_argument("--layers", choices=sorted(LAYER_SHAPES), default="llama-3.1-8b",
+                        help="whose layer shapes --decode-rows times (default llama-3.1-8b)")
     parser.add_argument("--dry-run", action="store_true",
                         help="size 256, 1 repeat of 2 products on the CPU, nothing written: checks the code runs")
     args = parser.parse_args(argv)
+    decode_rows = [int(r) for r in args.decode_rows.split(",")] if args.decode_rows else None
     if args.dry_run:
         device, size, timing = torch.device("cpu"), 256, TimingOptions(repeats=1, iters=2, warmup=1)
     else:
@@ -144,7 +230,11 @@ def main(argv=None) -> int:
         if reason:
             print(f"error: {reason} (--dry-run checks the code on a CPU)", file=sys.stderr)
             return 2
-    result = run(size, device, timing)
+    if decode_rows:
+        shapes = DRY_RUN_SHAPES if args.dry_run else LAYER_SHAPES[args.layers]
+        result = run_decode(decode_rows, shapes, device, timing)
+    else:
+        result = run(size, device, timing)
     if args.dry_run:
         return 0
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -35,3 +35,13 @@ def test_refuses_a_machine_without_fp8(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert _script().main(["--out", "unused.json"]) == 2
     assert "compute capability 8.9" in capsys.readouterr().err
+
+
+@needs_cpu_fp8_gemm
+def test_decode_rows_dry_run(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert _script().main(["--dry-run", "--decode-rows", "4,16"]) == 0
+    out = capsys.readouterr().out
+    assert "qkv [384, 256] x 4 rows: Fp8Linear" in out and "down [256, 512] x 16 rows" in out
+    assert "a decoder layer's linears at 16 rows" in out
+    assert list(tmp_path.iterdir()) == []

@@ -73,6 +73,60 @@ def test_fp8_linear_on_gpu_equals_dequantized_matmul(num_rows):
     torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2 * expected.abs().max().item())
 
 
+def _relative_error(out: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((out.float() - expected).abs().max() / expected.abs().max()).item()
+
+
+@needs_fp8
+@pytest.mark.parametrize("num_rows", [1, 16, 80, 128])
+@pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 14336), (28672, 4096)])
+def test_fp8_linear_of_few_rows_is_as_accurate_as_cublas(num_rows, n, k):
+    """Fp8Linear's skinny GEMM (one wave of programs; K split in two for the down projection's
+    shape; 128-channel tiles for gate_up's at up to 64 rows) against the dequantized product, beside
+    cuBLASLt's fast accumulation on the same operands, and the same bytes on a second call."""
+    from batchllm.models.fp8_linear import Fp8Linear
+    from batchllm.ops.fp8 import QuantizedActivation
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    layer = Fp8Linear(k, n, False, torch.bfloat16).cuda()
+    layer.load_rows_((0.02 * torch.randn(n, k, generator=gen, device="cuda")).to(torch.bfloat16), 0)
+    x = quantize_rows_reference(torch.randn(num_rows, k, generator=gen, device="cuda").to(torch.bfloat16))
+    expected = (x.values.float() * x.scales) @ layer.dequantized_weight().T
+    cublas = fp8_linear(x, layer.weight, layer.weight_scale, None, torch.bfloat16)
+    out = layer(x)
+    expect_skinny = not (n == 28672 and num_rows > 64)
+    assert (layer.skinny_config(num_rows) is not None) == expect_skinny
+    assert _relative_error(out, expected) <= 1.5 * _relative_error(cublas, expected) + 2e-3
+    assert torch.equal(layer(QuantizedActivation(x.values.clone(), x.scales.clone())), out)
+
+
+@needs_fp8
+def test_skinny_gemm_replays_in_a_cuda_graph():
+    """A graph captured after one warm-up call (which allocates the split-K workspace) replays new
+    inputs into the eager result, call after call (the tile counters return to zero)."""
+    from batchllm.models.fp8_linear import Fp8Linear
+
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    layer = Fp8Linear(14336, 4096, False, torch.bfloat16).cuda()
+    layer.load_rows_((0.02 * torch.randn(4096, 14336, generator=gen, device="cuda")).to(torch.bfloat16), 0)
+    assert layer.skinny_config(48).split_k == 2
+    static = quantize_rows_reference(torch.randn(48, 14336, generator=gen, device="cuda"))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        layer(static)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = layer(static)
+    for seed in range(3):
+        fresh = quantize_rows_reference(torch.randn(48, 14336, generator=gen, device="cuda") * (seed + 1))
+        static.values.copy_(fresh.values)
+        static.scales.copy_(fresh.scales)
+        graph.replay()
+        assert torch.equal(out, layer(fresh))
+
+
 @needs_fp8
 def test_fused_fp8_model_equals_its_unfused_path():
     """The fused kernels (quantization inside RMSNorm and SwiGLU) give the logits of the unfused

@@ -16,6 +16,7 @@ moves a value only where the two roundings tie, far below e4m3's own error.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -72,3 +73,63 @@ def fp8_linear(x: QuantizedActivation, weight: torch.Tensor, weight_scale: torch
         out = torch._scaled_mm(x.values, weight.t(), scale_a=x.scales, scale_b=weight_scale.view(1, -1),
                                out_dtype=out_dtype, use_fast_accum=True)
     return out if bias is None else out + bias
+
+
+SKINNY_MAX_ROWS = 128  # the most rows the skinny GEMM (ops/fp8_skinny.py) takes
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    """Tiles of one skinny GEMM call: block_n output channels a program, K in block_k steps over
+    num_stages buffers, split over split_k programs."""
+
+    block_n: int
+    block_k: int
+    split_k: int
+    num_stages: int
+    num_warps: int
+
+
+def skinny_config(num_rows: int, n: int, k: int, num_sms: int) -> SkinnyConfig | None:
+    """The skinny GEMM's tiles for x [num_rows, k] @ W[n, k].T, or None where cuBLASLt is faster.
+
+    Chosen by a sweep on the H200 (132 SMs) over Llama-3.1-8B's and 70B's layer shapes at 16, 64 and
+    128 rows (BENCHMARKS.md, "FP8 GEMMs of small decode steps"): 64 channels a program when they fit
+    one wave of programs, K split in two where that leaves half the SMs idle and K is long; 128
+    channels and 8 warps for layers of three waves or more, at up to 64 rows only. Elsewhere
+    (between one and three waves, or many waves at more than 64 rows) cuBLASLt was as fast or faster.
+    """
+    if not 0 < num_rows <= SKINNY_MAX_ROWS:
+        return None
+    if n // 64 <= num_sms:
+        split_k = 2 if n // 64 <= num_sms // 2 and k >= 8192 else 1
+        config = SkinnyConfig(block_n=64, block_k=256, split_k=split_k, num_stages=4, num_warps=4)
+    elif n // 64 >= 3 * num_sms and num_rows <= 64:
+        config = SkinnyConfig(block_n=128, block_k=128, split_k=1, num_stages=3, num_warps=8)
+    else:
+        return None
+    fits = n % config.block_n == 0 and k % (config.block_k * config.split_k) == 0
+    return config if fits else None
+
+
+class SkinnyWorkspace:
+    """The split-K partials and tile counters of the skinny GEMMs of one model, one pair per output
+    width, sized for SKINNY_MAX_ROWS rows and allocated once, on the first call that needs them (a
+    graph's warm-up run precedes its capture), so that every captured graph keeps pointing at live
+    buffers. The counters return to zero at the end of every call, so calls and graph replays in
+    stream order share them."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[int, int, int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def get(self, n: int, config: SkinnyConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(float32 partials [split_k, n, SKINNY_MAX_ROWS], int32 counters [n / block_n])."""
+        key = (n, config.split_k, config.block_n, device)
+        if key not in self._buffers:
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("the skinny GEMM's workspace must exist before a CUDA graph is captured: "
+                                   "run the step once outside the capture first")
+            partials = torch.empty((config.split_k, n, SKINNY_MAX_ROWS), dtype=torch.float32, device=device)
+            counters = torch.zeros(n // config.block_n, dtype=torch.int32, device=device)
+            self._buffers[key] = (partials, counters)
+        return self._buffers[key]

@@ -119,6 +119,8 @@ def test_skinny_config_on_llama_shapes_of_the_h200():
     (0, 4096, 4096),
     (8, 960, 576),  # SmolLM2-135M's qkv: K is not a multiple of 256
     (8, 4096 + 32, 4096),  # N is not a multiple of 64
+    (8, 2048, 2048),  # narrower than the layers the rule was measured on
+    (8, 16384, 2048),
 ])
 def test_skinny_config_leaves_the_rest_to_cublas(num_rows, n, k):
     assert skinny_config(num_rows, n, k, H200_SMS) is None

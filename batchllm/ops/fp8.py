@@ -76,6 +76,7 @@ def fp8_linear(x: QuantizedActivation, weight: torch.Tensor, weight_scale: torch
 
 
 SKINNY_MAX_ROWS = 128  # the most rows the skinny GEMM (ops/fp8_skinny.py) takes
+SKINNY_MIN_DIM = 4096  # the narrowest N and K it was measured on; narrower layers stay on cuBLASLt
 
 
 @dataclass(frozen=True)
@@ -97,9 +98,10 @@ def skinny_config(num_rows: int, n: int, k: int, num_sms: int) -> SkinnyConfig |
     128 rows (BENCHMARKS.md, "FP8 GEMMs of small decode steps"): 64 channels a program when they fit
     one wave of programs, K split in two where that leaves half the SMs idle and K is long; 128
     channels and 8 warps for layers of three waves or more, at up to 64 rows only. Elsewhere
-    (between one and three waves, or many waves at more than 64 rows) cuBLASLt was as fast or faster.
+    (between one and three waves, or many waves at more than 64 rows) cuBLASLt was as fast or faster;
+    layers narrower than the sweep's (N or K under SKINNY_MIN_DIM) are left to it too.
     """
-    if not 0 < num_rows <= SKINNY_MAX_ROWS:
+    if not 0 < num_rows <= SKINNY_MAX_ROWS or n < SKINNY_MIN_DIM or k < SKINNY_MIN_DIM:
         return None
     if n // 64 <= num_sms:
         split_k = 2 if n // 64 <= num_sms // 2 and k >= 8192 else 1

@@ -23,13 +23,13 @@ weights from HBM once).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -39,7 +39,7 @@ from batchllm.ops.fp8 import fp8_linear, quantize_rows_reference
 FP8_DTYPE = torch.float8_e4m3fn
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class TimingOptions:
     repeats: int = 5
     iters: int = 50  # products per repeat
@@ -73,7 +73,7 @@ def measure_tflops(fn: Callable[[], object], flops: float, device: torch.device,
             "tflop_per_s_max": round(max(rates), 1), "tflop_per_s_repeats": [round(r, 1) for r in rates]}
 
 
-@dataclass
+@dataclasses.dataclass
 class Fp8Operands:
     a: torch.Tensor  # [M, K] float8_e4m3fn, row-major
     b: torch.Tensor  # [K, N] float8_e4m3fn, column-major (the transpose of a row-major [N, K])
@@ -181,7 +181,7 @@ def run_decode(rows_list: list[int], shapes: dict[str, tuple[int, int]], device:
                    "scaled_mm_ms": round(cublas_s * 1e3, 4),
                    "fp8_linear_weight_tb_per_s": round(n * k / layer_s / 1e12, 2),
                    "scaled_mm_weight_tb_per_s": round(n * k / cublas_s / 1e12, 2),
-                   "kernel": "skinny" if config else "scaled_mm", "tiles": config.__dict__ if config else None}
+                   "kernel": "skinny" if config else "scaled_mm", "tiles": dataclasses.asdict(config) if config else None}
             rows_out.append(row)
             log(f"{name} [{n}, {k}] x {num_rows} rows: Fp8Linear {row['fp8_linear_ms']:.4f} ms ({row['kernel']}), "
                 f"_scaled_mm {row['scaled_mm_ms']:.4f} ms")

@@ -96,10 +96,11 @@ def skinny_config(num_rows: int, n: int, k: int, num_sms: int) -> SkinnyConfig |
 
     Chosen by a sweep on the H200 (132 SMs) over Llama-3.1-8B's and 70B's layer shapes at 16, 64 and
     128 rows (BENCHMARKS.md, "FP8 GEMMs of small decode steps"): 64 channels a program when they fit
-    one wave of programs, K split in two where that leaves half the SMs idle and K is long; 128
-    channels and 8 warps for layers of three waves or more, at up to 64 rows only. Elsewhere
-    (between one and three waves, or many waves at more than 64 rows) cuBLASLt was as fast or faster;
-    layers narrower than the sweep's (N or K under SKINNY_MIN_DIM) are left to it too.
+    one wave of programs, K split in two where that wave would fill half the SMs or fewer and K is
+    8192 or more; 128 channels and 8 warps for layers of three waves or more, at up to 64 rows
+    only. Elsewhere (between one and three waves, or many waves at more than 64 rows) cuBLASLt was
+    as fast or faster; layers narrower than the sweep's (N or K under SKINNY_MIN_DIM) are left to
+    it too.
     """
     if not 0 < num_rows <= SKINNY_MAX_ROWS or n < SKINNY_MIN_DIM or k < SKINNY_MIN_DIM:
         return None

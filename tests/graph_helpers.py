@@ -5,9 +5,9 @@ from collections.abc import Callable
 import torch
 
 
-def capture_and_replay(step: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """Run step() once on a side stream (Triton compiles, libraries pick their kernels), capture it
-    in a CUDA graph, zero the captured output and replay the graph: the replay's output."""
+def capture(step: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """Run step() once on a side stream (Triton compiles, libraries pick their kernels and allocate
+    their workspaces), then capture it in a CUDA graph: the graph and its output tensor."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -16,6 +16,12 @@ def capture_and_replay(step: Callable[[], torch.Tensor]) -> torch.Tensor:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = step()
+    return graph, out
+
+
+def capture_and_replay(step: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """capture(step), zero the captured output and replay the graph: the replay's output."""
+    graph, out = capture(step)
     out.zero_()
     graph.replay()
     torch.cuda.synchronize()

@@ -3,6 +3,7 @@ for bit, and an FP8 model runs through the engine (eager, CUDA graphs, FP8 KV ca
 
 import pytest
 import torch
+from graph_helpers import capture
 
 from batchllm.ops.fp8 import QuantizedActivation, fp8_linear, quantize_rows_reference, quantize_weight_rows
 
@@ -85,7 +86,6 @@ def test_fp8_linear_of_few_rows_is_as_accurate_as_cublas(num_rows, n, k):
     shape; 128-channel tiles for gate_up's at up to 64 rows) against the dequantized product, beside
     cuBLASLt's fast accumulation on the same operands, and the same bytes on a second call."""
     from batchllm.models.fp8_linear import Fp8Linear
-    from batchllm.ops.fp8 import QuantizedActivation
 
     gen = torch.Generator(device="cuda").manual_seed(3)
     layer = Fp8Linear(k, n, False, torch.bfloat16).cuda()
@@ -111,14 +111,7 @@ def test_skinny_gemm_replays_in_a_cuda_graph():
     layer.load_rows_((0.02 * torch.randn(4096, 14336, generator=gen, device="cuda")).to(torch.bfloat16), 0)
     assert layer.skinny_config(48).split_k == 2
     static = quantize_rows_reference(torch.randn(48, 14336, generator=gen, device="cuda"))
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        layer(static)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = layer(static)
+    graph, out = capture(lambda: layer(static))
     for seed in range(3):
         fresh = quantize_rows_reference(torch.randn(48, 14336, generator=gen, device="cuda") * (seed + 1))
         static.values.copy_(fresh.values)

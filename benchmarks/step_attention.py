@@ -121,11 +121,16 @@ def one_launch(batch, plan, launch: str, k_cache, v_cache, scale: float, side):
     return lambda: prefix_shared_attention(batch.query, k_cache, v_cache, alone, scale, side_stream=side)
 
 
-def time_ms(fn, dry_run: bool, graph: bool = False) -> float:
+SUSTAIN_WARMUP_MS, SUSTAIN_REP_MS = 3000, 1000
+
+
+def time_ms(fn, dry_run: bool, graph: bool = False, sustained: bool = False) -> float:
     """GPU ms of one call of fn (the median of triton's do_bench); graph: of one replay of fn
     captured in a CUDA graph, as the engine's decode steps run it. Eager, a decode step's host
     work (argument checks, launch arguments, three launches) takes longer than its kernels on the
-    shared step, so a loop of eager calls would time the host."""
+    shared step, so a loop of eager calls would time the host. sustained: after 3 s of calls, over
+    1 s of them: a board running GEMMs reaches its power cap, and the lower clock that comes with
+    it, only after a second or so; the default 0.2 s sees it cold."""
     if dry_run:
         started = time.perf_counter()
         fn()
@@ -139,7 +144,26 @@ def time_ms(fn, dry_run: bool, graph: bool = False) -> float:
         with torch.cuda.graph(captured):
             fn()
         fn = captured.replay
-    return float(triton.testing.do_bench(fn, warmup=10, rep=200))
+    warmup_ms, rep_ms = (SUSTAIN_WARMUP_MS, SUSTAIN_REP_MS) if sustained else (10, 200)
+    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms))
+
+
+def step_gemms(num_rows: int, device: torch.device, dry_run: bool):
+    """The linear layers of one Llama-3.1-8B layer at num_rows rows, as a decode step runs them
+    before and after its attention (FP8 weights and activations on the GPU; tiny float32 ones in a
+    dry run): a callable. Timed with the attention in one graph, they hold the board at the power
+    state of a real step, where an attention kernel may run slower than alone."""
+    if dry_run:
+        x, weights = torch.randn(num_rows, 64), [torch.randn(n, 64) for n in (96, 64, 128, 64)]
+        return lambda: [x @ w.t() for w in weights]
+    from batchllm.ops.fp8 import fp8_linear, quantize_weight_rows
+    from batchllm.ops.fp8_kernels import quantize_rows
+
+    hidden, intermediate = 4096, 14336
+    layers = [(6144, hidden), (hidden, NUM_HEADS * HEAD_DIM), (2 * intermediate, hidden), (hidden, intermediate)]
+    weights = [quantize_weight_rows(torch.randn(n, k, device=device, dtype=torch.bfloat16) / k ** 0.5) for n, k in layers]
+    inputs = [quantize_rows(torch.randn(num_rows, k, device=device, dtype=torch.bfloat16)) for _, k in layers]
+    return lambda: [fp8_linear(x, w, scale, None, torch.bfloat16) for x, (w, scale) in zip(inputs, weights)]
 
 
 def _caches(batch):
@@ -152,9 +176,12 @@ def _cache_dtype(cache: torch.Tensor) -> str:
     return str(cache.dtype).replace("torch.", "")
 
 
-def measure(batch, shape: dict, device: torch.device, dry_run: bool) -> list[dict]:
+def measure(batch, shape: dict, device: torch.device, dry_run: bool, between_gemms: bool = False) -> list[dict]:
     """The decode rows of one CUDA-graph step, bf16 row and FP8 row (and XQA where every shared
-    prefix ends on a block boundary); `shape` labels the rows."""
+    prefix ends on a block boundary); `shape` labels the rows. between_gemms: also each row between
+    its step's linear layers (step_gemms) in one graph, `layer_ms`, and those layers alone, `gemms_ms`."""
+    gemms = step_gemms(batch.query.shape[0], device, dry_run) if between_gemms else None
+    with_gemms = lambda run: (lambda: (gemms(), run()))  # noqa: E731
     side = torch.cuda.Stream(device) if device.type == "cuda" else None
     scale = HEAD_DIM ** -0.5
     (k8, v8), converted = _caches(batch)
@@ -183,6 +210,8 @@ def measure(batch, shape: dict, device: torch.device, dry_run: bool) -> list[dic
         row = {"steps": "decode", **shape, "row": name, "cache_dtype": _cache_dtype(k_cache),
                "cache_bytes": cache_bytes, "ms_per_layer": round(ms, 3),
                "cache_tb_per_s": round(cache_bytes / ms / 1e9, 2)}
+        if gemms is not None:
+            row["layer_ms"] = round(time_ms(with_gemms(run), dry_run, graph=True, sustained=True), 3)
         if num_prefix_positions:  # the BIG launch reads the prefixes, the SMALL one the rows' own positions
             for launch, positions in (("big", num_prefix_positions), ("small", num_positions - num_prefix_positions)):
                 ms = time_ms(one_launch(batch, plan, launch, k_cache, v_cache, scale, side), dry_run, graph=True)
@@ -206,6 +235,12 @@ def measure(batch, shape: dict, device: torch.device, dry_run: bool) -> list[dic
         rows.append({"steps": "decode", **shape, "row": "xqa",
                      "cache_dtype": _cache_dtype(k8), "cache_bytes": cache_bytes, "ms_per_layer": round(ms, 3),
                      "cache_tb_per_s": round(cache_bytes / ms / 1e9, 2)})
+        if gemms is not None:
+            rows[-1]["layer_ms"] = round(time_ms(with_gemms(run), dry_run, graph=True, sustained=True), 3)
+    if gemms is not None:
+        gemms_ms = round(time_ms(gemms, dry_run, graph=True, sustained=True), 3)
+        for row in rows:
+            row["gemms_ms"] = gemms_ms
     return rows
 
 
@@ -240,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", nargs="+", choices=("decode", "prefill"), default=["decode", "prefill"],
                         help="which steps to time (default: both)")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU (TRITON_INTERPRET=1)")
+    parser.add_argument("--between-gemms", action="store_true",
+                        help="also time each decode row between its step's FP8 linear layers (layer_ms)")
     args = parser.parse_args(argv)
     device = torch.device("cpu" if args.dry_run else "cuda")
     rows = []
@@ -253,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                     "own_positions": list(group[3:])})
                   for group in (DRY_SHARED_SHAPES if args.dry_run else SHARED_SHAPES))
         for batch, shape in itertools.chain(plain, shared):
-            found = measure(batch, shape, device, args.dry_run)
+            found = measure(batch, shape, device, args.dry_run, args.between_gemms)
             del batch
             rows.extend(found)
             print(*(json.dumps(row) for row in found), sep="\n", flush=True)

@@ -62,3 +62,20 @@ def test_prefill_steps_hold_their_decode_rows_and_prompts():
     assert [s.q_len for s in uniform if s.q_len > 1] == [128] * 34
     shared = steps["shared prefixes"]
     assert sum(s.group_id >= 0 and not s.is_prefix for s in shared) == 640 and shared[-1].q_len == 2048
+
+
+def test_dry_run_between_gemms_times_each_row_inside_its_steps_linear_layers(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    out = tmp_path / "decode.json"
+    assert step_attention.main(["--dry-run", "--steps", "decode", "--between-gemms", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["row"] for r in rows] == ["bf16_row", "fp8_row"] * 2
+    assert all(r["layer_ms"] > 0 and r["gemms_ms"] > 0 for r in rows)
+    # one step's linear layers, timed once per step: its rows share the figure
+    assert rows[0]["gemms_ms"] == rows[1]["gemms_ms"] and rows[2]["gemms_ms"] == rows[3]["gemms_ms"]
+
+
+def test_step_gemms_runs_one_layers_four_linear_layers_at_the_steps_rows():
+    torch = step_attention.torch
+    outputs = step_attention.step_gemms(5, torch.device("cpu"), dry_run=True)()
+    assert [tuple(o.shape) for o in outputs] == [(5, 96), (5, 64), (5, 128), (5, 64)]

@@ -97,3 +97,30 @@ def test_token_id_array_holds_integer_ids_and_refuses_the_rest():
     assert token_id_array(np.asarray([3, 4], dtype=np.int32)).tolist() == [3, 4]
     for refused in ([], [1.5, 2], [2**70], ["7"], [None]):
         assert token_id_array(refused) is None
+
+
+def test_token_id_array_copies_an_integer_numpy_prompt_and_converts_the_rest_by_value():
+    import numpy as np
+
+    from batchllm.engine.request_limits import token_id_array
+
+    for dtype in (np.int16, np.int32, np.int64, np.uint16, np.uint32):
+        source = np.asarray([9, 0, 7], dtype=dtype)
+        ids = token_id_array(source)
+        source[0] = 1  # the engine's array is its own
+        assert ids.dtype == np.int64 and ids.tolist() == [9, 0, 7]
+    assert token_id_array(np.asarray([2**63 - 1], dtype=np.uint64)).tolist() == [2**63 - 1]
+    assert token_id_array(np.asarray([2**63], dtype=np.uint64)) is None  # past int64: refused, not wrapped
+    assert token_id_array(np.asarray([1.5, 2.0])) is None  # floats are refused, not truncated
+    assert token_id_array(np.zeros(0, dtype=np.int32)) is None
+
+
+def test_generate_refuses_a_numpy_prompt_of_floats():
+    import numpy as np
+    import pytest
+
+    from batchllm.prefix.keys import PromptError
+
+    llm = LLM(model="random:tiny?vocab_size=512", device="cpu", kv_cache_tokens=512, dtype="float32")
+    with pytest.raises(PromptError, match="token ids must be integers"):
+        llm.generate([np.asarray([5.0, 6.5, 7.0])], SamplingParams(max_tokens=2), use_tqdm=False)

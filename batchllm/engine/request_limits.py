@@ -41,9 +41,13 @@ def token_id_array(tokens: Sequence[int]) -> np.ndarray | None:
     """A prompt's ids as one int64 numpy array, converted once for RequestLimits.check and the
     prefix planner; None where they are not a non-empty sequence of integers (the check then judges
     the sequence itself). Through array.array, which refuses a float rather than truncating it:
-    2,000 ids in 52 us against 70 by np.asarray on a 2-core CPU."""
+    2,000 ids in 52 us against 70 by np.asarray on a 2-core CPU. A 1-D numpy array of integers whose
+    type fits int64 is copied as it is (2,200 ids in about 2 us)."""
     if not len(tokens):
         return None
+    if isinstance(tokens, np.ndarray) and tokens.ndim == 1 and (
+            tokens.dtype.kind == "i" or (tokens.dtype.kind == "u" and tokens.dtype.itemsize < 8)):
+        return tokens.astype(np.int64)
     try:
         return np.frombuffer(array.array("q", tokens), dtype=np.int64)
     except (OverflowError, TypeError, ValueError):

@@ -10,7 +10,10 @@ reads a group's prefix through each member's table (the engine's `xqa` runs it o
 share no prefix). The FP8 rows' outputs are checked against the bf16 row run on the same cache
 converted to bf16 (every e4m3 value is a bf16 one) first. Reports ms a layer and the cache's
 bytes read per second (a group's prefix counted once); on the shared step also each launch alone:
-BIG (the prefixes) and SMALL (the rows' own positions).
+BIG (the prefixes) and SMALL (the rows' own positions). --between-gemms: also each decode row in one
+graph after the QKV, O, gate_up and down projections of one layer at the step's rows (FP8), timed
+after 3 s of replays, at the power cap where the engine's decode steps run (`layer_ms`), and those
+projections alone (`gemms_ms`).
 
 --steps prefill: steps with prefill chunks (eager launches) at the shapes of uniform 128/128 and
 2048/128 and of a shared-prefix step, with the default table's one fused launch ("fused") and with
@@ -18,7 +21,7 @@ the prefill table (prefill_tile_config, "prefill_table"), on either cache. Every
 against the fused launch on the bf16 cache converted from the FP8 one. Reports ms a layer.
 
 Usage: PYTHONPATH=. python3 benchmarks/step_attention.py --out step_attention.json [--steps decode prefill]
-  [--dry-run: tiny shapes on CPU, TRITON_INTERPRET=1]
+  [--between-gemms] [--dry-run: tiny shapes on CPU, TRITON_INTERPRET=1]
 """
 
 from __future__ import annotations

@@ -164,7 +164,8 @@ def step_gemms(num_rows: int, device: torch.device, dry_run: bool):
 
     hidden, intermediate = 4096, 14336
     layers = [(6144, hidden), (hidden, NUM_HEADS * HEAD_DIM), (2 * intermediate, hidden), (hidden, intermediate)]
-    weights = [quantize_weight_rows(torch.randn(n, k, device=device, dtype=torch.bfloat16) / k ** 0.5) for n, k in layers]
+    weights = [quantize_weight_rows(torch.randn(n, k, device=device, dtype=torch.bfloat16) / k ** 0.5)
+               for n, k in layers]
     inputs = [quantize_rows(torch.randn(num_rows, k, device=device, dtype=torch.bfloat16)) for _, k in layers]
     return lambda: [fp8_linear(x, w, scale, None, torch.bfloat16) for x, (w, scale) in zip(inputs, weights)]
 
